@@ -1,0 +1,114 @@
+"""`python -m trainer [overrides...]`: compose the config with Hydra, then train.
+
+Known errors (a bad config, a missing device) become one line on stderr and exit code 2;
+`HYDRA_FULL_ERROR=1` shows the whole traceback instead.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import hydra
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
+
+from trainer.config import ConfigError, config_dir, register_configs, validate
+
+EXIT_CONFIG = 2
+# Set when a sweep job re-runs itself in a fresh process (see `_run_job_in_subprocess`).
+CHILD_ENV = "TRAINER_SWEEP_CHILD"
+# TensorFlow's C++ INFO lines (oneDNN, CUDA stubs) drown the progress; warnings still show.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
+def _hydra_main(cfg: DictConfig) -> Any:
+    # Handled here, not after Hydra returns: Hydra would add its own "Error executing job" line.
+    try:
+        validate(cfg)
+        if _in_sweep() and not os.environ.get(CHILD_ENV):
+            return _run_job_in_subprocess()
+        from trainer.train import train
+
+        return train(cfg)
+    except ConfigError as error:
+        _exit_config_error(error)
+
+
+def _in_sweep() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _run_job_in_subprocess() -> dict[str, Any]:
+    """Runs one sweep job as `python -m trainer` in a fresh process.
+
+    TensorFlow's devices can be set once per process, before its runtime starts, and Hydra's
+    basic launcher runs every job of a sweep in this one process; so each job re-executes
+    itself with its own overrides, writing into the job's own directory.
+    """
+    import json
+
+    from hydra.core.hydra_config import HydraConfig
+
+    hc = HydraConfig.get()
+    out = hc.runtime.output_dir
+    command = [sys.executable, "-m", "trainer", *hc.overrides.task,
+               f"hydra.run.dir={out}", f"hydra.job.name={hc.job.name}"]
+    env = {**os.environ, CHILD_ENV: "1"}
+    if not _USER_FULL_ERROR:
+        env.pop("HYDRA_FULL_ERROR", None)
+    code = subprocess.call(command, env=env)
+    if code == EXIT_CONFIG:
+        sys.exit(EXIT_CONFIG)  # the job has printed its one-line error
+    if code:
+        raise RuntimeError(f"sweep job {hc.job.num} failed with exit code {code}: "
+                           f"{' '.join(hc.overrides.task)}")
+    with open(os.path.join(out, "summary.json")) as f:
+        return json.load(f)
+
+
+def one_line(error: BaseException) -> str:
+    """Renders a config error as one line naming the bad value and what is valid."""
+    if isinstance(error, MissingConfigException) and error.missing_cfg_file:
+        group, _, name = error.missing_cfg_file.rpartition("/")
+        if group and error.options is not None:
+            return f"unknown {group} {name!r}; available: {', '.join(error.options)}"
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    cause = error.__cause__
+    if cause is not None and str(cause).strip():
+        text = f"{text.rstrip('.')}: {str(cause).strip().splitlines()[0]}"
+    return text
+
+
+_USER_FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR") == "1"
+KNOWN_ERRORS = (ConfigError, ConfigCompositionException, OmegaConfBaseException)
+
+
+def main() -> None:
+    """Console entry point (`trainer` and `python -m trainer`)."""
+    # Let Hydra raise instead of printing its own multi-line report, so we can print one line.
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        _hydra_main()
+    except KNOWN_ERRORS as error:
+        _exit_config_error(error)
+
+
+def _exit_config_error(error: BaseException) -> None:
+    if _USER_FULL_ERROR:
+        raise error
+    print(f"error: {one_line(error)}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_CONFIG)
+
+
+if __name__ == "__main__":
+    main()

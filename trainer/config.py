@@ -1,0 +1,223 @@
+"""Config schema (typed by dataclasses, checked by Hydra at compose time) and validation.
+
+Nothing here imports TensorFlow: a bad config must fail before the runtime starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, ListConfig
+
+ACCELERATORS = ("auto", "gpu", "cpu")
+STRATEGIES = ("auto", "mirrored", "one_device", "default")
+CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduction_to_one_device", "collective")
+OPTIMIZERS = ("adam", "sgd")
+LR_SCALING = ("linear", "sqrt", "none")
+DECAYS = ("none", "cosine")
+
+
+class ConfigError(ValueError):
+    """A configuration the run cannot start with; reported as one line with exit code 2."""
+
+
+@dataclass
+class GpuConfig:
+    memory_growth: bool = True
+    memory_limit_mb: Optional[int] = None
+
+
+@dataclass
+class BatchConfig:
+    per_replica: Optional[int] = None
+    global_size: Optional[int] = None
+    drop_remainder: bool = False
+
+
+@dataclass
+class StrategyConfig:
+    name: str = "auto"
+    cross_device_ops: str = "auto"
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = "adam"
+    lr: float = 0.001
+    reference_batch: int = 256
+    lr_scaling: str = "linear"
+    warmup_epochs: float = 0.0
+    decay: str = "none"
+    momentum: float = 0.0
+    nesterov: bool = False
+    weight_decay: Optional[float] = None
+
+
+@dataclass
+class CheckpointConfig:
+    monitor: str = "val_accuracy"
+    save_best: bool = True
+
+
+@dataclass
+class CnnConfig:
+    _target_: str = "trainer.models.cnn.build"
+    dropout: float = 0.25
+
+
+@dataclass
+class MobileNetConfig:
+    _target_: str = "trainer.models.mobilenet.build"
+    alpha: float = 0.35
+
+
+@dataclass
+class DigitsConfig:
+    _target_: str = "trainer.data.digits.load"
+    image_size: int = 32
+    validation_fraction: float = 0.2
+    cache: bool = True
+    shuffle_buffer: int = 2048
+
+
+@dataclass
+class SyntheticConfig:
+    _target_: str = "trainer.data.synthetic.load"
+    train_examples: int = 2048
+    validation_examples: int = 512
+    image_size: int = 32
+    channels: int = 3
+    num_classes: int = 10
+    cache: bool = True
+    shuffle_buffer: int = 2048
+
+
+@dataclass
+class Config:
+    model: Any = MISSING
+    dataset: Any = MISSING
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    seed: Optional[int] = 42
+    epochs: int = 8
+    accelerator: str = "auto"
+    devices: Any = "auto"
+    soft_placement: bool = False
+    log_device_placement: bool = False
+    gpu: GpuConfig = field(default_factory=GpuConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    tensorboard: bool = True
+    verbose: Any = "auto"
+
+
+# Schemas for the built-in group options. A YAML file extends one through its defaults list
+# (`- /schema/model/cnn@_here_`), so its keys and their types are checked at compose time;
+# a user's own model or dataset YAML can skip this and stays untyped.
+SCHEMAS = {
+    "schema/model": {"cnn": CnnConfig, "mobilenet": MobileNetConfig},
+    "schema/dataset": {"digits": DigitsConfig, "synthetic": SyntheticConfig},
+}
+
+
+def register_configs() -> None:
+    """Registers the schema of the whole config and of the built-in group options."""
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)
+    for group, nodes in SCHEMAS.items():
+        for name, node in nodes.items():
+            cs.store(group=group, name=name, node=node)
+
+
+def config_dir() -> Path:
+    """Returns the directory holding `config.yaml`, for a source checkout or an install.
+
+    Returns:
+        `trainer/conf` inside an installed wheel, else the repository's top-level `conf/`.
+    """
+    packaged = Path(__file__).resolve().parent / "conf"
+    if (packaged / "config.yaml").is_file():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "conf"
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _one_of(name: str, value: Any, options: tuple[str, ...]) -> None:
+    _require(value in options, f"{name} must be one of {', '.join(options)}; received: {value!r}")
+
+
+def _positive_int(name: str, value: Any) -> None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    _require(ok, f"{name} must be a positive integer; received: {value!r}")
+
+
+def parse_devices(value: Any) -> str | int | tuple[int, ...]:
+    """Normalises the `devices` option.
+
+    Args:
+        value: `"auto"`, a positive integer N (the first N devices), or a list of distinct
+            non-negative device indices.
+
+    Returns:
+        `"auto"`, an int, or a tuple of ints.
+    """
+    if isinstance(value, str) and value == "auto":
+        return "auto"
+    if isinstance(value, int) and not isinstance(value, bool):
+        _require(value > 0, f"devices must be auto, a positive count or a list of indices; "
+                            f"received: {value!r}")
+        return value
+    if isinstance(value, (list, tuple, ListConfig)):
+        indices = tuple(value)
+        ok = bool(indices) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                   for i in indices) and len(set(indices)) == len(indices)
+        _require(ok, f"devices must be a non-empty list of distinct non-negative indices; "
+                     f"received: {list(indices)!r}")
+        return indices
+    raise ConfigError(
+        f"devices must be auto, a positive count or a list of indices like [0,1]; received: {value!r}"
+    )
+
+
+def validate(cfg: DictConfig) -> None:
+    """Checks the values the schema cannot express, before TensorFlow is imported.
+
+    Args:
+        cfg: the composed config.
+
+    Raises:
+        ConfigError: naming the bad value and what would be valid.
+    """
+    _positive_int("epochs", cfg.epochs)
+    _one_of("accelerator", cfg.accelerator, ACCELERATORS)
+    parse_devices(cfg.devices)
+    _one_of("strategy.name", cfg.strategy.name, STRATEGIES)
+    _one_of("strategy.cross_device_ops", cfg.strategy.cross_device_ops, CROSS_DEVICE_OPS)
+    per_replica, global_size = cfg.batch.per_replica, cfg.batch.global_size
+    _require((per_replica is None) != (global_size is None),
+             "set exactly one of batch.per_replica and batch.global_size; received: "
+             f"per_replica={per_replica}, global_size={global_size}")
+    name = "batch.per_replica" if per_replica is not None else "batch.global_size"
+    _positive_int(name, per_replica if per_replica is not None else global_size)
+    _validate_optimizer(cfg.optimizer)
+    for group in ("model", "dataset"):
+        node = cfg.get(group)
+        _require(isinstance(node, DictConfig) and "_target_" in node,
+                 f"{group} must name a builder with _target_; received: {node!r}")
+
+
+def _validate_optimizer(opt: DictConfig) -> None:
+    _one_of("optimizer.name", opt.name, OPTIMIZERS)
+    _require(opt.lr > 0, f"optimizer.lr must be positive; received: {opt.lr!r}")
+    _positive_int("optimizer.reference_batch", opt.reference_batch)
+    _one_of("optimizer.lr_scaling", opt.lr_scaling, LR_SCALING)
+    _require(opt.warmup_epochs >= 0,
+             f"optimizer.warmup_epochs must be >= 0; received: {opt.warmup_epochs!r}")
+    _one_of("optimizer.decay", opt.decay, DECAYS)

@@ -1,0 +1,1 @@
+"""Data sources (one module each) and the input pipeline they share."""

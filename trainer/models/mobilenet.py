@@ -1,0 +1,29 @@
+"""Keras's MobileNetV2, trained from scratch."""
+
+from __future__ import annotations
+
+import keras
+
+from trainer.config import ConfigError
+
+MIN_SIZE = 32
+
+
+def build(input_shape: tuple[int, ...], num_classes: int, alpha: float = 0.35) -> keras.Model:
+    """Builds MobileNetV2 with `weights=None` (no download) for any input of at least 32x32.
+
+    Args:
+        input_shape: `(height, width, channels)`.
+        num_classes: outputs of the classifier.
+        alpha: width multiplier.
+
+    Returns:
+        An uncompiled `keras.Model`.
+    """
+    height, width = input_shape[0], input_shape[1]
+    if min(height, width) < MIN_SIZE:
+        raise ConfigError(f"model=mobilenet needs images of at least {MIN_SIZE}x{MIN_SIZE}; "
+                          f"received: {height}x{width} (set dataset.image_size>={MIN_SIZE})")
+    return keras.applications.MobileNetV2(
+        input_shape=tuple(input_shape), alpha=alpha, weights=None, classes=num_classes,
+        classifier_activation="softmax")

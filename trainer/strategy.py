@@ -1,0 +1,95 @@
+"""Strategy: one tf.distribute strategy, and its cross-device ops, for the chosen devices."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainer.config import ConfigError
+
+
+def choose_strategy(name: str, replicas: int) -> str:
+    """Resolves `strategy=auto` and checks the choice fits the device count.
+
+    Args:
+        name: `auto`, `mirrored`, `one_device` or `default`.
+        replicas: the number of devices chosen.
+
+    Returns:
+        `mirrored`, `one_device` or `default`.
+    """
+    if name == "auto":
+        return "one_device" if replicas == 1 else "mirrored"
+    if name in ("one_device", "default") and replicas > 1:
+        raise ConfigError(f"strategy={name} runs on one device but {replicas} devices were "
+                          "chosen; use strategy=mirrored (or auto), or devices=1")
+    return name
+
+
+def choose_cross_device_ops(name: str, kind: str, replicas: int, nccl_available: bool) -> str:
+    """Resolves `strategy.cross_device_ops=auto`.
+
+    On CPUs `auto` keeps MirroredStrategy's own choice, CollectiveAllReduce (ring): measured
+    about twice as fast as reduction to one device at 4 logical replicas (PERF_NOTES.md).
+
+    Args:
+        name: `auto`, `nccl`, `hierarchical_copy`, `reduction_to_one_device` or `collective`.
+        kind: `gpu` or `cpu`.
+        replicas: the number of replicas.
+        nccl_available: whether this TensorFlow build has the NCCL all-reduce kernel.
+
+    Returns:
+        The cross-device ops to use, or `none` for a single replica.
+    """
+    if replicas == 1:
+        return "none"
+    if name == "nccl" and not (kind == "gpu" and nccl_available):
+        raise ConfigError("strategy.cross_device_ops=nccl needs several GPUs and a TensorFlow "
+                          f"built with NCCL; received devices of kind {kind}, nccl available: "
+                          f"{nccl_available}; valid here: hierarchical_copy, "
+                          "reduction_to_one_device, collective")
+    if name != "auto":
+        return name
+    if kind == "gpu":
+        return "nccl" if nccl_available else "hierarchical_copy"
+    return "collective"
+
+
+def nccl_available() -> bool:
+    """Whether this TensorFlow build registers the NCCL all-reduce kernel (as TF itself checks)."""
+    from tensorflow.python.framework import kernels
+
+    return bool(kernels.get_registered_kernels_for_op("NcclAllReduce").kernel)
+
+
+def build_cross_device_ops(name: str) -> Any:
+    """Returns the `tf.distribute.CrossDeviceOps` for a resolved name (None: TF's own)."""
+    import tensorflow as tf
+
+    return {
+        "nccl": lambda: tf.distribute.NcclAllReduce(),
+        "hierarchical_copy": lambda: tf.distribute.HierarchicalCopyAllReduce(),
+        "reduction_to_one_device": lambda: tf.distribute.ReductionToOneDevice(),
+        "collective": lambda: None,
+        "none": lambda: None,
+    }[name]()
+
+
+def build_strategy(name: str, devices: tuple[str, ...], cross_device_ops: str) -> Any:
+    """Creates the strategy.
+
+    Args:
+        name: a resolved strategy name (see `choose_strategy`).
+        devices: device names, e.g. `("/gpu:0", "/gpu:1")`.
+        cross_device_ops: a resolved name (see `choose_cross_device_ops`).
+
+    Returns:
+        A `tf.distribute.Strategy`.
+    """
+    import tensorflow as tf
+
+    if name == "mirrored":
+        return tf.distribute.MirroredStrategy(
+            devices=list(devices), cross_device_ops=build_cross_device_ops(cross_device_ops))
+    if name == "one_device":
+        return tf.distribute.OneDeviceStrategy(devices[0])
+    return tf.distribute.get_strategy()
