@@ -1,3 +1,3 @@
-"""trainer: multi-device data-parallel training for Keras 3 on tf.distribute, configured with Hydra."""
+"""trainer: multi-device data-parallel training for Keras 3 on tf.distribute, with Hydra."""
 
 __version__ = "0.1.0"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig
@@ -27,13 +27,13 @@ class ConfigError(ValueError):
 @dataclass
 class GpuConfig:
     memory_growth: bool = True
-    memory_limit_mb: Optional[int] = None
+    memory_limit_mb: int | None = None
 
 
 @dataclass
 class BatchConfig:
-    per_replica: Optional[int] = None
-    global_size: Optional[int] = None
+    per_replica: int | None = None
+    global_size: int | None = None
     drop_remainder: bool = False
 
 
@@ -53,7 +53,7 @@ class OptimizerConfig:
     decay: str = "none"
     momentum: float = 0.0
     nesterov: bool = False
-    weight_decay: Optional[float] = None
+    weight_decay: float | None = None
 
 
 @dataclass
@@ -101,7 +101,7 @@ class Config:
     dataset: Any = MISSING
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    seed: Optional[int] = 42
+    seed: int | None = 42
     epochs: int = 8
     accelerator: str = "auto"
     devices: Any = "auto"
@@ -181,9 +181,8 @@ def parse_devices(value: Any) -> str | int | tuple[int, ...]:
         _require(ok, f"devices must be a non-empty list of distinct non-negative indices; "
                      f"received: {list(indices)!r}")
         return indices
-    raise ConfigError(
-        f"devices must be auto, a positive count or a list of indices like [0,1]; received: {value!r}"
-    )
+    raise ConfigError("devices must be auto, a positive count or a list of indices like [0,1]; "
+                      f"received: {value!r}")
 
 
 def validate(cfg: DictConfig) -> None:

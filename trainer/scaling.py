@@ -35,7 +35,8 @@ def plan_batch(per_replica: int | None, global_size: int | None, replicas: int) 
         return BatchPlan(per_replica, per_replica * replicas, replicas)
     if global_size % replicas:
         raise ConfigError(f"batch.global_size={global_size} does not divide evenly over "
-                          f"{replicas} replicas; use a multiple of {replicas}, or batch.per_replica")
+                          f"{replicas} replicas; use a multiple of {replicas}, "
+                          "or batch.per_replica")
     return BatchPlan(global_size // replicas, global_size, replicas)
 
 
@@ -54,7 +55,8 @@ def scaled_learning_rate(lr: float, global_batch: int, reference_batch: int, rul
     ratio = global_batch / reference_batch
     factors = {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}
     if rule not in factors:
-        raise ConfigError(f"optimizer.lr_scaling must be one of linear, sqrt, none; received: {rule!r}")
+        raise ConfigError("optimizer.lr_scaling must be one of linear, sqrt, none; "
+                          f"received: {rule!r}")
     return lr * factors[rule]
 
 

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from trainer.config import ConfigError
+
+# Every MirroredStrategy numbers its collective groups from 1. A second strategy in the same
+# process over another device count then joins group 1 with a different size, and TensorFlow
+# aborts ("joining a group with size 4, but that group has size 2"). TF's own tests avoid
+# this with `_collective_key_base`; we give each strategy a key range of its own the same way.
+_KEY_RANGE = 100_000
+_strategies_built = itertools.count()
 
 
 def choose_strategy(name: str, replicas: int) -> str:
@@ -88,6 +96,7 @@ def build_strategy(name: str, devices: tuple[str, ...], cross_device_ops: str) -
     import tensorflow as tf
 
     if name == "mirrored":
+        tf.distribute.MirroredStrategy._collective_key_base = next(_strategies_built) * _KEY_RANGE
         return tf.distribute.MirroredStrategy(
             devices=list(devices), cross_device_ops=build_cross_device_ops(cross_device_ops))
     if name == "one_device":

@@ -83,8 +83,8 @@ def _prepare(cfg: DictConfig, plan) -> dict[str, Any]:
         steps = steps_per_epoch(data["source"].train_size, batch.global_size,
                                 cfg.batch.drop_remainder)
         lr = _learning_rate(cfg.optimizer, batch.global_size, steps, cfg.epochs)
-        model = instantiate(cfg.model, input_shape=data["source"].input_shape,
-                            num_classes=data["source"].num_classes, _convert_="all")
+        model = build(cfg.model, input_shape=data["source"].input_shape,
+                      num_classes=data["source"].num_classes)
         model.compile(optimizer=build_optimizer(cfg.optimizer, lr["schedule"]),
                       loss=keras.losses.SparseCategoricalCrossentropy(),
                       metrics=["accuracy"])
@@ -103,7 +103,7 @@ def _data(cfg: DictConfig, global_batch: int) -> dict[str, Any]:
 
     options = OmegaConf.to_container(cfg.dataset, resolve=True)
     pipeline = {key: options.pop(key) for key in PIPELINE_KEYS if key in options}
-    source = instantiate(options, seed=cfg.seed)
+    source = build(options, seed=cfg.seed)
     common = dict(preprocess=source.preprocess, seed=cfg.seed, **pipeline)
     return {
         "source": source,
@@ -111,6 +111,18 @@ def _data(cfg: DictConfig, global_batch: int) -> dict[str, Any]:
                                 drop_remainder=cfg.batch.drop_remainder, **common),
         "validation": build_pipeline(source.validation, global_batch, training=False, **common),
     }
+
+
+def build(node: Any, **kwargs: Any) -> Any:
+    """Calls the builder a config node names by `_target_`, keeping our config errors intact."""
+    from hydra.errors import InstantiationException
+
+    try:
+        return instantiate(node, **kwargs, _convert_="all")
+    except InstantiationException as error:
+        if isinstance(error.__cause__, ConfigError):
+            raise error.__cause__ from None
+        raise
 
 
 def _learning_rate(opt: DictConfig, global_batch: int, steps: int, epochs: int) -> dict[str, Any]:

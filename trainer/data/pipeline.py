@@ -1,4 +1,4 @@
-"""The input pipeline every source shares: preprocess in parallel, cache, shuffle, batch, prefetch."""
+"""The input pipeline all sources share: parallel preprocess, cache, shuffle, batch, prefetch."""
 
 from __future__ import annotations
 

@@ -1,0 +1,55 @@
+"""Shared test setup: 4 logical CPU devices, and configs composed from the real conf/."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from trainer.config import config_dir, register_configs  # noqa: E402
+
+# Devices can be split only before TensorFlow's runtime starts: once, here, for the session.
+LOGICAL_CPUS = 4
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices("CPU")[0],
+    [tf.config.LogicalDeviceConfiguration()] * LOGICAL_CPUS)
+# Start the runtime now, so no test can re-split the devices the others rely on.
+assert len(tf.config.list_logical_devices("CPU")) == LOGICAL_CPUS
+register_configs()
+
+REPO = Path(__file__).resolve().parent.parent
+# Small and fast: 8x8 digits (no resize), one epoch, no progress bar.
+TINY = ["epochs=1", "verbose=0", "dataset.image_size=8", "tensorboard=false"]
+
+
+def make_config(*overrides: str):
+    """Composes conf/config.yaml with overrides, as the command line would."""
+    with initialize_config_dir(str(config_dir()), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+@pytest.fixture
+def tiny_config():
+    """A composed config that trains in seconds; extra overrides are appended."""
+    return lambda *overrides: make_config(*TINY, *overrides)
+
+
+def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None):
+    """Runs `python -m trainer ARGS` in a subprocess with a hard timeout."""
+    full_env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    full_env.update({"TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
+    return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def error_lines(stderr: str) -> list[str]:
+    """stderr without TensorFlow's C++ start-up lines, which no Python code can silence."""
+    noise = ("I0000", "W0000", "E0000", "WARNING: All log messages before absl")
+    return [line for line in stderr.splitlines() if line.strip() and not line.startswith(noise)]

@@ -1,0 +1,102 @@
+"""The config: composition, typed schema, validation, and finding conf/ from anywhere."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from tests.conftest import REPO, make_config
+from trainer.config import ConfigError, parse_devices, validate
+
+
+def test_default_config_composes_and_validates():
+    cfg = make_config()
+    validate(cfg)
+    assert cfg.model._target_ == "trainer.models.cnn.build"
+    assert cfg.dataset._target_ == "trainer.data.digits.load"
+    assert cfg.strategy.name == "auto" and cfg.optimizer.name == "adam"
+    assert cfg.devices == "auto" and cfg.accelerator == "auto"
+    assert cfg.batch.per_replica == 64 and cfg.batch.global_size is None
+
+
+def test_group_options_compose():
+    cfg = make_config("model=mobilenet", "dataset=synthetic", "strategy=mirrored", "optimizer=sgd")
+    assert cfg.model.alpha == 0.35 and cfg.dataset.channels == 3
+    assert cfg.strategy.name == "mirrored" and cfg.optimizer.momentum == 0.9
+
+
+@pytest.mark.parametrize("override", ["epochs=x", "model.alpha=0.5", "nonsense=1",
+                                      "dataset.image_size=big", "gpu.memory_growth=maybe"])
+def test_wrong_type_or_unknown_key_fails_at_compose_time(override):
+    with pytest.raises(ConfigCompositionException):
+        make_config(override)
+
+
+def test_compose_and_validate_do_not_import_tensorflow():
+    code = ("import sys; from hydra import compose, initialize_config_dir;"
+            "from trainer.config import config_dir, register_configs, validate, ConfigError;"
+            "register_configs();"
+            "ctx = initialize_config_dir(str(config_dir()), version_base='1.3'); ctx.__enter__();"
+            "cfg = compose('config', overrides=['epochs=0']);"
+            "exec('try:\\n validate(cfg)\\nexcept ConfigError: pass');"
+            "print('tensorflow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["epochs=0"], "epochs must be a positive integer; received: 0"),
+    (["epochs=-3"], "received: -3"),
+    (["batch.per_replica=0"], "batch.per_replica must be a positive integer; received: 0"),
+    (["batch.per_replica=null", "batch.global_size=-8"], "batch.global_size must be a positive"),
+    (["batch.global_size=128"], "set exactly one of batch.per_replica and batch.global_size"),
+    (["batch.per_replica=null"], "received: per_replica=None, global_size=None"),
+    (["accelerator=tpu"], "accelerator must be one of auto, gpu, cpu; received: 'tpu'"),
+    (["strategy.name=horovod"], "strategy.name must be one of auto, mirrored"),
+    (["strategy.cross_device_ops=mpi"], "strategy.cross_device_ops must be one of"),
+    (["optimizer.lr=0"], "optimizer.lr must be positive; received: 0"),
+    (["optimizer.lr_scaling=cubic"], "optimizer.lr_scaling must be one of linear, sqrt, none"),
+    (["optimizer.decay=step"], "optimizer.decay must be one of none, cosine"),
+    (["devices=0"], "devices must be auto, a positive count or a list of indices; received: 0"),
+    (["devices=[1,1]"], "distinct non-negative indices; received: [1, 1]"),
+    (["devices=[]"], "received: []"),
+    (["devices=many"], "received: 'many'"),
+])
+def test_validation_names_the_bad_value(overrides, message):
+    with pytest.raises(ConfigError, match=None) as info:
+        validate(make_config(*overrides))
+    assert message in str(info.value)
+
+
+def test_parse_devices_forms():
+    assert parse_devices("auto") == "auto"
+    assert parse_devices(3) == 3
+    assert parse_devices(OmegaConf.create({"d": [0, 2]}).d) == (0, 2)
+    with pytest.raises(ConfigError):
+        parse_devices(True)
+
+
+def test_plain_install_finds_its_configs_from_another_directory(tmp_path):
+    """A non-editable install ships conf/ inside the package; Hydra must find it there."""
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                    "--no-build-isolation", "--target", str(target), str(REPO)],
+                   check=True, timeout=300, capture_output=True)
+    assert (target / "trainer" / "conf" / "model" / "cnn.yaml").is_file()
+    code = ("import trainer.config as c, pathlib; from hydra import compose, initialize_config_dir;"
+            "c.register_configs(); d = c.config_dir(); assert 'site' in str(d), d;"
+            "initialize_config_dir(str(d), version_base='1.3').__enter__();"
+            "cfg = compose('config', overrides=['model=mobilenet']); print(cfg.model.alpha)")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=elsewhere, env={"PYTHONPATH": str(target),
+                                                          "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "0.35"

@@ -1,0 +1,100 @@
+"""Batch sizes, the learning-rate rule and warm-up: exact values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from trainer.config import ConfigError
+from trainer.scaling import (
+    BatchPlan,
+    plan_batch,
+    scaled_learning_rate,
+    steps_per_epoch,
+    warmup_steps,
+)
+from trainer.schedule import WarmupSchedule
+
+
+def test_per_replica_is_weak_scaling():
+    assert plan_batch(64, None, 1) == BatchPlan(64, 64, 1)
+    assert plan_batch(64, None, 4) == BatchPlan(64, 256, 4)
+
+
+def test_global_size_is_strong_scaling():
+    assert plan_batch(None, 256, 4) == BatchPlan(64, 256, 4)
+    assert plan_batch(None, 256, 1) == BatchPlan(256, 256, 1)
+
+
+def test_global_size_must_divide_evenly():
+    with pytest.raises(ConfigError, match="batch.global_size=100 does not divide evenly over 3"):
+        plan_batch(None, 100, 3)
+
+
+@pytest.mark.parametrize("per_replica, global_size", [(None, None), (32, 128)])
+def test_exactly_one_batch_option(per_replica, global_size):
+    with pytest.raises(ConfigError, match="exactly one of"):
+        plan_batch(per_replica, global_size, 2)
+
+
+@pytest.mark.parametrize("rule, global_batch, expected", [
+    ("linear", 256, 0.1), ("linear", 1024, 0.4), ("linear", 64, 0.025),
+    ("sqrt", 1024, 0.2), ("sqrt", 64, 0.05), ("none", 1024, 0.1),
+])
+def test_scaled_learning_rate(rule, global_batch, expected):
+    assert scaled_learning_rate(0.1, global_batch, 256, rule) == pytest.approx(expected, rel=1e-12)
+
+
+def test_unknown_scaling_rule():
+    with pytest.raises(ConfigError, match="received: 'cubic'"):
+        scaled_learning_rate(0.1, 256, 256, "cubic")
+
+
+def test_steps_per_epoch_counts_the_partial_batch_unless_dropped():
+    assert steps_per_epoch(1437, 64) == 23
+    assert steps_per_epoch(1437, 64, drop_remainder=True) == 22
+    assert steps_per_epoch(1280, 64) == 20
+    with pytest.raises(ConfigError, match="larger than the 10 training examples"):
+        steps_per_epoch(10, 64, drop_remainder=True)
+
+
+def test_warmup_steps():
+    assert warmup_steps(0, 23) == 0
+    assert warmup_steps(2, 23) == 46
+    assert warmup_steps(0.5, 20) == 10
+
+
+def lr(schedule, step):
+    return float(schedule(step))
+
+
+def test_warmup_ramps_per_step_from_base_to_scaled():
+    schedule = WarmupSchedule(base_lr=0.1, scaled_lr=0.4, warmup_steps=10, total_steps=100)
+    assert lr(schedule, 0) == pytest.approx(0.1)
+    assert lr(schedule, 1) == pytest.approx(0.13)
+    assert lr(schedule, 5) == pytest.approx(0.25)
+    assert lr(schedule, 9) == pytest.approx(0.37)
+    assert lr(schedule, 10) == pytest.approx(0.4)
+    assert lr(schedule, 99) == pytest.approx(0.4)
+
+
+def test_cosine_decay_after_warmup():
+    schedule = WarmupSchedule(0.1, 0.4, warmup_steps=10, total_steps=110, decay="cosine")
+    assert lr(schedule, 10) == pytest.approx(0.4)
+    assert lr(schedule, 35) == pytest.approx(0.4 * 0.5 * (1 + math.cos(math.pi * 0.25)))
+    assert lr(schedule, 60) == pytest.approx(0.2)
+    assert lr(schedule, 110) == pytest.approx(0.0, abs=1e-7)
+    assert lr(schedule, 500) == pytest.approx(0.0, abs=1e-7)
+
+
+def test_no_warmup_no_decay_is_constant():
+    schedule = WarmupSchedule(0.1, 0.2, warmup_steps=0, total_steps=50)
+    assert [lr(schedule, s) for s in (0, 7, 49)] == pytest.approx([0.2, 0.2, 0.2])
+
+
+def test_schedule_round_trips_through_its_config():
+    schedule = WarmupSchedule(0.1, 0.4, 10, 110, "cosine")
+    again = WarmupSchedule.from_config(schedule.get_config())
+    steps = (0, 5, 40)
+    assert [lr(again, s) for s in steps] == pytest.approx([lr(schedule, s) for s in steps])

@@ -1,0 +1,66 @@
+"""Strategy and cross-device ops: the decision table, and real strategies on logical CPUs."""
+
+from __future__ import annotations
+
+import pytest
+import tensorflow as tf
+
+from trainer.config import ConfigError
+from trainer.strategy import build_strategy, choose_cross_device_ops, choose_strategy
+
+
+@pytest.mark.parametrize("name, replicas, chosen", [
+    ("auto", 1, "one_device"), ("auto", 2, "mirrored"), ("auto", 8, "mirrored"),
+    ("mirrored", 1, "mirrored"), ("one_device", 1, "one_device"), ("default", 1, "default"),
+])
+def test_choose_strategy(name, replicas, chosen):
+    assert choose_strategy(name, replicas) == chosen
+
+
+@pytest.mark.parametrize("name", ["one_device", "default"])
+def test_single_device_strategies_refuse_several_devices(name):
+    with pytest.raises(ConfigError, match=f"strategy={name} runs on one device but 2 devices"):
+        choose_strategy(name, 2)
+
+
+@pytest.mark.parametrize("name, kind, replicas, nccl, chosen", [
+    ("auto", "gpu", 4, True, "nccl"),
+    ("auto", "gpu", 4, False, "hierarchical_copy"),
+    ("auto", "cpu", 4, False, "collective"),
+    ("auto", "gpu", 1, True, "none"),
+    ("reduction_to_one_device", "gpu", 2, True, "reduction_to_one_device"),
+    ("hierarchical_copy", "cpu", 2, False, "hierarchical_copy"),
+])
+def test_choose_cross_device_ops(name, kind, replicas, nccl, chosen):
+    assert choose_cross_device_ops(name, kind, replicas, nccl) == chosen
+
+
+def test_nccl_needs_gpus():
+    with pytest.raises(ConfigError, match="nccl needs several GPUs"):
+        choose_cross_device_ops("nccl", "cpu", 2, False)
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 4])
+def test_mirrored_on_logical_cpus(replicas):
+    devices = tuple(f"/cpu:{i}" for i in range(replicas))
+    strategy = build_strategy("mirrored", devices, "collective")
+    assert isinstance(strategy, tf.distribute.MirroredStrategy)
+    assert strategy.num_replicas_in_sync == replicas
+    assert strategy.extended.worker_devices == tuple(
+        f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(replicas))
+
+
+@pytest.mark.parametrize("ops, cls", [
+    ("reduction_to_one_device", tf.distribute.ReductionToOneDevice),
+    ("hierarchical_copy", tf.distribute.HierarchicalCopyAllReduce),
+])
+def test_named_cross_device_ops_are_used(ops, cls):
+    strategy = build_strategy("mirrored", ("/cpu:0", "/cpu:1"), ops)
+    assert isinstance(strategy.extended._cross_device_ops, cls)
+
+
+def test_one_device_and_default():
+    one = build_strategy("one_device", ("/cpu:2",), "none")
+    assert isinstance(one, tf.distribute.OneDeviceStrategy)
+    assert one.extended.worker_devices == ("/job:localhost/replica:0/task:0/device:CPU:2",)
+    assert build_strategy("default", ("/cpu:0",), "none") is tf.distribute.get_strategy()

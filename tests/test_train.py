@@ -1,0 +1,89 @@
+"""train(cfg) in-process on logical CPU replicas: what it trains, writes and reports."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import keras
+import pytest
+
+from trainer.config import ConfigError
+from trainer.train import train
+
+DIGITS_TRAIN, DIGITS_VAL = 1437, 360
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 4])
+def test_weak_scaling_run(tiny_config, tmp_path, replicas):
+    summary = train(tiny_config("accelerator=cpu", f"devices={replicas}"), run_dir=tmp_path)
+    assert summary["replicas"] == replicas
+    assert summary["devices"] == [f"/cpu:{i}" for i in range(replicas)]
+    assert summary["strategy"] == ("one_device" if replicas == 1 else "mirrored")
+    assert summary["batch"]["per_replica"] == 64
+    assert summary["batch"]["global"] == 64 * replicas
+    assert summary["learning_rate"]["base"] == 0.001
+    assert summary["learning_rate"]["scaled"] == pytest.approx(0.001 * replicas)
+    assert summary["steps_per_epoch"] == math.ceil(DIGITS_TRAIN / (64 * replicas))
+    assert summary["train_examples"] == DIGITS_TRAIN
+    assert summary["validation_examples"] == DIGITS_VAL
+    assert 0.0 <= summary["validation_metrics"]["accuracy"] <= 1.0
+    assert summary["train_metrics"]["loss"] > 0
+    assert summary["time"]["first_step_s"] > 0
+    assert summary["time"]["wall_s"] > summary["time"]["first_step_s"]
+    assert summary["examples_per_sec"] > 0
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    assert (tmp_path / "checkpoints" / "last.keras").is_file()
+    assert (tmp_path / "checkpoints" / "best.keras").is_file()
+
+
+def test_strong_scaling_splits_the_global_batch(tiny_config, tmp_path):
+    cfg = tiny_config("accelerator=cpu", "devices=4", "batch.per_replica=null",
+                      "batch.global_size=128")
+    summary = train(cfg, run_dir=tmp_path)
+    assert summary["batch"] == {"per_replica": 32, "global": 128, "drop_remainder": False}
+    assert summary["learning_rate"]["scaled"] == pytest.approx(0.001 * 128 / 64)
+    assert summary["cross_device_ops"] == "collective"
+
+
+def test_schedule_is_applied_to_the_optimizer(tiny_config, tmp_path):
+    cfg = tiny_config("accelerator=cpu", "devices=2", "optimizer=sgd", "epochs=2",
+                      "optimizer.warmup_epochs=1", "optimizer.decay=none")
+    summary = train(cfg, run_dir=tmp_path)
+    steps = summary["steps_per_epoch"]
+    assert summary["learning_rate"]["warmup_steps"] == steps
+    assert summary["learning_rate"]["scaled"] == pytest.approx(0.1 * 128 / 256)
+    model = keras.models.load_model(tmp_path / "checkpoints" / "last.keras")
+    assert int(model.optimizer.iterations) == 2 * steps
+    assert isinstance(model.optimizer, keras.optimizers.SGD)
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.05)  # past warm-up
+    schedule = model.optimizer._learning_rate
+    assert float(schedule(0)) == pytest.approx(0.1)  # warm-up starts at the unscaled rate
+
+
+def test_tensorboard_logs_are_written(tiny_config, tmp_path):
+    train(tiny_config("accelerator=cpu", "devices=1", "tensorboard=true"), run_dir=tmp_path)
+    events = list((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))
+    assert {p.parent.name for p in events} >= {"train", "validation"}
+
+
+def test_mobilenet_on_synthetic_data(tiny_config, tmp_path):
+    cfg = tiny_config("model=mobilenet", "dataset=synthetic", "dataset.train_examples=128",
+                      "dataset.validation_examples=40", "dataset.image_size=32",
+                      "accelerator=cpu", "devices=2")
+    summary = train(cfg, run_dir=tmp_path)
+    assert summary["model"] == "mobilenet" and summary["dataset"] == "synthetic"
+    assert summary["validation_examples"] == 40 and summary["replicas"] == 2
+
+
+def test_mobilenet_refuses_small_images(tiny_config, tmp_path):
+    with pytest.raises(ConfigError, match="at least 32x32; received: 8x8"):
+        train(tiny_config("model=mobilenet", "accelerator=cpu", "devices=1"), run_dir=tmp_path)
+
+
+def test_config_errors_leave_nothing_behind(tiny_config, tmp_path):
+    run_dir = tmp_path / "run"
+    with pytest.raises(ConfigError, match="does not divide evenly over 3"):
+        train(tiny_config("accelerator=cpu", "devices=3", "batch.per_replica=null",
+                          "batch.global_size=100"), run_dir=run_dir)
+    assert not run_dir.exists()
