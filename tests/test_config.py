@@ -10,7 +10,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from tests.conftest import REPO, make_config
-from trainer.config import ConfigError, parse_devices, validate
+from trainer.config import ConfigError, monitor_mode, parse_devices, validate
 
 
 def test_default_config_composes_and_validates():
@@ -100,3 +100,16 @@ def test_plain_install_finds_its_configs_from_another_directory(tmp_path):
                                                           "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "0.35"
+
+
+@pytest.mark.parametrize("monitor, mode, expected", [
+    ("val_accuracy", "auto", "max"), ("accuracy", "auto", "max"), ("val_loss", "auto", "min"),
+    ("val_auc", "auto", "max"), ("val_accuracy", "min", "min"), ("val_thing", "max", "max"),
+])
+def test_monitor_mode(monitor, mode, expected):
+    assert monitor_mode(monitor, mode) == expected
+
+
+def test_monitor_mode_unknown_metric():
+    with pytest.raises(ConfigError, match="checkpoint.monitor='val_thing'"):
+        monitor_mode("val_thing")

@@ -6,7 +6,12 @@ import pytest
 import tensorflow as tf
 
 from trainer.config import ConfigError
-from trainer.strategy import build_strategy, choose_cross_device_ops, choose_strategy
+from trainer.strategy import (
+    build_strategy,
+    check_steps_per_execution,
+    choose_cross_device_ops,
+    choose_strategy,
+)
 
 
 @pytest.mark.parametrize("name, replicas, chosen", [
@@ -64,3 +69,11 @@ def test_one_device_and_default():
     assert isinstance(one, tf.distribute.OneDeviceStrategy)
     assert one.extended.worker_devices == ("/job:localhost/replica:0/task:0/device:CPU:2",)
     assert build_strategy("default", ("/cpu:0",), "none") is tf.distribute.get_strategy()
+
+
+def test_steps_per_execution_rule():
+    check_steps_per_execution("fit", 8, 1)  # one replica: fine
+    check_steps_per_execution("custom", 8, 4)
+    check_steps_per_execution("fit", 1, 4)
+    with pytest.raises(ConfigError, match="steps_per_execution=8 with loop=fit"):
+        check_steps_per_execution("fit", 8, 2)

@@ -87,3 +87,25 @@ def test_config_errors_leave_nothing_behind(tiny_config, tmp_path):
         train(tiny_config("accelerator=cpu", "devices=3", "batch.per_replica=null",
                           "batch.global_size=100"), run_dir=run_dir)
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("loop, steps", [("fit", 1), ("custom", 4)])
+def test_loops_write_the_same_run_directory(tiny_config, tmp_path, loop, steps):
+    cfg = tiny_config("accelerator=cpu", "devices=2", f"loop={loop}",
+                      f"steps_per_execution={steps}", "epochs=2", "tensorboard=true")
+    summary = train(cfg, run_dir=tmp_path)
+    assert summary["loop"] == loop and summary["steps_per_execution"] == steps
+    assert set(summary["train_metrics"]) == {"loss", "accuracy"}
+    assert set(summary["validation_metrics"]) == {"loss", "accuracy"}
+    assert summary["validation_metrics"]["accuracy"] > 0.5  # it learns
+    assert (tmp_path / "checkpoints" / "last.keras").is_file()
+    assert (tmp_path / "checkpoints" / "best.keras").is_file()
+    assert list((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))
+    model = keras.models.load_model(tmp_path / "checkpoints" / "last.keras")
+    assert int(model.optimizer.iterations) == 2 * summary["steps_per_epoch"]
+
+
+def test_fit_with_several_steps_per_execution_on_replicas_is_refused(tiny_config, tmp_path):
+    cfg = tiny_config("accelerator=cpu", "devices=2", "steps_per_execution=4")
+    with pytest.raises(ConfigError, match="steps_per_execution=4 with loop=fit .* loop=custom"):
+        train(cfg, run_dir=tmp_path)

@@ -10,9 +10,10 @@ import keras
 class Throughput(keras.callbacks.Callback):
     """Measures time to the first training step and steady examples per second.
 
-    The first step of a run traces and optimises the step function (one copy per replica),
-    so it is reported apart and left out of the steady rate. Steady time runs from the end
-    of the first step to the end of each epoch's last step, excluding validation.
+    The first step traces and optimises the step function (one copy per replica) and the
+    first epoch fills the input cache, so both are reported apart: the steady rate covers
+    the training steps of epochs 2..E (of epoch 1 after its first step, in a one-epoch run),
+    validation excluded.
 
     Args:
         train_examples: training examples per epoch.
@@ -26,37 +27,36 @@ class Throughput(keras.callbacks.Callback):
         self.global_batch = global_batch
         self.started = started
         self.first_step_s: float | None = None
-        self.steady_s = 0.0
-        self.steady_examples = 0
-        self.epoch_rates: list[float] = []
-        self._mark = 0.0
-        self._marked_examples = 0
-        self._epoch_examples = 0
-        self._last: float | None = None
+        self.first_epoch_s: float | None = None
+        self.epochs: list[tuple[float, int]] = []  # (seconds, examples) timed per epoch
+        self._begin = self._last = 0.0
+        self._examples = self._skipped = 0
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._mark = time.perf_counter()
-        self._marked_examples = 0
-        self._epoch_examples = 0
-        self._last = None
+        self._begin = self._last = time.perf_counter()
+        self._examples = self._skipped = 0
 
     def on_train_batch_end(self, batch, logs=None):
-        now = time.perf_counter()
-        self._epoch_examples = min((batch + 1) * self.global_batch, self.train_examples)
+        self._last = time.perf_counter()
+        # With steps_per_execution > 1, `batch` is the last step of the chunk.
+        self._examples = min((batch + 1) * self.global_batch, self.train_examples)
         if self.first_step_s is None:
-            self.first_step_s = now - self.started
-            self._mark, self._marked_examples = now, self._epoch_examples
-        self._last = now
+            self.first_step_s = self._last - self.started
+            self._begin, self._skipped = self._last, self._examples
 
     def on_epoch_end(self, epoch, logs=None):
-        seconds = (self._last or self._mark) - self._mark
-        examples = self._epoch_examples - self._marked_examples
-        if seconds > 0 and examples > 0:
-            self.steady_s += seconds
-            self.steady_examples += examples
-            self.epoch_rates.append(examples / seconds)
+        if self.first_epoch_s is None:
+            self.first_epoch_s = self._last - self.started
+        self.epochs.append((self._last - self._begin, self._examples - self._skipped))
+
+    @property
+    def epoch_rates(self) -> list[float]:
+        """Examples per second of each epoch's timed steps."""
+        return [n / s if s > 0 else 0.0 for s, n in self.epochs]
 
     @property
     def examples_per_sec(self) -> float | None:
-        """Steady training examples per second over the run, None before any steady step."""
-        return self.steady_examples / self.steady_s if self.steady_s > 0 else None
+        """Steady training examples per second, None before any timed step."""
+        timed = self.epochs[1:] if len(self.epochs) > 1 else self.epochs
+        seconds, examples = sum(s for s, _ in timed), sum(n for _, n in timed)
+        return examples / seconds if seconds > 0 and examples > 0 else None

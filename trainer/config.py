@@ -17,6 +17,7 @@ STRATEGIES = ("auto", "mirrored", "one_device", "default")
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduction_to_one_device", "collective")
 OPTIMIZERS = ("adam", "sgd")
 LR_SCALING = ("linear", "sqrt", "none")
+LOOPS = ("fit", "custom")
 DECAYS = ("none", "cosine")
 
 
@@ -59,6 +60,7 @@ class OptimizerConfig:
 @dataclass
 class CheckpointConfig:
     monitor: str = "val_accuracy"
+    mode: str = "auto"
     save_best: bool = True
 
 
@@ -103,6 +105,8 @@ class Config:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     seed: int | None = 42
     epochs: int = 8
+    loop: str = "fit"
+    steps_per_execution: int = 1
     accelerator: str = "auto"
     devices: Any = "auto"
     soft_placement: bool = False
@@ -195,6 +199,8 @@ def validate(cfg: DictConfig) -> None:
         ConfigError: naming the bad value and what would be valid.
     """
     _positive_int("epochs", cfg.epochs)
+    _one_of("loop", cfg.loop, LOOPS)
+    _positive_int("steps_per_execution", cfg.steps_per_execution)
     _one_of("accelerator", cfg.accelerator, ACCELERATORS)
     parse_devices(cfg.devices)
     _one_of("strategy.name", cfg.strategy.name, STRATEGIES)
@@ -206,6 +212,7 @@ def validate(cfg: DictConfig) -> None:
     name = "batch.per_replica" if per_replica is not None else "batch.global_size"
     _positive_int(name, per_replica if per_replica is not None else global_size)
     _validate_optimizer(cfg.optimizer)
+    _one_of("checkpoint.mode", cfg.checkpoint.mode, ("auto", "min", "max"))
     for group in ("model", "dataset"):
         node = cfg.get(group)
         _require(isinstance(node, DictConfig) and "_target_" in node,
@@ -220,3 +227,27 @@ def _validate_optimizer(opt: DictConfig) -> None:
     _require(opt.warmup_epochs >= 0,
              f"optimizer.warmup_epochs must be >= 0; received: {opt.warmup_epochs!r}")
     _one_of("optimizer.decay", opt.decay, DECAYS)
+
+
+def monitor_mode(monitor: str, mode: str = "auto") -> str:
+    """Resolves whether the best checkpoint has the highest or the lowest `monitor`.
+
+    Keras infers this from compiled metrics, which a custom loop never builds, so it is
+    decided here from the name: accuracies and AUCs up, losses and errors down.
+
+    Args:
+        monitor: a logged metric name, e.g. `val_accuracy`.
+        mode: `auto`, `min` or `max`.
+
+    Returns:
+        `min` or `max`.
+    """
+    if mode != "auto":
+        return mode
+    name = monitor.removeprefix("val_")
+    if any(word in name for word in ("acc", "auc", "precision", "recall")):
+        return "max"
+    if any(word in name for word in ("loss", "error")):
+        return "min"
+    raise ConfigError(f"cannot tell whether checkpoint.monitor={monitor!r} should rise or fall; "
+                      "set checkpoint.mode=max or checkpoint.mode=min")

@@ -11,10 +11,15 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from trainer.config import ConfigError, validate
+from trainer.config import ConfigError, monitor_mode, validate
 from trainer.devices import configure_devices, memory_option, plan_devices
 from trainer.scaling import plan_batch, scaled_learning_rate, steps_per_epoch, warmup_steps
-from trainer.strategy import build_strategy, choose_cross_device_ops, choose_strategy
+from trainer.strategy import (
+    build_strategy,
+    check_steps_per_execution,
+    choose_cross_device_ops,
+    choose_strategy,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +47,26 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None,
                       cfg.soft_placement, cfg.log_device_placement)
     run = _prepare(cfg, plan)
     builtin = _callbacks(cfg, run, run_dir, started)
-    history = run["model"].fit(run["train"], validation_data=run["validation"],
-                               epochs=cfg.epochs, callbacks=[*builtin, *callbacks],
-                               verbose=cfg.verbose, shuffle=False)  # already shuffled
-    final = run["model"].evaluate(run["validation"], return_dict=True, verbose=0)
+    history, final = _fit(cfg, run, [*builtin, *callbacks])
     summary = _summary(cfg, run, plan, run_dir, history, final, builtin[0], started)
     _finish(summary, run_dir)
     return summary
+
+
+def _fit(cfg: DictConfig, run: dict[str, Any], callbacks: list) -> tuple[Any, dict[str, float]]:
+    """Trains with the chosen loop, then evaluates every validation example once."""
+    model = run["model"]
+    if cfg.loop == "custom":
+        from trainer.loop import CustomLoop
+
+        loop = CustomLoop(model, run["strategy"], cfg.steps_per_execution)
+        history = loop.fit(run["train"], epochs=cfg.epochs, steps_per_epoch=run["steps"],
+                           validation_data=run["validation"], callbacks=callbacks,
+                           verbose=cfg.verbose)
+        return history, loop.evaluate(run["validation"])
+    history = model.fit(run["train"], validation_data=run["validation"], epochs=cfg.epochs,
+                        callbacks=callbacks, verbose=cfg.verbose, shuffle=False)  # shuffled
+    return history, model.evaluate(run["validation"], return_dict=True, verbose=0)
 
 
 def _num_gpus() -> int:
@@ -71,6 +89,7 @@ def _prepare(cfg: DictConfig, plan) -> dict[str, Any]:
 
     replicas = len(plan.names)
     strategy_name = choose_strategy(cfg.strategy.name, replicas)
+    check_steps_per_execution(cfg.loop, cfg.steps_per_execution, replicas)
     cross = choose_cross_device_ops(cfg.strategy.cross_device_ops, plan.kind, replicas,
                                     _nccl_available(plan.kind))
     strategy = build_strategy(strategy_name, plan.names, cross)
@@ -87,7 +106,7 @@ def _prepare(cfg: DictConfig, plan) -> dict[str, Any]:
                       num_classes=data["source"].num_classes)
         model.compile(optimizer=build_optimizer(cfg.optimizer, lr["schedule"]),
                       loss=keras.losses.SparseCategoricalCrossentropy(),
-                      metrics=["accuracy"])
+                      metrics=["accuracy"], steps_per_execution=cfg.steps_per_execution)
     return {"strategy": strategy, "strategy_name": strategy_name, "cross": cross,
             "batch": batch, "steps": steps, "lr": lr, "model": model, **data}
 
@@ -158,7 +177,8 @@ def _callbacks(cfg: DictConfig, run: dict[str, Any], run_dir: Path, started: flo
              keras.callbacks.ModelCheckpoint(str(checkpoints / "last.keras"))]
     if cfg.checkpoint.save_best:
         found.append(keras.callbacks.ModelCheckpoint(
-            str(checkpoints / "best.keras"), monitor=cfg.checkpoint.monitor, save_best_only=True))
+            str(checkpoints / "best.keras"), monitor=cfg.checkpoint.monitor, save_best_only=True,
+            mode=monitor_mode(cfg.checkpoint.monitor, cfg.checkpoint.mode)))
     if cfg.tensorboard:
         found.append(keras.callbacks.TensorBoard(str(run_dir / "tensorboard")))
     return found
@@ -189,12 +209,15 @@ def _summary(cfg, run, plan, run_dir, history, final, throughput, started) -> di
                   "drop_remainder": cfg.batch.drop_remainder},
         "learning_rate": {k: v for k, v in run["lr"].items() if k != "schedule"},
         "optimizer": cfg.optimizer.name,
+        "loop": cfg.loop,
+        "steps_per_execution": cfg.steps_per_execution,
         "epochs": cfg.epochs,
         "steps_per_epoch": run["steps"],
         "train_examples": run["source"].train_size,
         "validation_examples": run["source"].validation_size,
         "time": {"wall_s": time.perf_counter() - started,
-                 "first_step_s": throughput.first_step_s},
+                 "first_step_s": throughput.first_step_s,
+                 "first_epoch_s": throughput.first_epoch_s},
         "examples_per_sec": throughput.examples_per_sec,
         "epoch_examples_per_sec": throughput.epoch_rates,
         "train_metrics": train_metrics,

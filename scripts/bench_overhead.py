@@ -1,0 +1,151 @@
+"""Steady training throughput of `trainer` vs. a plain hand-written Keras script.
+
+Both sides train the same model on the same synthetic data with MirroredStrategy over the
+same logical CPU devices, in one process, alternating (A B A B ...) because this machine's
+speed drifts by tens of percent within minutes (PERF_NOTES.md). Each side's steady rate is
+the median over epochs 2..E of examples per second inside `fit`'s training steps; the result
+is the median of the per-pair ratios trainer / plain. Target: >= 0.97.
+
+    python scripts/bench_overhead.py --devices 2 --pairs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, default=2, help="logical CPU replicas")
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=4, help="epoch 1 (tracing) is not timed")
+    parser.add_argument("--examples", type=int, default=4096)
+    parser.add_argument("--per-replica", type=int, default=128)
+    parser.add_argument("--model", default="mobilenet", choices=["mobilenet", "cnn"])
+    parser.add_argument("--image-size", type=int, default=32)
+    parser.add_argument("--loops", default="fit,custom",
+                        help="trainer loops to compare with plain Keras, comma-separated")
+    return parser.parse_args()
+
+
+def make_probe():
+    import keras
+
+    class Probe(keras.callbacks.Callback):
+        """Examples per second inside each epoch's training steps."""
+
+        def __init__(self):
+            super().__init__()
+            self.rates, self.batch = [], 0
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.start = None
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if self.start is None:
+                self.start, self.first = time.perf_counter(), batch
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.end, self.last = time.perf_counter(), batch
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.rates.append((self.last - self.first + 1) / (self.end - self.start))
+
+    return Probe()
+
+
+def steady_rate(probe, global_batch: int) -> float:
+    """Median steps/s over epochs 2..E, in examples/s (every timed step is a full batch)."""
+    return statistics.median(probe.rates[1:]) * global_batch
+
+
+def run_trainer(args, loop: str) -> float:
+    from hydra import compose, initialize_config_dir
+
+    from trainer.config import config_dir
+    from trainer.train import train
+
+    overrides = [f"model={args.model}", "dataset=synthetic",
+                 f"dataset.train_examples={args.examples}",
+                 f"dataset.image_size={args.image_size}", "accelerator=cpu",
+                 f"devices={args.devices}", f"epochs={args.epochs}", "verbose=0",
+                 f"batch.per_replica={args.per_replica}", "batch.drop_remainder=true"]
+    if loop != "fit":
+        overrides.append(f"loop={loop}")
+    with initialize_config_dir(str(config_dir()), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    probe = make_probe()
+    with tempfile.TemporaryDirectory() as run_dir:
+        train(cfg, run_dir=run_dir, callbacks=[probe])
+    return steady_rate(probe, args.per_replica * args.devices)
+
+
+def run_plain(args) -> float:
+    """What a user writes from the MirroredStrategy tutorial, with the same model and data."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from trainer.models import cnn, mobilenet
+
+    global_batch = args.per_replica * args.devices
+    rng = np.random.default_rng(42)
+    shape = (args.image_size, args.image_size, 3)
+    x = rng.integers(0, 256, size=(args.examples, *shape), dtype=np.uint8)
+    y = rng.integers(0, 10, size=args.examples, dtype=np.int32)
+    xv = rng.integers(0, 256, size=(512, *shape), dtype=np.uint8)
+    yv = rng.integers(0, 10, size=512, dtype=np.int32)
+
+    def scale(image, label):
+        return tf.cast(image, tf.float32) / 255.0, label
+
+    train_ds = (tf.data.Dataset.from_tensor_slices((x, y)).map(scale).cache()
+                .shuffle(2048).batch(global_batch, drop_remainder=True))
+    val_ds = tf.data.Dataset.from_tensor_slices((xv, yv)).map(scale).batch(global_batch)
+    strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(args.devices)])
+    with strategy.scope():
+        build = mobilenet.build if args.model == "mobilenet" else cnn.build
+        model = build(shape, 10)
+        model.compile(optimizer=keras.optimizers.Adam(0.001),
+                      loss=keras.losses.SparseCategoricalCrossentropy(), metrics=["accuracy"])
+    probe = make_probe()
+    model.fit(train_ds, validation_data=val_ds, epochs=args.epochs, callbacks=[probe], verbose=0)
+    return steady_rate(probe, global_batch)
+
+
+def main() -> None:
+    args = parse_args()
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    if args.devices > 1:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * args.devices)
+    from trainer.config import register_configs
+
+    register_configs()
+    loops = args.loops.split(",")
+    print(f"model={args.model} devices={args.devices} global batch="
+          f"{args.per_replica * args.devices} examples={args.examples} epochs={args.epochs}")
+    ratios: dict[str, list[float]] = {loop: [] for loop in loops}
+    for pair in range(args.pairs):
+        plain = run_plain(args)
+        line = [f"pair {pair + 1}: plain {plain:8.1f} ex/s"]
+        for loop in loops:
+            ours = run_trainer(args, loop)
+            ratios[loop].append(ours / plain)
+            line.append(f"trainer[{loop}] {ours:8.1f} ex/s (ratio {ours / plain:.3f})")
+        print("  ".join(line), flush=True)
+    for loop, values in ratios.items():
+        print(f"median ratio trainer[{loop}] / plain over {args.pairs} pairs: "
+              f"{statistics.median(values):.3f}  (each: {', '.join(f'{r:.3f}' for r in values)})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""`loop=custom`: a `strategy.run` training loop that gets the distribution maths right.
+
+The loss of each replica is summed over its examples and divided by the examples of the
+whole global batch (`tf.nn.compute_average_loss`), and regularisation losses are divided by
+the replicas (`tf.nn.scale_regularization_loss`); the optimizer then sums the gradients of
+all replicas, which gives exactly the gradient of the mean loss over the global batch. The
+global batch is counted, not assumed, so a last partial batch, split unevenly over the
+replicas, is weighted right too. Metrics live in variables summed across replicas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+
+class CustomLoop:
+    """Trains and evaluates a compiled model with its optimizer under a strategy.
+
+    It drives the same Keras callbacks as `fit` (progress bar, checkpoints, backup,
+    TensorBoard, history), so both loops write the same run directory.
+
+    Args:
+        model: a model compiled with its optimizer (checkpoints save it with the model).
+        strategy: the `tf.distribute.Strategy` the model was built under.
+        steps_per_execution: training steps per `tf.function` call.
+    """
+
+    def __init__(self, model: keras.Model, strategy: tf.distribute.Strategy,
+                 steps_per_execution: int = 1) -> None:
+        self.model = model
+        self.strategy = strategy
+        self.steps_per_execution = steps_per_execution
+        self.per_example_loss = keras.losses.SparseCategoricalCrossentropy(reduction=None)
+        with strategy.scope():
+            self.loss_metric = keras.metrics.Mean(name="loss")
+            self.accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+            # Created here, not lazily inside the first traced step: optimizer slots born
+            # inside a graph that runs several steps under MirroredStrategy fail at run time
+            # ("You must feed a value for placeholder tensor").
+            model.optimizer.build(model.trainable_variables)
+        self._train_chunk = tf.function(self._train_steps)
+        self._evaluate_all = tf.function(self._test_steps)
+
+    def average_loss(self, per_example_loss: tf.Tensor, global_batch: tf.Tensor) -> tf.Tensor:
+        """This replica's share of the mean loss over the global batch."""
+        return tf.nn.compute_average_loss(per_example_loss, global_batch_size=global_batch)
+
+    def _global_batch(self, labels: tf.Tensor) -> tf.Tensor:
+        local = tf.cast(tf.shape(labels)[0], tf.float32)
+        total = tf.distribute.get_replica_context().all_reduce("sum", local)
+        return tf.cast(total, tf.int32)
+
+    def _regularization(self) -> tf.Tensor:
+        return tf.add_n(self.model.losses) if self.model.losses else tf.constant(0.0)
+
+    def _train_step(self, images: tf.Tensor, labels: tf.Tensor) -> None:
+        global_batch = self._global_batch(labels)
+        with tf.GradientTape() as tape:
+            predictions = self.model(images, training=True)
+            per_example = self.per_example_loss(labels, predictions)
+            regularization = self._regularization()
+            loss = (self.average_loss(per_example, global_batch)
+                    + tf.nn.scale_regularization_loss(regularization))
+        variables = self.model.trainable_variables
+        gradients = tape.gradient(loss, variables)
+        self.model.optimizer.apply_gradients(zip(gradients, variables, strict=True))
+        self._update_metrics(labels, predictions, per_example + regularization)
+
+    def _update_metrics(self, labels, predictions, per_example_loss) -> None:
+        self.loss_metric.update_state(per_example_loss)
+        self.accuracy.update_state(labels, predictions)
+
+    def _train_steps(self, iterator: Any, steps: tf.Tensor) -> None:
+        # Exactly `steps` batches, never past the end: `fit` counts the epoch's steps.
+        for _ in tf.range(steps):
+            self.strategy.run(self._train_step, args=next(iterator))
+
+    def _test_step(self, images: tf.Tensor, labels: tf.Tensor) -> None:
+        predictions = self.model(images, training=False)
+        per_example = self.per_example_loss(labels, predictions)
+        self._update_metrics(labels, predictions, per_example + self._regularization())
+
+    def _test_steps(self, dataset: Any) -> None:
+        for images, labels in dataset:
+            self.strategy.run(self._test_step, args=(images, labels))
+
+    def _results(self) -> dict[str, float]:
+        return {m.name: float(m.result()) for m in (self.loss_metric, self.accuracy)}
+
+    def _reset(self) -> None:
+        self.loss_metric.reset_state()
+        self.accuracy.reset_state()
+
+    def evaluate(self, dataset: tf.data.Dataset) -> dict[str, float]:
+        """Loss and accuracy over every example of `dataset` (batched by the global batch)."""
+        self._reset()
+        self._evaluate_all(self.strategy.experimental_distribute_dataset(dataset))
+        return self._results()
+
+    def fit(self, dataset: tf.data.Dataset, *, epochs: int, steps_per_epoch: int,
+            validation_data: tf.data.Dataset | None = None, callbacks: Sequence[Any] = (),
+            verbose: Any = "auto") -> keras.callbacks.History:
+        """Trains for `epochs` epochs of `steps_per_epoch` steps, like `Model.fit`.
+
+        Returns:
+            The `History` callback, as `fit` returns it.
+        """
+        verbose = 1 if verbose == "auto" else verbose
+        callback_list = keras.callbacks.CallbackList(
+            list(callbacks), add_history=True, add_progbar=verbose != 0, verbose=verbose,
+            epochs=epochs, steps=steps_per_epoch, model=self.model)
+        distributed = self.strategy.experimental_distribute_dataset(dataset)
+        self.model.stop_training = False
+        callback_list.on_train_begin()
+        start = getattr(self.model, "_initial_epoch", None) or 0  # set by BackupAndRestore
+        for epoch in range(start, epochs):
+            logs = self._run_epoch(epoch, distributed, steps_per_epoch, callback_list)
+            if validation_data is not None:
+                val = self.evaluate(validation_data)
+                logs.update({f"val_{name}": value for name, value in val.items()})
+            callback_list.on_epoch_end(epoch, logs)
+            if self.model.stop_training:
+                break
+        callback_list.on_train_end(logs=logs if epochs > start else {})
+        return self.model.history
+
+    def _run_epoch(self, epoch: int, distributed: Any, steps_per_epoch: int,
+                   callback_list: Any) -> dict[str, float]:
+        self._reset()
+        callback_list.on_epoch_begin(epoch)
+        iterator = iter(distributed)
+        step, logs = 0, {}
+        while step < steps_per_epoch and not self.model.stop_training:
+            chunk = min(self.steps_per_execution, steps_per_epoch - step)
+            callback_list.on_train_batch_begin(step)
+            self._train_chunk(iterator, tf.constant(chunk))
+            step += chunk
+            logs = self._results()
+            callback_list.on_train_batch_end(step - 1, logs)
+        return dict(logs)
