@@ -36,6 +36,12 @@ def make_config(*overrides: str):
 
 
 @pytest.fixture
+def make_run():
+    """Composes a config from overrides only (no shrinking)."""
+    return make_config
+
+
+@pytest.fixture
 def tiny_config():
     """A composed config that trains in seconds; extra overrides are appended."""
     return lambda *overrides: make_config(*TINY, *overrides)

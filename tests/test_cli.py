@@ -45,7 +45,8 @@ def test_sweep_over_devices_gives_each_job_its_devices(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["model=foo"], "error: unknown model 'foo'; available: cnn, mobilenet"),
-    (["dataset=imagenet"], "error: unknown dataset 'imagenet'; available: digits, synthetic"),
+    (["dataset=imagenet"], "error: unknown dataset 'imagenet'; available: cats_vs_dogs, "
+     "cifar10, digits, image_folder, mnist, synthetic, tfds"),
     (["epochs=x"], "Value 'x' of type 'str' could not be converted to Integer"),
     (["epochs=0"], "error: epochs must be a positive integer; received: 0"),
     (["model.widht=3"], "Key 'widht' not in 'CnnConfig'"),

@@ -98,3 +98,16 @@ def test_schedule_round_trips_through_its_config():
     again = WarmupSchedule.from_config(schedule.get_config())
     steps = (0, 5, 40)
     assert [lr(again, s) for s in steps] == pytest.approx([lr(schedule, s) for s in steps])
+
+
+def test_balanced_batch_sizes():
+    from trainer.scaling import balanced_batch_sizes
+
+    assert balanced_batch_sizes(48, 24, 3) is None  # no partial batch
+    assert balanced_batch_sizes(53, 24, 3) is None  # last batch of 5 >= 3 replicas
+    # 50 = 24 + 24 + 2: two examples cannot feed three replicas; move one from the batch before.
+    assert balanced_batch_sizes(50, 24, 3) == [24, 23, 3]
+    assert balanced_batch_sizes(1437, 256, 4) is None
+    assert sum(balanced_batch_sizes(1025, 256, 4)) == 1025
+    with pytest.raises(ConfigError, match="2 examples cannot feed 4 replicas"):
+        balanced_batch_sizes(2, 16, 4)

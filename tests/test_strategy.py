@@ -77,3 +77,19 @@ def test_steps_per_execution_rule():
     check_steps_per_execution("fit", 1, 4)
     with pytest.raises(ConfigError, match="steps_per_execution=8 with loop=fit"):
         check_steps_per_execution("fit", 8, 2)
+
+
+def test_strategies_in_one_process_do_not_share_collective_keys():
+    """A plain MirroredStrategy built after ours must not reuse our collective keys."""
+    import keras
+    import numpy as np
+
+    ours = build_strategy("mirrored", ("/cpu:0", "/cpu:1"), "collective")
+    plain = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    assert tf.distribute.MirroredStrategy._collective_key_base == 0
+    x, y = np.ones((8, 3), "float32"), np.zeros(8, "int32")
+    for strategy, width in ((ours, 5), (plain, 7)):  # different shapes, same group size
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(width)])
+            model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(x, y, batch_size=4, epochs=1, verbose=0)

@@ -98,6 +98,30 @@ class SyntheticConfig:
 
 
 @dataclass
+class TfdsConfig:
+    _target_: str = "trainer.data.tfds.load"
+    name: str = MISSING
+    train_split: str = "train"
+    validation_split: str = "test"
+    data_dir: str | None = None
+    download: bool = True
+    image_size: int | None = None
+    cache: bool = True
+    shuffle_buffer: int = 10000
+
+
+@dataclass
+class ImageFolderConfig:
+    _target_: str = "trainer.data.image_folder.load"
+    path: str = MISSING
+    image_size: int = 64
+    channels: int = 3
+    validation_fraction: float = 0.2
+    cache: bool = True
+    shuffle_buffer: int = 10000
+
+
+@dataclass
 class Config:
     model: Any = MISSING
     dataset: Any = MISSING
@@ -123,7 +147,8 @@ class Config:
 # a user's own model or dataset YAML can skip this and stays untyped.
 SCHEMAS = {
     "schema/model": {"cnn": CnnConfig, "mobilenet": MobileNetConfig},
-    "schema/dataset": {"digits": DigitsConfig, "synthetic": SyntheticConfig},
+    "schema/dataset": {"digits": DigitsConfig, "synthetic": SyntheticConfig,
+                       "tfds": TfdsConfig, "image_folder": ImageFolderConfig},
 }
 
 

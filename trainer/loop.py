@@ -74,10 +74,13 @@ class CustomLoop:
         self.loss_metric.update_state(per_example_loss)
         self.accuracy.update_state(labels, predictions)
 
-    def _train_steps(self, iterator: Any, steps: tf.Tensor) -> None:
+    def _train_steps(self, iterator: Any, steps: tf.Tensor) -> dict[str, tf.Tensor]:
         # Exactly `steps` batches, never past the end: `fit` counts the epoch's steps.
         for _ in tf.range(steps):
             self.strategy.run(self._train_step, args=next(iterator))
+        # Read here, in the graph, so the Python loop never waits for a step to finish
+        # (reading metrics eagerly after every call would serialise dispatch and compute).
+        return {m.name: m.result() for m in (self.loss_metric, self.accuracy)}
 
     def _test_step(self, images: tf.Tensor, labels: tf.Tensor) -> None:
         predictions = self.model(images, training=False)
@@ -137,8 +140,7 @@ class CustomLoop:
         while step < steps_per_epoch and not self.model.stop_training:
             chunk = min(self.steps_per_execution, steps_per_epoch - step)
             callback_list.on_train_batch_begin(step)
-            self._train_chunk(iterator, tf.constant(chunk))
+            logs = self._train_chunk(iterator, tf.constant(chunk))
             step += chunk
-            logs = self._results()
             callback_list.on_train_batch_end(step - 1, logs)
-        return dict(logs)
+        return {name: float(value) for name, value in logs.items()}

@@ -72,3 +72,29 @@ def steps_per_epoch(examples: int, global_batch: int, drop_remainder: bool = Fal
 def warmup_steps(warmup_epochs: float, steps_in_epoch: int) -> int:
     """Converts warm-up epochs (fractions allowed) to whole steps."""
     return int(round(warmup_epochs * steps_in_epoch))
+
+
+def balanced_batch_sizes(examples: int, global_batch: int, replicas: int) -> list[int] | None:
+    """Batch sizes for one pass that leave no replica without an example.
+
+    A last partial batch of fewer examples than replicas would leave some replicas an empty
+    batch, which TensorFlow's oneDNN CPU kernels reject ("input depth must be evenly
+    divisible by filter depth"). Moving a few examples from the second-last batch to the
+    last fixes that without dropping or repeating any example.
+
+    Args:
+        examples: examples in one pass.
+        global_batch: the configured global batch.
+        replicas: replicas in sync.
+
+    Returns:
+        The size of every batch of the pass, or None where plain batching is already fine.
+    """
+    full, last = divmod(examples, global_batch)
+    if last == 0 or last >= replicas:
+        return None
+    if full == 0:
+        raise ConfigError(f"{examples} examples cannot feed {replicas} replicas; use at most "
+                          f"{examples} devices")
+    moved = replicas - last
+    return [global_batch] * (full - 1) + [global_batch - moved, last + moved]

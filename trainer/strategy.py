@@ -11,8 +11,9 @@ from trainer.config import ConfigError
 # process over another device count then joins group 1 with a different size, and TensorFlow
 # aborts ("joining a group with size 4, but that group has size 2"). TF's own tests avoid
 # this with `_collective_key_base`; we give each strategy a key range of its own the same way.
+# Ranges start at 1: range 0 stays TensorFlow's default, for strategies built by other code.
 _KEY_RANGE = 100_000
-_strategies_built = itertools.count()
+_strategies_built = itertools.count(1)
 
 
 def choose_strategy(name: str, replicas: int) -> str:
@@ -109,9 +110,18 @@ def build_strategy(name: str, devices: tuple[str, ...], cross_device_ops: str) -
     import tensorflow as tf
 
     if name == "mirrored":
-        tf.distribute.MirroredStrategy._collective_key_base = next(_strategies_built) * _KEY_RANGE
-        return tf.distribute.MirroredStrategy(
-            devices=list(devices), cross_device_ops=build_cross_device_ops(cross_device_ops))
+        return _mirrored(tf, list(devices), build_cross_device_ops(cross_device_ops))
     if name == "one_device":
         return tf.distribute.OneDeviceStrategy(devices[0])
     return tf.distribute.get_strategy()
+
+
+def _mirrored(tf: Any, devices: list[str], cross_device_ops: Any) -> Any:
+    """A MirroredStrategy with collective keys of its own (see `_KEY_RANGE`)."""
+    cls = tf.distribute.MirroredStrategy
+    default = cls._collective_key_base
+    cls._collective_key_base = next(_strategies_built) * _KEY_RANGE
+    try:
+        return cls(devices=devices, cross_device_ops=cross_device_ops)
+    finally:
+        cls._collective_key_base = default

@@ -98,7 +98,7 @@ def _prepare(cfg: DictConfig, plan) -> dict[str, Any]:
     if cfg.seed is not None:
         keras.utils.set_random_seed(cfg.seed)
     with strategy.scope():
-        data = _data(cfg, batch.global_size)
+        data = _data(cfg, batch.global_size, strategy.num_replicas_in_sync)
         steps = steps_per_epoch(data["source"].train_size, batch.global_size,
                                 cfg.batch.drop_remainder)
         lr = _learning_rate(cfg.optimizer, batch.global_size, steps, cfg.epochs)
@@ -117,18 +117,21 @@ def _nccl_available(kind: str) -> bool:
     return kind == "gpu" and nccl_available()
 
 
-def _data(cfg: DictConfig, global_batch: int) -> dict[str, Any]:
+def _data(cfg: DictConfig, global_batch: int, replicas: int) -> dict[str, Any]:
     from trainer.data.pipeline import build_pipeline
 
     options = OmegaConf.to_container(cfg.dataset, resolve=True)
     pipeline = {key: options.pop(key) for key in PIPELINE_KEYS if key in options}
     source = build(options, seed=cfg.seed)
-    common = dict(preprocess=source.preprocess, seed=cfg.seed, **pipeline)
+    common = dict(preprocess=source.preprocess, scale=source.scale, seed=cfg.seed,
+                  replicas=replicas, **pipeline)
     return {
         "source": source,
         "train": build_pipeline(source.train, global_batch, training=True,
-                                drop_remainder=cfg.batch.drop_remainder, **common),
-        "validation": build_pipeline(source.validation, global_batch, training=False, **common),
+                                drop_remainder=cfg.batch.drop_remainder,
+                                examples=source.train_size, **common),
+        "validation": build_pipeline(source.validation, global_batch, training=False,
+                                     examples=source.validation_size, **common),
     }
 
 

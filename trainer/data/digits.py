@@ -20,7 +20,7 @@ def load(image_size: int = 32, validation_fraction: float = 0.2, seed: int | Non
         seed: unused; the split is fixed so runs compare.
 
     Returns:
-        A `Source` of uint8 8x8 images scaled to [0, 1] and resized in the pipeline.
+        A `Source` of 8x8 images (values 0..16), resized and scaled to [0, 1] in the pipeline.
     """
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
@@ -36,14 +36,13 @@ def load(image_size: int = 32, validation_fraction: float = 0.2, seed: int | Non
         validation=tf.data.Dataset.from_tensor_slices((x_val, y_val)),
         train_size=len(x_train), validation_size=len(x_val),
         input_shape=(image_size, image_size, 1), num_classes=10,
-        preprocess=_preprocess(image_size))
+        preprocess=_resize(image_size), scale=1.0 / 16.0)
 
 
-def _preprocess(image_size: int):
-    def preprocess(image, label):
-        image = tf.cast(image, tf.float32) / 16.0
-        if image_size != 8:
-            image = tf.image.resize(image, (image_size, image_size))
-        return image, label
+def _resize(image_size: int):
+    def resize(image, label):
+        if image_size == 8:
+            return image, label
+        return tf.image.resize(tf.cast(image, tf.float32), (image_size, image_size)), label
 
-    return preprocess
+    return resize

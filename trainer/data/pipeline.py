@@ -8,6 +8,9 @@ from typing import Any
 
 import tensorflow as tf
 
+from trainer.config import ConfigError
+from trainer.scaling import balanced_batch_sizes
+
 
 @dataclass
 class Source:
@@ -20,7 +23,10 @@ class Source:
         validation_size: number of validation examples.
         input_shape: shape of one preprocessed image, e.g. `(32, 32, 1)`.
         num_classes: number of classes (labels are sparse integers).
-        preprocess: per-element function applied in parallel before caching, or None.
+        preprocess: per-element function applied in parallel before caching (decode,
+            resize), or None.
+        scale: images are cast to float32 and multiplied by it per batch, after the cache,
+            so the cache holds the compact raw values (uint8 where the source has them).
     """
 
     train: tf.data.Dataset
@@ -30,12 +36,18 @@ class Source:
     input_shape: tuple[int, ...]
     num_classes: int
     preprocess: Callable[[Any, Any], tuple[Any, Any]] | None = None
+    scale: float = 1.0 / 255.0
+
+
+class DataError(ConfigError):
+    """Data that is not there (not prepared, not downloadable, an empty folder)."""
 
 
 def build_pipeline(dataset: tf.data.Dataset, global_batch: int, *, training: bool,
-                   preprocess: Callable | None = None, seed: int | None = None,
-                   cache: bool = True, shuffle_buffer: int = 2048,
-                   drop_remainder: bool = False) -> tf.data.Dataset:
+                   preprocess: Callable | None = None, scale: float = 1.0,
+                   seed: int | None = None, cache: bool = True, shuffle_buffer: int = 2048,
+                   drop_remainder: bool = False, replicas: int = 1,
+                   examples: int | None = None) -> tf.data.Dataset:
     """Turns unbatched examples into batches of the global batch size, ready for a strategy.
 
     Args:
@@ -43,10 +55,14 @@ def build_pipeline(dataset: tf.data.Dataset, global_batch: int, *, training: boo
         global_batch: examples per step over all replicas; the strategy splits each batch.
         training: shuffle (and maybe drop a last partial batch); evaluation never drops one.
         preprocess: per-element function, mapped in parallel.
+        scale: factor that brings the images to [0, 1], applied per batch (vectorised).
         seed: shuffle seed; with a seed the order is deterministic.
         cache: keep preprocessed elements in memory after the first pass.
         shuffle_buffer: examples in the shuffle buffer.
         drop_remainder: drop a last partial training batch.
+        replicas: replicas the batches are split over.
+        examples: examples in `dataset`, to keep every replica's share of the last batch
+            non-empty (see `trainer.scaling.balanced_batch_sizes`).
 
     Returns:
         A batched, prefetching `tf.data.Dataset`.
@@ -58,8 +74,21 @@ def build_pipeline(dataset: tf.data.Dataset, global_batch: int, *, training: boo
         dataset = dataset.cache()
     if training:
         dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    dataset = dataset.batch(global_batch, drop_remainder=training and drop_remainder)
+    drop = training and drop_remainder
+    dataset = dataset.batch(global_batch, drop_remainder=drop)
+    sizes = None if drop or examples is None else balanced_batch_sizes(examples, global_batch,
+                                                                       replicas)
+    if sizes is not None:
+        dataset = dataset.rebatch(tf.constant(sizes, tf.int64))
+    dataset = dataset.map(_scaler(scale), num_parallel_calls=autotune)
     return dataset.prefetch(autotune).with_options(_options(seed))
+
+
+def _scaler(scale: float) -> Callable:
+    def to_unit_range(images, labels):
+        return tf.cast(images, tf.float32) * scale, labels
+
+    return to_unit_range
 
 
 def _options(seed: int | None) -> tf.data.Options:

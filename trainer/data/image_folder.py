@@ -1,0 +1,57 @@
+"""A folder of images with one sub-folder per class, JPEG, PNG, GIF or BMP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import keras
+
+from trainer.data.pipeline import DataError, Source
+
+EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
+SPLIT_SEED = 0  # the validation split is the same for every run, whatever its seed
+LAYOUT = "expected one sub-folder per class holding JPEG/PNG files"
+
+
+def load(path: str, image_size: int = 64, channels: int = 3, validation_fraction: float = 0.2,
+         seed: int | None = None) -> Source:
+    """Reads `path/<class>/<image>` files, decoding and resizing them in parallel.
+
+    Args:
+        path: the folder; class names are its sub-folders, in sorted order.
+        image_size: side of the square images the model sees.
+        channels: 1 (grey), 3 (RGB) or 4 (RGBA).
+        validation_fraction: share of the files held out, the same files on every run.
+        seed: unused; the split is fixed so runs compare.
+
+    Returns:
+        A `Source`; class indices follow the sorted sub-folder names.
+    """
+    del seed
+    root = Path(path).expanduser()
+    classes = _classes(root, path)
+    color = {1: "grayscale", 3: "rgb", 4: "rgba"}[channels]
+    train, validation = keras.utils.image_dataset_from_directory(
+        str(root), labels="inferred", label_mode="int", class_names=classes,
+        color_mode=color, batch_size=None, image_size=(image_size, image_size),
+        shuffle=True, seed=SPLIT_SEED, validation_split=validation_fraction, subset="both",
+        verbose=False)
+    return Source(train=train, validation=validation,
+                  train_size=int(train.cardinality()),
+                  validation_size=int(validation.cardinality()),
+                  input_shape=(image_size, image_size, channels), num_classes=len(classes))
+
+
+def _classes(root: Path, path: str) -> list[str]:
+    """Class sub-folders that hold images; the errors name the folder and what was expected."""
+    if not root.is_dir():
+        raise DataError(f"dataset=image_folder: dataset.path={path} does not exist; {LAYOUT}")
+    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and _has_images(d))
+    if not classes:
+        raise DataError(f"dataset=image_folder: dataset.path={path} holds no images; {LAYOUT}")
+    return classes
+
+
+def _has_images(folder: Path) -> bool:
+    return any(f.suffix.lower() in EXTENSIONS for f in folder.rglob("*") if f.is_file())
+
