@@ -111,3 +111,15 @@ def test_balanced_batch_sizes():
     assert sum(balanced_batch_sizes(1025, 256, 4)) == 1025
     with pytest.raises(ConfigError, match="2 examples cannot feed 4 replicas"):
         balanced_batch_sizes(2, 16, 4)
+
+
+def test_exponential_staircase_decay_after_warmup():
+    schedule = WarmupSchedule(0.1, 0.2, warmup_steps=4, total_steps=100, decay="exponential",
+                              decay_rate=0.5, decay_steps=10, staircase=True)
+    assert lr(schedule, 2) == pytest.approx(0.15)
+    assert lr(schedule, 4) == pytest.approx(0.2)
+    assert lr(schedule, 13) == pytest.approx(0.2)
+    assert lr(schedule, 14) == pytest.approx(0.1)
+    assert lr(schedule, 34) == pytest.approx(0.025)
+    smooth = WarmupSchedule(0.2, 0.2, 0, 100, "exponential", 0.5, 10, staircase=False)
+    assert lr(smooth, 5) == pytest.approx(0.2 * 0.5 ** 0.5)

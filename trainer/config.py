@@ -18,7 +18,7 @@ CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduction_to_one_devic
 OPTIMIZERS = ("adam", "sgd")
 LR_SCALING = ("linear", "sqrt", "none")
 LOOPS = ("fit", "custom")
-DECAYS = ("none", "cosine")
+DECAYS = ("none", "cosine", "exponential")
 
 
 class ConfigError(ValueError):
@@ -52,6 +52,9 @@ class OptimizerConfig:
     lr_scaling: str = "linear"
     warmup_epochs: float = 0.0
     decay: str = "none"
+    decay_rate: float = 0.1
+    decay_epochs: float = 1.0
+    staircase: bool = True
     momentum: float = 0.0
     nesterov: bool = False
     weight_decay: float | None = None
@@ -74,6 +77,12 @@ class CnnConfig:
 class MobileNetConfig:
     _target_: str = "trainer.models.mobilenet.build"
     alpha: float = 0.35
+
+
+@dataclass
+class Cifar10CnnConfig:
+    _target_: str = "trainer.models.cifar10_cnn.build"
+    weight_decay: float = 0.004
 
 
 @dataclass
@@ -146,7 +155,8 @@ class Config:
 # (`- /schema/model/cnn@_here_`), so its keys and their types are checked at compose time;
 # a user's own model or dataset YAML can skip this and stays untyped.
 SCHEMAS = {
-    "schema/model": {"cnn": CnnConfig, "mobilenet": MobileNetConfig},
+    "schema/model": {"cnn": CnnConfig, "mobilenet": MobileNetConfig,
+                     "cifar10_cnn": Cifar10CnnConfig},
     "schema/dataset": {"digits": DigitsConfig, "synthetic": SyntheticConfig,
                        "tfds": TfdsConfig, "image_folder": ImageFolderConfig},
 }
@@ -252,6 +262,10 @@ def _validate_optimizer(opt: DictConfig) -> None:
     _require(opt.warmup_epochs >= 0,
              f"optimizer.warmup_epochs must be >= 0; received: {opt.warmup_epochs!r}")
     _one_of("optimizer.decay", opt.decay, DECAYS)
+    _require(0 < opt.decay_rate <= 1,
+             f"optimizer.decay_rate must be in (0, 1]; received: {opt.decay_rate!r}")
+    _require(opt.decay_epochs > 0,
+             f"optimizer.decay_epochs must be positive; received: {opt.decay_epochs!r}")
 
 
 def monitor_mode(monitor: str, mode: str = "auto") -> str:

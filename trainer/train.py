@@ -152,7 +152,9 @@ def _learning_rate(opt: DictConfig, global_batch: int, steps: int, epochs: int) 
 
     scaled = scaled_learning_rate(opt.lr, global_batch, opt.reference_batch, opt.lr_scaling)
     warm = warmup_steps(opt.warmup_epochs, steps)
-    schedule = WarmupSchedule(opt.lr, scaled, warm, steps * epochs, opt.decay)
+    decay_steps = warmup_steps(opt.decay_epochs, steps)
+    schedule = WarmupSchedule(opt.lr, scaled, warm, steps * epochs, opt.decay,
+                              opt.decay_rate, decay_steps, opt.staircase)
     return {"base": opt.lr, "scaled": scaled, "rule": opt.lr_scaling,
             "reference_batch": opt.reference_batch, "warmup_steps": warm, "decay": opt.decay,
             "schedule": schedule}

@@ -1,0 +1,56 @@
+"""The scaling report: its arithmetic, and a real sweep over 1 and 2 logical replicas."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from PIL import Image
+
+from tests.conftest import TINY, run_cli
+from trainer.report import COLUMNS, main, scaling_rows
+
+
+def fake_summary(replicas, rate, accuracy=0.9):
+    return {"devices": [f"/cpu:{i}" for i in range(replicas)], "replicas": replicas,
+            "batch": {"global": 64 * replicas}, "learning_rate": {"scaled": 0.001 * replicas},
+            "time": {"wall_s": 10.0, "first_step_s": 2.0}, "examples_per_sec": rate,
+            "validation_metrics": {"accuracy": accuracy}, "run_dir": str(replicas)}
+
+
+def test_speedup_and_efficiency():
+    rows = scaling_rows([fake_summary(1, 100.0), fake_summary(2, 180.0), fake_summary(4, 300.0)])
+    assert [r["speed-up"] for r in rows] == pytest.approx([1.0, 1.8, 3.0])
+    assert [r["efficiency"] for r in rows] == pytest.approx([1.0, 0.9, 0.75])
+    assert rows[2]["global batch"] == 256 and rows[2]["devices"] == "/cpu:0,/cpu:1,/cpu:2,/cpu:3"
+
+
+def test_report_of_a_real_sweep(tmp_path):
+    sweep = tmp_path / "sweep"
+    out = run_cli("-m", "accelerator=cpu", "devices=1,2", *TINY, f"hydra.sweep.dir={sweep}",
+                  cwd=tmp_path, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    table = (sweep / "scaling.md").read_text().splitlines()
+    header = next(line for line in table if line.startswith("| devices"))
+    assert header == "| " + " | ".join(COLUMNS) + " |"
+    rows = [line.split(" | ") for line in table if line.startswith("| /cpu")]
+    assert len(rows) == 2
+    for row, job in zip(rows, ("0", "1"), strict=True):
+        summary = json.loads((sweep / job / "summary.json").read_text())
+        cells = dict(zip(COLUMNS, [c.strip("| ") for c in row], strict=True))
+        assert int(cells["replicas"]) == summary["replicas"]
+        assert int(cells["global batch"]) == summary["batch"]["global"]
+        assert float(cells["examples/s"]) == pytest.approx(summary["examples_per_sec"], rel=1e-2)
+        assert float(cells["val accuracy"]) == pytest.approx(
+            summary["validation_metrics"]["accuracy"], rel=1e-3)
+    assert float(dict(zip(COLUMNS, rows[0], strict=True))["speed-up"].strip()) == 1.0
+    with Image.open(sweep / "scaling.png") as image:
+        image.verify()
+        assert image.format == "PNG" and image.size[0] > 100
+    (sweep / "scaling.md").unlink()
+    assert main([str(sweep)]) == 0 and (sweep / "scaling.md").is_file()
+
+
+def test_report_command_errors(tmp_path):
+    assert main([str(tmp_path / "nowhere")]) == 2
+    assert main([str(tmp_path)]) == 2
