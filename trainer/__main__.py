@@ -17,8 +17,8 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from trainer.config import ConfigError, config_dir, register_configs, validate
+from trainer.errors import EXIT_CONFIG, EXIT_DIVERGED, EXIT_INTERRUPTED, Diverged, Interrupted
 
-EXIT_CONFIG = 2
 # Set when a sweep job re-runs itself in a fresh process (see `_run_job_in_subprocess`).
 CHILD_ENV = "TRAINER_SWEEP_CHILD"
 # TensorFlow's C++ INFO lines (oneDNN, CUDA stubs) drown the progress; warnings still show.
@@ -39,6 +39,14 @@ def _hydra_main(cfg: DictConfig) -> Any:
         return train(cfg)
     except ConfigError as error:
         _exit_config_error(error)
+    except Interrupted as error:
+        print(f"interrupted: {error}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except Diverged as error:
+        if _USER_FULL_ERROR:
+            raise
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_DIVERGED)
 
 
 def _in_sweep() -> bool:
@@ -67,8 +75,8 @@ def _run_job_in_subprocess() -> dict[str, Any]:
     if not _USER_FULL_ERROR:
         env.pop("HYDRA_FULL_ERROR", None)
     code = subprocess.call(command, env=env)
-    if code == EXIT_CONFIG:
-        sys.exit(EXIT_CONFIG)  # the job has printed its one-line error
+    if code in (EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_DIVERGED):
+        sys.exit(code)  # the job has printed its one-line message
     if code:
         raise RuntimeError(f"sweep job {hc.job.num} failed with exit code {code}: "
                            f"{' '.join(hc.overrides.task)}")
@@ -98,9 +106,22 @@ def main() -> None:
     # Let Hydra raise instead of printing its own multi-line report, so we can print one line.
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
+        _refuse_finished_run_dir(sys.argv[1:])
         _hydra_main()
     except KNOWN_ERRORS as error:
         _exit_config_error(error)
+
+
+def _refuse_finished_run_dir(args: list[str]) -> None:
+    """Checks `hydra.run.dir=` before Hydra writes its .hydra/ files into a finished run."""
+    from pathlib import Path
+
+    from trainer.summary import refuse_finished_run
+
+    run_dirs = [a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")]
+    resume = any(a.startswith("resume=") and a != "resume=null" for a in args)
+    if run_dirs and os.environ.get(CHILD_ENV) is None:
+        refuse_finished_run(Path(run_dirs[-1]), resume)
 
 
 def _exit_config_error(error: BaseException) -> None:

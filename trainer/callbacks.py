@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import keras
@@ -60,3 +61,26 @@ class Throughput(keras.callbacks.Callback):
         timed = self.epochs[1:] if len(self.epochs) > 1 else self.epochs
         seconds, examples = sum(s for s, _ in timed), sum(n for _, n in timed)
         return examples / seconds if seconds > 0 and examples > 0 else None
+
+
+class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """Keras's ModelCheckpoint, writing to a temporary name then renaming.
+
+    A crash while saving leaves the previous checkpoint whole instead of a truncated file.
+    """
+
+    def _get_file_path(self, epoch, batch, logs):
+        final = super()._get_file_path(epoch, batch, logs)
+        self._final_path = final
+        head, tail = os.path.split(final)
+        # The temporary name keeps the suffix Keras dispatches on (.keras / .weights.h5).
+        return os.path.join(head, f".tmp-{tail}")
+
+    def _save_model(self, epoch, batch, logs):
+        self._final_path = None
+        super()._save_model(epoch, batch, logs)
+        if self._final_path:
+            tmp = os.path.join(os.path.dirname(self._final_path),
+                               f".tmp-{os.path.basename(self._final_path)}")
+            if os.path.exists(tmp):
+                os.replace(tmp, self._final_path)

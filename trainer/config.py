@@ -65,6 +65,8 @@ class CheckpointConfig:
     monitor: str = "val_accuracy"
     mode: str = "auto"
     save_best: bool = True
+    backup_every: int = 0
+    nan_check_every: int = 10
 
 
 @dataclass
@@ -149,6 +151,9 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     tensorboard: bool = True
     verbose: Any = "auto"
+    resume: str | None = None
+    export: bool = False
+    deterministic: bool = False
 
 
 # Schemas for the built-in group options. A YAML file extends one through its defaults list
@@ -248,6 +253,9 @@ def validate(cfg: DictConfig) -> None:
     _positive_int(name, per_replica if per_replica is not None else global_size)
     _validate_optimizer(cfg.optimizer)
     _one_of("checkpoint.mode", cfg.checkpoint.mode, ("auto", "min", "max"))
+    _require(cfg.checkpoint.backup_every >= 0, "checkpoint.backup_every must be >= 0 (0: each "
+             f"epoch end only); received: {cfg.checkpoint.backup_every}")
+    _positive_int("checkpoint.nan_check_every", cfg.checkpoint.nan_check_every)
     for group in ("model", "dataset"):
         node = cfg.get(group)
         _require(isinstance(node, DictConfig) and "_target_" in node,

@@ -105,9 +105,12 @@ class CustomLoop:
         return self._results()
 
     def fit(self, dataset: tf.data.Dataset, *, epochs: int, steps_per_epoch: int,
-            validation_data: tf.data.Dataset | None = None, callbacks: Sequence[Any] = (),
-            verbose: Any = "auto") -> keras.callbacks.History:
-        """Trains for `epochs` epochs of `steps_per_epoch` steps, like `Model.fit`.
+            initial_epoch: int = 0, validation_data: tf.data.Dataset | None = None,
+            callbacks: Sequence[Any] = (), verbose: Any = "auto") -> keras.callbacks.History:
+        """Trains epochs `initial_epoch`..`epochs - 1` of `steps_per_epoch` steps, like `fit`.
+
+        `dataset` holds the batches of all those epochs in order (one iterator runs through
+        them), as `fit` reads a dataset when given `steps_per_epoch`.
 
         Returns:
             The `History` callback, as `fit` returns it.
@@ -116,26 +119,25 @@ class CustomLoop:
         callback_list = keras.callbacks.CallbackList(
             list(callbacks), add_history=True, add_progbar=verbose != 0, verbose=verbose,
             epochs=epochs, steps=steps_per_epoch, model=self.model)
-        distributed = self.strategy.experimental_distribute_dataset(dataset)
+        iterator = iter(self.strategy.experimental_distribute_dataset(dataset))
         self.model.stop_training = False
         callback_list.on_train_begin()
-        start = getattr(self.model, "_initial_epoch", None) or 0  # set by BackupAndRestore
-        for epoch in range(start, epochs):
-            logs = self._run_epoch(epoch, distributed, steps_per_epoch, callback_list)
+        logs: dict[str, float] = {}
+        for epoch in range(initial_epoch, epochs):
+            logs = self._run_epoch(epoch, iterator, steps_per_epoch, callback_list)
             if validation_data is not None:
                 val = self.evaluate(validation_data)
                 logs.update({f"val_{name}": value for name, value in val.items()})
             callback_list.on_epoch_end(epoch, logs)
             if self.model.stop_training:
                 break
-        callback_list.on_train_end(logs=logs if epochs > start else {})
+        callback_list.on_train_end(logs=logs)
         return self.model.history
 
-    def _run_epoch(self, epoch: int, distributed: Any, steps_per_epoch: int,
+    def _run_epoch(self, epoch: int, iterator: Any, steps_per_epoch: int,
                    callback_list: Any) -> dict[str, float]:
         self._reset()
         callback_list.on_epoch_begin(epoch)
-        iterator = iter(distributed)
         step, logs = 0, {}
         while step < steps_per_epoch and not self.model.stop_training:
             chunk = min(self.steps_per_execution, steps_per_epoch - step)

@@ -16,6 +16,15 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def refuse_finished_run(run_dir: Path, resume: bool) -> None:
+    """Refuses to start a new run over a finished one (its summary.json would be lost)."""
+    from trainer.config import ConfigError
+
+    if not resume and (Path(run_dir) / "summary.json").exists():
+        raise ConfigError(f"run directory {run_dir} holds a finished run (summary.json); "
+                          f"choose a new hydra.run.dir, or pass resume={run_dir} to continue it")
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"

@@ -11,8 +11,10 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from trainer.backup import Backup, BackupStore, StopRequest, stop_on_signals
 from trainer.config import ConfigError, monitor_mode, validate
 from trainer.devices import configure_devices, memory_option, plan_devices
+from trainer.errors import Interrupted
 from trainer.scaling import plan_batch, scaled_learning_rate, steps_per_epoch, warmup_steps
 from trainer.strategy import (
     build_strategy,
@@ -20,6 +22,7 @@ from trainer.strategy import (
     choose_cross_device_ops,
     choose_strategy,
 )
+from trainer.summary import refuse_finished_run
 
 log = logging.getLogger(__name__)
 
@@ -41,35 +44,98 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None,
     """
     started = time.perf_counter()
     validate(cfg)
-    run_dir = Path(run_dir) if run_dir is not None else _hydra_run_dir()
-    plan = plan_devices(cfg.accelerator, cfg.devices, _num_gpus(), cfg.soft_placement)
+    run_dir = _run_dir(cfg, run_dir)
+    refuse_finished_run(run_dir, resume=cfg.resume is not None)
+    plan = plan_devices(cfg.accelerator, cfg.devices, visible_gpu_count(),
+                        cfg.soft_placement)
     configure_devices(plan, memory_option(cfg.gpu.memory_growth, cfg.gpu.memory_limit_mb),
                       cfg.soft_placement, cfg.log_device_placement)
+    if cfg.deterministic:
+        import tensorflow as tf
+
+        tf.config.experimental.enable_op_determinism()
     run = _prepare(cfg, plan)
-    builtin = _callbacks(cfg, run, run_dir, started)
-    history, final = _fit(cfg, run, [*builtin, *callbacks])
-    summary = _summary(cfg, run, plan, run_dir, history, final, builtin[0], started)
+    start = _resume_point(run, run_dir)
+    request = StopRequest()
+    builtin = _callbacks(cfg, run, run_dir, started, start, request)
+    with stop_on_signals(request):
+        history, final = _fit(cfg, run, [*builtin, *callbacks], start)
+    if builtin[1].interrupted:
+        raise Interrupted(f"stopped by signal {request.signal} at epoch {builtin[1].epoch + 1}; "
+                          f"backup in {run_dir / 'backup'}; rerun the same command to resume")
+    summary = _summary(cfg, run, plan, run_dir, history, final, builtin[0], started, start)
+    if cfg.export:
+        run["model"].export(str(run_dir / "saved_model"), verbose=False)
+        summary["saved_model"] = str(run_dir / "saved_model")
     _finish(summary, run_dir)
     return summary
 
 
-def _fit(cfg: DictConfig, run: dict[str, Any], callbacks: list) -> tuple[Any, dict[str, float]]:
+def _run_dir(cfg: DictConfig, run_dir: str | Path | None) -> Path:
+    if cfg.resume is not None:
+        if not Path(cfg.resume).is_dir():
+            raise ConfigError(f"resume={cfg.resume} is not a run directory")
+        return Path(cfg.resume)
+    return Path(run_dir) if run_dir is not None else _hydra_run_dir()
+
+
+def _resume_point(run: dict[str, Any], run_dir: Path) -> tuple[int, int]:
+    """Restores the newest good backup; returns (epoch, step in epoch) to start from."""
+    with run["strategy"].scope():  # the optimizer's slots are built here if needed
+        point = BackupStore(run_dir / "backup").restore(run["model"])
+    if point is None:
+        return 0, 0
+    log.warning("resuming from %s: epoch %d, step %d", point.path, point.epoch + 1, point.step)
+    if point.step >= run["steps"]:
+        return point.epoch + 1, 0
+    return point.epoch, point.step
+
+
+def _segments(cfg: DictConfig, run: dict[str, Any], start: tuple[int, int]) -> list:
+    """(first epoch, end epoch, steps per epoch, dataset) to train, in order.
+
+    A run resumed mid-epoch first finishes that epoch's remaining steps, then trains whole
+    epochs; each dataset starts exactly where the interrupted run would have been.
+    """
+    epoch, step = start
+    make = run["make_train"]
+    segments = []
+    if step:
+        segments.append((epoch, epoch + 1, run["steps"] - step, make(epoch, epoch + 1, step)))
+        epoch += 1
+    if epoch < cfg.epochs:
+        segments.append((epoch, cfg.epochs, run["steps"], make(epoch, cfg.epochs, 0)))
+    return segments
+
+
+def _fit(cfg: DictConfig, run: dict[str, Any], callbacks: list,
+         start: tuple[int, int]) -> tuple[dict[str, list], dict[str, float]]:
     """Trains with the chosen loop, then evaluates every validation example once."""
-    model = run["model"]
+    model, history = run["model"], {}
+    loop = None
     if cfg.loop == "custom":
         from trainer.loop import CustomLoop
 
         loop = CustomLoop(model, run["strategy"], cfg.steps_per_execution)
-        history = loop.fit(run["train"], epochs=cfg.epochs, steps_per_epoch=run["steps"],
-                           validation_data=run["validation"], callbacks=callbacks,
-                           verbose=cfg.verbose)
+    for first, end, steps, dataset in _segments(cfg, run, start):
+        kwargs = dict(initial_epoch=first, epochs=end, steps_per_epoch=steps,
+                      validation_data=run["validation"], callbacks=callbacks,
+                      verbose=cfg.verbose)
+        if loop is not None:
+            part = loop.fit(dataset, **kwargs)
+        else:
+            part = model.fit(dataset, shuffle=False, **kwargs)  # already shuffled
+        for key, values in part.history.items():
+            history.setdefault(key, []).extend(values)
+        if callbacks[1].interrupted:
+            break
+    if loop is not None:
         return history, loop.evaluate(run["validation"])
-    history = model.fit(run["train"], validation_data=run["validation"], epochs=cfg.epochs,
-                        callbacks=callbacks, verbose=cfg.verbose, shuffle=False)  # shuffled
     return history, model.evaluate(run["validation"], return_dict=True, verbose=0)
 
 
-def _num_gpus() -> int:
+def visible_gpu_count() -> int:
+    """Physical GPUs TensorFlow sees (after CUDA_VISIBLE_DEVICES)."""
     import tensorflow as tf
 
     return len(tf.config.list_physical_devices("GPU"))
@@ -98,7 +164,7 @@ def _prepare(cfg: DictConfig, plan) -> dict[str, Any]:
     if cfg.seed is not None:
         keras.utils.set_random_seed(cfg.seed)
     with strategy.scope():
-        data = _data(cfg, batch.global_size, strategy.num_replicas_in_sync)
+        data = build_data(cfg, batch.global_size, strategy.num_replicas_in_sync)
         steps = steps_per_epoch(data["source"].train_size, batch.global_size,
                                 cfg.batch.drop_remainder)
         lr = _learning_rate(cfg.optimizer, batch.global_size, steps, cfg.epochs)
@@ -117,19 +183,26 @@ def _nccl_available(kind: str) -> bool:
     return kind == "gpu" and nccl_available()
 
 
-def _data(cfg: DictConfig, global_batch: int, replicas: int) -> dict[str, Any]:
-    from trainer.data.pipeline import build_pipeline
+def build_data(cfg: DictConfig, global_batch: int, replicas: int) -> dict[str, Any]:
+    """Loads the dataset the config names; returns its source, a maker of training epochs
+    (`make_train(first_epoch, epochs, skip_steps)`) and the validation batches."""
+    from trainer.data.pipeline import build_pipeline, build_training_epochs
 
     options = OmegaConf.to_container(cfg.dataset, resolve=True)
     pipeline = {key: options.pop(key) for key in PIPELINE_KEYS if key in options}
     source = build(options, seed=cfg.seed)
     common = dict(preprocess=source.preprocess, scale=source.scale, seed=cfg.seed,
                   replicas=replicas, **pipeline)
+
+    def make_train(first_epoch: int, epochs: int, skip_steps: int):
+        return build_training_epochs(source.train, global_batch, first_epoch=first_epoch,
+                                     epochs=epochs, skip_steps=skip_steps,
+                                     drop_remainder=cfg.batch.drop_remainder,
+                                     examples=source.train_size, **common)
+
     return {
         "source": source,
-        "train": build_pipeline(source.train, global_batch, training=True,
-                                drop_remainder=cfg.batch.drop_remainder,
-                                examples=source.train_size, **common),
+        "make_train": make_train,
         "validation": build_pipeline(source.validation, global_batch, training=False,
                                      examples=source.validation_size, **common),
     }
@@ -170,18 +243,21 @@ def build_optimizer(opt: DictConfig, learning_rate: Any) -> Any:
     return keras.optimizers.Adam(learning_rate, weight_decay=opt.weight_decay)
 
 
-def _callbacks(cfg: DictConfig, run: dict[str, Any], run_dir: Path, started: float) -> list:
+def _callbacks(cfg: DictConfig, run: dict[str, Any], run_dir: Path, started: float,
+               start: tuple[int, int], request: StopRequest) -> list:
+    """Throughput first and Backup second (train() reads both), then checkpoints, TensorBoard."""
     import keras
 
-    from trainer.callbacks import Throughput
+    from trainer.callbacks import AtomicModelCheckpoint, Throughput
 
     checkpoints = run_dir / "checkpoints"
     checkpoints.mkdir(parents=True, exist_ok=True)
     found = [Throughput(run["source"].train_size, run["batch"].global_size, started),
-             keras.callbacks.BackupAndRestore(str(run_dir / "backup")),
-             keras.callbacks.ModelCheckpoint(str(checkpoints / "last.keras"))]
+             Backup(BackupStore(run_dir / "backup"), cfg.checkpoint.backup_every,
+                    cfg.checkpoint.nan_check_every, request, *start),
+             AtomicModelCheckpoint(str(checkpoints / "last.keras"))]
     if cfg.checkpoint.save_best:
-        found.append(keras.callbacks.ModelCheckpoint(
+        found.append(AtomicModelCheckpoint(
             str(checkpoints / "best.keras"), monitor=cfg.checkpoint.monitor, save_best_only=True,
             mode=monitor_mode(cfg.checkpoint.monitor, cfg.checkpoint.mode)))
     if cfg.tensorboard:
@@ -195,12 +271,13 @@ def _name(node: DictConfig) -> str:
     return parts[-2] if len(parts) > 1 else parts[0]
 
 
-def _summary(cfg, run, plan, run_dir, history, final, throughput, started) -> dict[str, Any]:
+def _summary(cfg, run, plan, run_dir, history, final, throughput, started,
+             start) -> dict[str, Any]:
     import keras
     import tensorflow as tf
 
-    train_metrics = {k: float(v[-1]) for k, v in history.history.items()
-                     if not k.startswith("val_") and k != "learning_rate"}
+    train_metrics = {k: float(v[-1]) for k, v in history.items()
+                     if v and not k.startswith("val_") and k != "learning_rate"}
     return {
         "run_dir": str(run_dir),
         "model": _name(cfg.model),
@@ -217,6 +294,7 @@ def _summary(cfg, run, plan, run_dir, history, final, throughput, started) -> di
         "loop": cfg.loop,
         "steps_per_execution": cfg.steps_per_execution,
         "epochs": cfg.epochs,
+        "resumed_from": {"epoch": start[0] + 1, "step": start[1]} if any(start) else None,
         "steps_per_epoch": run["steps"],
         "train_examples": run["source"].train_size,
         "validation_examples": run["source"].validation_size,

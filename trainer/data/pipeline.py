@@ -48,7 +48,7 @@ def build_pipeline(dataset: tf.data.Dataset, global_batch: int, *, training: boo
                    seed: int | None = None, cache: bool = True, shuffle_buffer: int = 2048,
                    drop_remainder: bool = False, replicas: int = 1,
                    examples: int | None = None) -> tf.data.Dataset:
-    """Turns unbatched examples into batches of the global batch size, ready for a strategy.
+    """Turns unbatched examples into one pass of global batches, ready for a strategy.
 
     Args:
         dataset: unbatched `(image, label)` elements.
@@ -67,21 +67,54 @@ def build_pipeline(dataset: tf.data.Dataset, global_batch: int, *, training: boo
     Returns:
         A batched, prefetching `tf.data.Dataset`.
     """
-    autotune = tf.data.AUTOTUNE
+    prepared = prepare(dataset, preprocess, cache)
+    batched = _batches(prepared, global_batch, training, scale, seed, shuffle_buffer,
+                       drop_remainder, replicas, examples)
+    return batched.prefetch(tf.data.AUTOTUNE).with_options(_options(seed))
+
+
+def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_epoch: int,
+                          epochs: int, skip_steps: int = 0, preprocess: Callable | None = None,
+                          scale: float = 1.0, seed: int | None = None, cache: bool = True,
+                          shuffle_buffer: int = 2048, drop_remainder: bool = False,
+                          replicas: int = 1, examples: int | None = None) -> tf.data.Dataset:
+    """The training batches of epochs `first_epoch`..`epochs - 1` as one dataset.
+
+    Each epoch's order comes from the seed and the epoch's number alone, not from how many
+    passes the process made before, so a run resumed at epoch e, step k sees exactly the
+    batches the interrupted run would have seen (`skip_steps` skips the k done ones).
+    Arguments as `build_pipeline`.
+    """
+    prepared = prepare(dataset, preprocess, cache)
+
+    def one_epoch(epoch):
+        epoch_seed = None if seed is None else seed * 7919 + epoch
+        return _batches(prepared, global_batch, True, scale, epoch_seed, shuffle_buffer,
+                        drop_remainder, replicas, examples, reshuffle=False)
+
+    epochs_ds = tf.data.Dataset.range(first_epoch, epochs).flat_map(one_epoch)
+    return epochs_ds.skip(skip_steps).prefetch(tf.data.AUTOTUNE).with_options(_options(seed))
+
+
+def prepare(dataset: tf.data.Dataset, preprocess: Callable | None,
+            cache: bool) -> tf.data.Dataset:
+    """Preprocesses elements in parallel and caches them (the part every pass shares)."""
     if preprocess is not None:
-        dataset = dataset.map(preprocess, num_parallel_calls=autotune)
-    if cache:
-        dataset = dataset.cache()
+        dataset = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
+    return dataset.cache() if cache else dataset
+
+
+def _batches(dataset, global_batch, training, scale, seed, shuffle_buffer, drop_remainder,
+             replicas, examples, reshuffle=True) -> tf.data.Dataset:
     if training:
-        dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+        dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=reshuffle)
     drop = training and drop_remainder
     dataset = dataset.batch(global_batch, drop_remainder=drop)
     sizes = None if drop or examples is None else balanced_batch_sizes(examples, global_batch,
                                                                        replicas)
     if sizes is not None:
         dataset = dataset.rebatch(tf.constant(sizes, tf.int64))
-    dataset = dataset.map(_scaler(scale), num_parallel_calls=autotune)
-    return dataset.prefetch(autotune).with_options(_options(seed))
+    return dataset.map(_scaler(scale), num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def _scaler(scale: float) -> Callable:

@@ -1,0 +1,188 @@
+"""Fault tolerance: kill and resume, SIGTERM, NaN, corrupt backups, no overwrite, export."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.conftest import error_lines, run_cli
+from trainer.backup import BackupStore
+from trainer.errors import EXIT_DIVERGED, EXIT_INTERRUPTED
+from trainer.evaluate import evaluate_run, load_checkpoint
+from trainer.train import train
+
+# 8x8 digits, 8 per step: 180 steps an epoch, long enough to stop in the middle of one.
+RESUMABLE = ["dataset.image_size=8", "tensorboard=false", "verbose=0", "epochs=2",
+             "batch.per_replica=8", "deterministic=true", "checkpoint.backup_every=20"]
+
+
+def start_cli(*args: str, cwd: Path) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    return subprocess.Popen([sys.executable, "-m", "trainer", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(predicate, process: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            out, err = process.communicate()
+            pytest.fail(f"gave up waiting (exit {process.returncode}): {err[-2000:]}")
+        time.sleep(0.05)
+
+
+def weights(run_dir: Path) -> list[np.ndarray]:
+    return load_checkpoint(run_dir / "checkpoints" / "last.keras").get_weights()
+
+
+def mid_epoch_backup(run_dir: Path, epoch: int = 0):
+    return lambda: any(not p.name.endswith("000000000")
+                       for p in (run_dir / "backup").glob(f"ckpt-{epoch:06d}-*"))
+
+
+def test_sigkill_mid_epoch_then_rerun_equals_an_uninterrupted_run(tmp_path):
+    clean, killed = tmp_path / "clean", tmp_path / "killed"
+    assert run_cli(*RESUMABLE, f"hydra.run.dir={clean}", cwd=tmp_path).returncode == 0
+    process = start_cli(*RESUMABLE, f"hydra.run.dir={killed}", cwd=tmp_path)
+    try:
+        wait_for(mid_epoch_backup(killed, epoch=1), process)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+    finally:
+        process.kill()
+    assert not (killed / "summary.json").exists()
+    rerun = run_cli(*RESUMABLE, f"hydra.run.dir={killed}", cwd=tmp_path, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    summary = json.loads((killed / "summary.json").read_text())
+    assert summary["epochs"] == 2 and summary["resumed_from"]["epoch"] == 2
+    assert summary["resumed_from"]["step"] % 20 == 0 and summary["resumed_from"]["step"] > 0
+    model = load_checkpoint(killed / "checkpoints" / "last.keras")
+    assert int(model.optimizer.iterations) == 2 * summary["steps_per_epoch"]
+    for a, b in zip(weights(clean), weights(killed), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
+
+
+def test_sigterm_stops_at_a_step_and_resumes_from_it(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [*RESUMABLE, "checkpoint.backup_every=0", "epochs=3", f"hydra.run.dir={run_dir}"]
+    process = start_cli(*args, cwd=tmp_path)
+    try:
+        wait_for(lambda: (run_dir / "backup" / "ckpt-000001-000000000").exists(), process)
+        time.sleep(0.5)  # into epoch 2
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == EXIT_INTERRUPTED, err[-2000:]
+    assert "interrupted" in err and "rerun the same command to resume" in err
+    state = json.loads(BackupStore(run_dir / "backup").backups()[0].joinpath("state.json")
+                       .read_text())
+    assert state["epoch"] in (1, 2) and (state["step"] > 0 or state["epoch"] == 2)
+    rerun = run_cli(*args, cwd=tmp_path, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed_from"] == {"epoch": state["epoch"] + 1, "step": state["step"]}
+    model = load_checkpoint(run_dir / "checkpoints" / "last.keras")
+    assert int(model.optimizer.iterations) == 3 * summary["steps_per_epoch"]
+
+
+def test_diverging_learning_rate_stops_with_the_nan_error(tmp_path):
+    run_dir = tmp_path / "run"
+    common = ["dataset.image_size=8", "tensorboard=false", "verbose=0", "optimizer=sgd",
+              "checkpoint.nan_check_every=1"]
+    good = run_cli(*common, "epochs=1", f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=300)
+    assert good.returncode == 0, good.stderr[-2000:]
+    # Continue it for a second epoch at a rate that must blow up.
+    out = run_cli(*common, "epochs=2", "optimizer.lr=1e30", f"resume={run_dir}",
+                  f"hydra.run.dir={tmp_path / 'second'}", cwd=tmp_path, timeout=300)
+    lines = error_lines(out.stderr)
+    assert out.returncode == EXIT_DIVERGED, out.stderr[-3000:]
+    assert lines[-1].startswith("error: loss became "), lines
+    assert "at epoch 2, step" in lines[-1] and "the last good backup is in" in lines[-1]
+    model = load_checkpoint(run_dir / "checkpoints" / "last.keras")
+    assert all(np.isfinite(w).all() for w in model.get_weights())
+    point = BackupStore(run_dir / "backup").restore(model)
+    assert (point.epoch, point.step) == (1, 0)
+    assert all(np.isfinite(w).all() for w in model.get_weights())
+
+
+def small_model() -> keras.Model:
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(keras.optimizers.Adam(0.1), "mse")
+    return model
+
+
+def test_corrupt_latest_backup_falls_back_to_the_previous(tmp_path, caplog):
+    store = BackupStore(tmp_path / "backup")
+    model = small_model()
+    model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0)
+    store.save(model, 0, 10)
+    first = model.get_weights()
+    model.fit(np.ones((4, 3)), np.zeros((4, 2)), verbose=0)
+    latest = store.save(model, 0, 20)
+    with open(latest / "model.weights.h5", "r+b") as f:
+        f.truncate(100)
+    restored = small_model()
+    point = store.restore(restored)
+    assert (point.epoch, point.step) == (0, 10)
+    assert "does not load" in caplog.text
+    for a, b in zip(first, restored.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_backups_are_complete_and_only_two_kept(tmp_path):
+    store = BackupStore(tmp_path / "backup")
+    model = small_model()
+    for step in (5, 10, 15):
+        store.save(model, 0, step)
+    names = [p.name for p in store.backups()]
+    assert names == ["ckpt-000000-000000015", "ckpt-000000-000000010"]
+    assert not list((tmp_path / "backup").glob(".tmp-*"))
+
+
+def test_finished_run_is_not_overwritten_unless_resumed(tmp_path, tiny_config):
+    run_dir = tmp_path / "run"
+    first = run_cli("dataset.image_size=8", "epochs=1", "verbose=0", "tensorboard=false",
+                    f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    config = (run_dir / ".hydra" / "config.yaml").read_text()
+    again = run_cli("dataset.image_size=8", "epochs=3", f"hydra.run.dir={run_dir}",
+                    cwd=tmp_path, timeout=120)
+    lines = error_lines(again.stderr)
+    assert again.returncode == 2 and len(lines) == 1 and "holds a finished run" in lines[0]
+    assert (run_dir / ".hydra" / "config.yaml").read_text() == config
+    # resume= continues it: two more epochs on top of the first.
+    summary = train(tiny_config("epochs=3", f"resume={run_dir}"))
+    assert summary["resumed_from"] == {"epoch": 2, "step": 0}
+    model = load_checkpoint(run_dir / "checkpoints" / "last.keras")
+    assert int(model.optimizer.iterations) == 3 * summary["steps_per_epoch"]
+
+
+def test_export_and_evaluate_a_finished_run(tmp_path, tiny_config):
+    summary = train(tiny_config("export=true", "accelerator=cpu", "devices=2"), run_dir=tmp_path)
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "config.yaml").write_text(
+        __import__("omegaconf").OmegaConf.to_yaml(tiny_config("accelerator=cpu", "devices=2")))
+    model = load_checkpoint(tmp_path / "checkpoints" / "last.keras")
+    served = tf.saved_model.load(summary["saved_model"])
+    x = np.random.default_rng(0).random((5, 8, 8, 1)).astype("float32")
+    np.testing.assert_allclose(served.serve(x).numpy(), model.predict(x, verbose=0), rtol=1e-5,
+                               atol=1e-6)
+    one = evaluate_run(tmp_path, ["devices=1", "checkpoint=last"])
+    two = evaluate_run(tmp_path, ["devices=2", "checkpoint=last"])
+    assert one["replicas"] == 1 and two["replicas"] == 2
+    assert one["metrics"]["accuracy"] == pytest.approx(two["metrics"]["accuracy"], abs=1e-7)
+    assert one["metrics"]["accuracy"] == pytest.approx(
+        summary["validation_metrics"]["accuracy"], abs=1e-7)

@@ -1,0 +1,187 @@
+"""Fault tolerance: atomic backups to resume from, a clean stop on signals, a NaN guard.
+
+A backup is a directory `backup/ckpt-<epoch>-<step>/` holding the model's and optimizer's
+variables (so the learning-rate schedule's position, `optimizer.iterations`, too), the
+random states of its dropout layers, and `state.json` with the epoch and the step within
+it. It is written under a temporary name
+and renamed, so a directory named `ckpt-*` is always complete; the newest two are kept, and
+a latest one that does not load falls back to the one before, with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+
+from trainer.errors import Diverged
+
+log = logging.getLogger(__name__)
+
+WEIGHTS = "model.weights.h5"
+RNG = "rng.npz"
+
+
+def _rng_states(model: keras.Model) -> list:
+    """The seed generators' states (dropout masks), which `save_weights` leaves out."""
+    weights = {id(w) for w in model.weights}
+    return [v for v in model.variables if id(v) not in weights]
+
+
+def _load_rng_states(model: keras.Model, path: Path) -> None:
+    with np.load(path) as saved:
+        values = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    states = _rng_states(model)
+    if len(values) != len(states):
+        raise ValueError(f"{path} holds {len(values)} random states, the model has "
+                         f"{len(states)}")
+    for variable, value in zip(states, values, strict=True):
+        variable.assign(value)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a backup left off: `step` steps of epoch `epoch` (0-based) are done."""
+
+    epoch: int
+    step: int
+    path: Path
+
+
+class BackupStore:
+    """Writes and finds backups in one directory.
+
+    Args:
+        directory: the run's `backup/` directory.
+        keep: how many of the newest backups to keep.
+    """
+
+    def __init__(self, directory: Path, keep: int = 2) -> None:
+        self.directory = Path(directory)
+        self.keep = keep
+
+    def save(self, model: keras.Model, epoch: int, step: int) -> Path:
+        """Writes a backup of `model` at `epoch` (0-based) after `step` steps of it."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        final = self.directory / f"ckpt-{epoch:06d}-{step:09d}"
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.directory))
+        model.save_weights(tmp / WEIGHTS)
+        np.savez(tmp / RNG, *[v.numpy() for v in _rng_states(model)])
+        (tmp / "state.json").write_text(json.dumps({"epoch": epoch, "step": step}))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for old in self.backups()[self.keep:]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def backups(self) -> list[Path]:
+        """Complete backups, newest first."""
+        if not self.directory.is_dir():
+            return []
+        return sorted(self.directory.glob("ckpt-*"), reverse=True)
+
+    def restore(self, model: keras.Model) -> ResumePoint | None:
+        """Loads the newest backup that loads into `model`; None when there is none."""
+        if model.optimizer is not None and not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+        for path in self.backups():
+            try:
+                state = json.loads((path / "state.json").read_text())
+                model.load_weights(path / WEIGHTS)
+                _load_rng_states(model, path / RNG)
+            except Exception as error:  # noqa: BLE001 - any unreadable backup falls back
+                log.warning("backup %s does not load (%s); trying the one before",
+                            path, str(error).splitlines()[0] if str(error) else error)
+                continue
+            return ResumePoint(int(state["epoch"]), int(state["step"]), path)
+        return None
+
+
+class StopRequest:
+    """Set by SIGTERM or SIGINT; read at the next step boundary."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.signal = signum
+
+
+@contextmanager
+def stop_on_signals(request: StopRequest) -> Iterator[StopRequest]:
+    """Routes SIGTERM and SIGINT to `request` while training runs (main thread only)."""
+    names = (signal.SIGTERM, signal.SIGINT)
+    try:
+        previous = {s: signal.signal(s, request) for s in names}
+    except ValueError:  # not the main thread: leave signals alone
+        yield request
+        return
+    try:
+        yield request
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+class Backup(keras.callbacks.Callback):
+    """Backs up every `every` steps and at each epoch end; stops cleanly; guards against NaN.
+
+    Args:
+        store: where backups go.
+        every: steps between backups; 0 for epoch ends only.
+        check_every: steps between NaN checks (each reads the loss: a device sync).
+        request: the stop request set by signals.
+        initial_epoch: the epoch a resumed run starts in.
+        initial_step: steps of `initial_epoch` already done before the resume.
+    """
+
+    def __init__(self, store: BackupStore, every: int, check_every: int, request: StopRequest,
+                 initial_epoch: int = 0, initial_step: int = 0) -> None:
+        super().__init__()
+        self.store, self.every, self.check_every = store, every, max(check_every, 1)
+        self.request = request
+        self.initial_epoch, self.initial_step = initial_epoch, initial_step
+        self.epoch, self.offset, self.interrupted = initial_epoch, 0, False
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+        self.offset = self.initial_step if epoch == self.initial_epoch else 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = self.offset + batch + 1
+        if self.request.signal is not None:
+            self._check(logs, step)
+            self.store.save(self.model, self.epoch, step)
+            self.interrupted = True
+            self.model.stop_training = True
+        elif self.every and step % self.every == 0:
+            self._check(logs, step)
+            self.store.save(self.model, self.epoch, step)
+        elif step % self.check_every == 0:
+            self._check(logs, step)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._check(logs, None)
+        if not self.interrupted:
+            self.store.save(self.model, epoch + 1, 0)
+
+    def _check(self, logs, step: int | None) -> None:
+        loss = float((logs or {}).get("loss", 0.0))
+        if not math.isfinite(loss):
+            where = f"epoch {self.epoch + 1}" + (f", step {step}" if step else " end")
+            raise Diverged(f"loss became {loss} at {where}; the last good backup is in "
+                           f"{self.store.directory} and checkpoints are kept; lower "
+                           "optimizer.lr or add warm-up")

@@ -1,0 +1,15 @@
+"""Errors that end a run, with their exit codes; importable without TensorFlow."""
+
+from __future__ import annotations
+
+EXIT_CONFIG = 2
+EXIT_DIVERGED = 3
+EXIT_INTERRUPTED = 75  # EX_TEMPFAIL: stopped cleanly; rerun the same command to resume
+
+
+class Interrupted(Exception):
+    """Training stopped on SIGTERM or SIGINT after writing a backup; rerun to resume."""
+
+
+class Diverged(RuntimeError):
+    """The loss became NaN or infinite; the last good backup and checkpoints are kept."""
