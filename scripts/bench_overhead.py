@@ -43,6 +43,7 @@ def make_probe():
         def __init__(self):
             super().__init__()
             self.rates, self.batch = [], 0
+            self.created, self.first_step = time.perf_counter(), None
 
         def on_epoch_begin(self, epoch, logs=None):
             self.start = None
@@ -53,6 +54,8 @@ def make_probe():
 
         def on_train_batch_end(self, batch, logs=None):
             self.end, self.last = time.perf_counter(), batch
+            if self.first_step is None:
+                self.first_step = self.end - self.created  # build + trace + first step
 
         def on_epoch_end(self, epoch, logs=None):
             self.rates.append((self.last - self.first + 1) / (self.end - self.start))
@@ -66,6 +69,11 @@ def steady_rate(probe, global_batch: int) -> float:
 
 
 def run_trainer(args, loop: str) -> float:
+    return run_trainer_timed(args, loop)[0]
+
+
+def run_trainer_timed(args, loop: str) -> tuple[float, float]:
+    """Steady examples/s and seconds from start to the end of the first step."""
     from hydra import compose, initialize_config_dir
 
     from trainer.config import config_dir
@@ -78,15 +86,19 @@ def run_trainer(args, loop: str) -> float:
                  f"batch.per_replica={args.per_replica}", "batch.drop_remainder=true"]
     if loop != "fit":
         overrides.append(f"loop={loop}")
+    probe = make_probe()
     with initialize_config_dir(str(config_dir()), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
-    probe = make_probe()
     with tempfile.TemporaryDirectory() as run_dir:
         train(cfg, run_dir=run_dir, callbacks=[probe])
-    return steady_rate(probe, args.per_replica * args.devices)
+    return steady_rate(probe, args.per_replica * args.devices), probe.first_step
 
 
 def run_plain(args) -> float:
+    return run_plain_timed(args)[0]
+
+
+def run_plain_timed(args) -> tuple[float, float]:
     """What a user writes from the MirroredStrategy tutorial, with the same model and data."""
     import keras
     import numpy as np
@@ -94,6 +106,7 @@ def run_plain(args) -> float:
 
     from trainer.models import cnn, mobilenet
 
+    probe = make_probe()
     global_batch = args.per_replica * args.devices
     rng = np.random.default_rng(42)
     shape = (args.image_size, args.image_size, 3)
@@ -114,9 +127,8 @@ def run_plain(args) -> float:
         model = build(shape, 10)
         model.compile(optimizer=keras.optimizers.Adam(0.001),
                       loss=keras.losses.SparseCategoricalCrossentropy(), metrics=["accuracy"])
-    probe = make_probe()
     model.fit(train_ds, validation_data=val_ds, epochs=args.epochs, callbacks=[probe], verbose=0)
-    return steady_rate(probe, global_batch)
+    return steady_rate(probe, global_batch), probe.first_step
 
 
 def main() -> None:

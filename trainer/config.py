@@ -141,7 +141,9 @@ class Config:
     seed: int | None = 42
     epochs: int = 8
     loop: str = "fit"
-    steps_per_execution: int = 1
+    steps_per_execution: Any = "auto"
+    precision: str = "auto"
+    jit_compile: Any = "auto"
     accelerator: str = "auto"
     devices: Any = "auto"
     soft_placement: bool = False
@@ -240,7 +242,6 @@ def validate(cfg: DictConfig) -> None:
     """
     _positive_int("epochs", cfg.epochs)
     _one_of("loop", cfg.loop, LOOPS)
-    _positive_int("steps_per_execution", cfg.steps_per_execution)
     _one_of("accelerator", cfg.accelerator, ACCELERATORS)
     parse_devices(cfg.devices)
     _one_of("strategy.name", cfg.strategy.name, STRATEGIES)

@@ -27,10 +27,11 @@ class CustomLoop:
         model: a model compiled with its optimizer (checkpoints save it with the model).
         strategy: the `tf.distribute.Strategy` the model was built under.
         steps_per_execution: training steps per `tf.function` call.
+        jit_compile: compile each replica's step with XLA.
     """
 
     def __init__(self, model: keras.Model, strategy: tf.distribute.Strategy,
-                 steps_per_execution: int = 1) -> None:
+                 steps_per_execution: int = 1, jit_compile: bool = False) -> None:
         self.model = model
         self.strategy = strategy
         self.steps_per_execution = steps_per_execution
@@ -42,6 +43,8 @@ class CustomLoop:
             # inside a graph that runs several steps under MirroredStrategy fail at run time
             # ("You must feed a value for placeholder tensor").
             model.optimizer.build(model.trainable_variables)
+        self._replica_gradients = (tf.function(self._gradients, jit_compile=True)
+                                   if jit_compile else self._gradients)
         self._train_chunk = tf.function(self._train_steps)
         self._evaluate_all = tf.function(self._test_steps)
 
@@ -57,27 +60,39 @@ class CustomLoop:
     def _regularization(self) -> tf.Tensor:
         return tf.add_n(self.model.losses) if self.model.losses else tf.constant(0.0)
 
-    def _train_step(self, images: tf.Tensor, labels: tf.Tensor) -> None:
-        global_batch = self._global_batch(labels)
+    def _gradients(self, images: tf.Tensor, labels: tf.Tensor, global_batch: tf.Tensor):
+        """Forward and backward pass of one replica; no collectives, so XLA can compile it."""
         with tf.GradientTape() as tape:
             predictions = self.model(images, training=True)
-            per_example = self.per_example_loss(labels, predictions)
+            per_example = self.per_example_loss(labels, tf.cast(predictions, tf.float32))
             regularization = self._regularization()
             loss = (self.average_loss(per_example, global_batch)
                     + tf.nn.scale_regularization_loss(regularization))
+            # Identity unless mixed_float16 wrapped the optimizer in a LossScaleOptimizer,
+            # which unscales the gradients again in apply_gradients.
+            scaled = self.model.optimizer.scale_loss(loss)
+        gradients = tape.gradient(scaled, self.model.trainable_variables)
+        return gradients, predictions, per_example + regularization
+
+    def _train_step(self, images: tf.Tensor, labels: tf.Tensor) -> None:
+        global_batch = self._global_batch(labels)
+        gradients, predictions, losses = self._replica_gradients(images, labels, global_batch)
         variables = self.model.trainable_variables
-        gradients = tape.gradient(loss, variables)
         self.model.optimizer.apply_gradients(zip(gradients, variables, strict=True))
-        self._update_metrics(labels, predictions, per_example + regularization)
+        self._update_metrics(labels, predictions, losses)
 
     def _update_metrics(self, labels, predictions, per_example_loss) -> None:
         self.loss_metric.update_state(per_example_loss)
         self.accuracy.update_state(labels, predictions)
 
-    def _train_steps(self, iterator: Any, steps: tf.Tensor) -> dict[str, tf.Tensor]:
-        # Exactly `steps` batches, never past the end: `fit` counts the epoch's steps.
-        for _ in tf.range(steps):
+    def _train_steps(self, iterator: Any, steps: tf.Tensor | None) -> dict[str, tf.Tensor]:
+        # Exactly `steps` batches, never past the end: `fit` counts the epoch's steps. One
+        # step per call (steps=None) runs without a graph loop around it.
+        if steps is None:
             self.strategy.run(self._train_step, args=next(iterator))
+        else:
+            for _ in tf.range(steps):
+                self.strategy.run(self._train_step, args=next(iterator))
         # Read here, in the graph, so the Python loop never waits for a step to finish
         # (reading metrics eagerly after every call would serialise dispatch and compute).
         return {m.name: m.result() for m in (self.loss_metric, self.accuracy)}
@@ -142,7 +157,8 @@ class CustomLoop:
         while step < steps_per_epoch and not self.model.stop_training:
             chunk = min(self.steps_per_execution, steps_per_epoch - step)
             callback_list.on_train_batch_begin(step)
-            logs = self._train_chunk(iterator, tf.constant(chunk))
+            logs = self._train_chunk(iterator,
+                                     None if self.steps_per_execution == 1 else tf.constant(chunk))
             step += chunk
             callback_list.on_train_batch_end(step - 1, logs)
         return {name: float(value) for name, value in logs.items()}

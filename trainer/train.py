@@ -16,6 +16,7 @@ from trainer.config import ConfigError, monitor_mode, validate
 from trainer.devices import configure_devices, memory_option, plan_devices
 from trainer.errors import Interrupted
 from trainer.scaling import plan_batch, scaled_learning_rate, steps_per_epoch, warmup_steps
+from trainer.speed import apply_precision, choose_speed, compute_capability
 from trainer.strategy import (
     build_strategy,
     check_steps_per_execution,
@@ -116,7 +117,9 @@ def _fit(cfg: DictConfig, run: dict[str, Any], callbacks: list,
     if cfg.loop == "custom":
         from trainer.loop import CustomLoop
 
-        loop = CustomLoop(model, run["strategy"], cfg.steps_per_execution)
+        speed = run["speed"]
+        loop = CustomLoop(model, run["strategy"], speed.steps_per_execution,
+                          jit_compile=speed.jit_compile is True)
     for first, end, steps, dataset in _segments(cfg, run, start):
         kwargs = dict(initial_epoch=first, epochs=end, steps_per_epoch=steps,
                       validation_data=run["validation"], callbacks=callbacks,
@@ -155,7 +158,11 @@ def _prepare(cfg: DictConfig, plan) -> dict[str, Any]:
 
     replicas = len(plan.names)
     strategy_name = choose_strategy(cfg.strategy.name, replicas)
-    check_steps_per_execution(cfg.loop, cfg.steps_per_execution, replicas)
+    speed = choose_speed(cfg.precision, cfg.jit_compile, cfg.steps_per_execution, plan.kind,
+                         replicas, cfg.loop,
+                         compute_capability() if plan.kind == "gpu" else None)
+    check_steps_per_execution(cfg.loop, speed.steps_per_execution, replicas)
+    apply_precision(speed.precision)
     cross = choose_cross_device_ops(cfg.strategy.cross_device_ops, plan.kind, replicas,
                                     _nccl_available(plan.kind))
     strategy = build_strategy(strategy_name, plan.names, cross)
@@ -172,9 +179,10 @@ def _prepare(cfg: DictConfig, plan) -> dict[str, Any]:
                       num_classes=data["source"].num_classes)
         model.compile(optimizer=build_optimizer(cfg.optimizer, lr["schedule"]),
                       loss=keras.losses.SparseCategoricalCrossentropy(),
-                      metrics=["accuracy"], steps_per_execution=cfg.steps_per_execution)
+                      metrics=["accuracy"], steps_per_execution=speed.steps_per_execution,
+                      jit_compile=speed.jit_compile)
     return {"strategy": strategy, "strategy_name": strategy_name, "cross": cross,
-            "batch": batch, "steps": steps, "lr": lr, "model": model, **data}
+            "batch": batch, "steps": steps, "lr": lr, "model": model, "speed": speed, **data}
 
 
 def _nccl_available(kind: str) -> bool:
@@ -292,7 +300,10 @@ def _summary(cfg, run, plan, run_dir, history, final, throughput, started,
         "learning_rate": {k: v for k, v in run["lr"].items() if k != "schedule"},
         "optimizer": cfg.optimizer.name,
         "loop": cfg.loop,
-        "steps_per_execution": cfg.steps_per_execution,
+        "steps_per_execution": run["speed"].steps_per_execution,
+        "precision": run["speed"].precision,
+        "jit_compile": run["speed"].jit_compile,
+        "speed_reasons": list(run["speed"].reasons),
         "epochs": cfg.epochs,
         "resumed_from": {"epoch": start[0] + 1, "step": start[1]} if any(start) else None,
         "steps_per_epoch": run["steps"],

@@ -24,6 +24,9 @@ def build(input_shape: tuple[int, ...], num_classes: int, alpha: float = 0.35) -
     if min(height, width) < MIN_SIZE:
         raise ConfigError(f"model=mobilenet needs images of at least {MIN_SIZE}x{MIN_SIZE}; "
                           f"received: {height}x{width} (set dataset.image_size>={MIN_SIZE})")
-    return keras.applications.MobileNetV2(
+    base = keras.applications.MobileNetV2(
         input_shape=tuple(input_shape), alpha=alpha, weights=None, classes=num_classes,
-        classifier_activation="softmax")
+        classifier_activation=None)
+    # The softmax in float32 keeps the loss stable under mixed precision.
+    outputs = keras.layers.Activation("softmax", dtype="float32")(base.output)
+    return keras.Model(base.input, outputs, name=base.name)
