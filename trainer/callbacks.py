@@ -71,16 +71,13 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
 
     def _get_file_path(self, epoch, batch, logs):
         final = super()._get_file_path(epoch, batch, logs)
-        self._final_path = final
         head, tail = os.path.split(final)
         # The temporary name keeps the suffix Keras dispatches on (.keras / .weights.h5).
-        return os.path.join(head, f".tmp-{tail}")
+        self._pending = (os.path.join(head, f".tmp-{tail}"), final)
+        return self._pending[0]
 
     def _save_model(self, epoch, batch, logs):
-        self._final_path = None
+        self._pending = None
         super()._save_model(epoch, batch, logs)
-        if self._final_path:
-            tmp = os.path.join(os.path.dirname(self._final_path),
-                               f".tmp-{os.path.basename(self._final_path)}")
-            if os.path.exists(tmp):
-                os.replace(tmp, self._final_path)
+        if self._pending and os.path.exists(self._pending[0]):
+            os.replace(*self._pending)

@@ -160,9 +160,9 @@ def _apply_memory(tf: Any, gpu: Any, memory: tuple[str, int | None]) -> None:
 def _check_already_started(tf: Any, plan: DevicePlan) -> None:
     """Accepts a started runtime that already has every device the plan names."""
     kind = plan.kind.upper()
-    have = {d.name.lower().replace("/device:", "/") for d in
-            tf.config.list_logical_devices(kind)}
-    have = {"/" + name.split("/")[-1] for name in have}
+    # "/device:CPU:3" -> "/cpu:3", the form plan.names uses
+    have = {"/" + d.name.lower().split("/device:")[-1]
+            for d in tf.config.list_logical_devices(kind)}
     missing = [n for n in plan.names if n.lower() not in have]
     if missing:
         raise DeviceError(

@@ -38,6 +38,7 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
         raise ConfigError(f"no checkpoint {checkpoint}; valid: checkpoint=best or "
                           "checkpoint=last of a finished run")
     from trainer.devices import configure_devices, memory_option, plan_devices
+    from trainer.scaling import plan_batch
     from trainer.strategy import build_strategy, choose_cross_device_ops, choose_strategy
     from trainer.train import build_data, visible_gpu_count
 
@@ -48,7 +49,7 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
     strategy = build_strategy(choose_strategy(cfg.strategy.name, replicas), plan.names,
                               choose_cross_device_ops(cfg.strategy.cross_device_ops, plan.kind,
                                                       replicas, False))
-    global_batch = (cfg.batch.global_size or cfg.batch.per_replica * replicas)
+    global_batch = plan_batch(cfg.batch.per_replica, cfg.batch.global_size, replicas).global_size
     with strategy.scope():
         data = build_data(cfg, global_batch, replicas)
         model = load_checkpoint(checkpoint)
