@@ -17,7 +17,15 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from trainer.config import ConfigError, config_dir, register_configs, validate
-from trainer.errors import EXIT_CONFIG, EXIT_DIVERGED, EXIT_INTERRUPTED, Diverged, Interrupted
+from trainer.errors import (
+    EXIT_CONFIG,
+    EXIT_DIVERGED,
+    EXIT_INTERRUPTED,
+    EXIT_WORKER_LOST,
+    Diverged,
+    Interrupted,
+    WorkerLost,
+)
 
 # Set when a sweep job re-runs itself in a fresh process (see `_run_job_in_subprocess`).
 CHILD_ENV = "TRAINER_SWEEP_CHILD"
@@ -47,6 +55,13 @@ def _hydra_main(cfg: DictConfig) -> Any:
             raise
         print(f"error: {error}", file=sys.stderr, flush=True)
         sys.exit(EXIT_DIVERGED)
+    except WorkerLost as error:
+        if _USER_FULL_ERROR:
+            raise
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # Not sys.exit: TensorFlow's shutdown would wait for the lost peer at its exit barrier.
+        os._exit(EXIT_WORKER_LOST)
 
 
 def _in_sweep() -> bool:
@@ -75,7 +90,7 @@ def _run_job_in_subprocess() -> dict[str, Any]:
     if not _USER_FULL_ERROR:
         env.pop("HYDRA_FULL_ERROR", None)
     code = subprocess.call(command, env=env)
-    if code in (EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_DIVERGED):
+    if code in (EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_DIVERGED, EXIT_WORKER_LOST):
         sys.exit(code)  # the job has printed its one-line message
     if code:
         raise RuntimeError(f"sweep job {hc.job.num} failed with exit code {code}: "

@@ -110,6 +110,55 @@ class BackupStore:
         return None
 
 
+def share_from_chief(strategy: Any, model: keras.Model,
+                     point: ResumePoint | None) -> ResumePoint | None:
+    """Gives every worker of a multi-worker run the chief's resume point and variables.
+
+    Only the chief keeps backups, and the other workers need not see its disk: one
+    all-reduce, to which only the chief's first replica (replica 0) contributes, carries the
+    chief's point, then another its restored model and optimizer variables, to every worker.
+    Every worker must call this at the same place (it runs collectives).
+
+    Args:
+        strategy: the MultiWorkerMirroredStrategy.
+        model: the built model, with its optimizer built.
+        point: what this worker restored (None on workers other than the chief).
+
+    Returns:
+        The chief's resume point, or None where the chief had no backup.
+    """
+    import tensorflow as tf
+
+    found = [1.0, point.epoch, point.step] if point is not None else [0.0, 0.0, 0.0]
+    shared = _from_replica_zero(strategy, [tf.constant(found, tf.float64)])[0].numpy()
+    if shared[0] == 0:
+        return None
+    variables = list({id(v): v for v in [*model.variables, *model.optimizer.variables]}.values())
+    values = _from_replica_zero(strategy, [v.value for v in variables])
+    for variable, value in zip(variables, values, strict=True):
+        variable.assign(tf.cast(value, variable.dtype))
+    return ResumePoint(int(shared[1]), int(shared[2]),
+                       point.path if point is not None else Path("the chief's backup"))
+
+
+def _from_replica_zero(strategy: Any, tensors: list) -> list:
+    """Replica 0's values of `tensors` on every replica (float64 keeps ints and floats exact)."""
+    import tensorflow as tf
+
+    @tf.function
+    def share():
+        def replica_fn():
+            context = tf.distribute.get_replica_context()
+            mine = tf.equal(context.replica_id_in_sync_group, 0)
+            return context.all_reduce("sum", [
+                tf.where(mine, tf.cast(t, tf.float64), tf.zeros(tf.shape(t), tf.float64))
+                for t in tensors])
+
+        return strategy.run(replica_fn)
+
+    return [strategy.experimental_local_results(value)[0] for value in share()]
+
+
 class StopRequest:
     """Set by SIGTERM or SIGINT; read at the next step boundary."""
 

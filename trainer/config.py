@@ -13,7 +13,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig
 
 ACCELERATORS = ("auto", "gpu", "cpu")
-STRATEGIES = ("auto", "mirrored", "one_device", "default")
+STRATEGIES = ("auto", "mirrored", "one_device", "multi_worker", "default")
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduction_to_one_device", "collective")
 OPTIMIZERS = ("adam", "sgd")
 LR_SCALING = ("linear", "sqrt", "none")
@@ -42,6 +42,16 @@ class BatchConfig:
 class StrategyConfig:
     name: str = "auto"
     cross_device_ops: str = "auto"
+    # multi_worker only: collective implementation, and seconds a collective may wait for a
+    # peer before the run fails (null: forever; a crashed peer is caught by heartbeats anyway)
+    communication: str = "auto"
+    timeout_s: float | None = 300.0
+
+
+@dataclass
+class ClusterConfig:
+    workers: list[str] = field(default_factory=list)
+    task_index: int = 0
 
 
 @dataclass
@@ -137,6 +147,7 @@ class Config:
     model: Any = MISSING
     dataset: Any = MISSING
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     seed: int | None = 42
     epochs: int = 8
@@ -246,6 +257,9 @@ def validate(cfg: DictConfig) -> None:
     parse_devices(cfg.devices)
     _one_of("strategy.name", cfg.strategy.name, STRATEGIES)
     _one_of("strategy.cross_device_ops", cfg.strategy.cross_device_ops, CROSS_DEVICE_OPS)
+    timeout = cfg.strategy.timeout_s
+    _require(timeout is None or timeout > 0, "strategy.timeout_s must be a positive number of "
+             f"seconds, or null for no timeout; received: {timeout!r}")
     per_replica, global_size = cfg.batch.per_replica, cfg.batch.global_size
     _require((per_replica is None) != (global_size is None),
              "set exactly one of batch.per_replica and batch.global_size; received: "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 EXIT_CONFIG = 2
 EXIT_DIVERGED = 3
+EXIT_WORKER_LOST = 4  # a peer worker crashed or timed out; rerun every worker to resume
 EXIT_INTERRUPTED = 75  # EX_TEMPFAIL: stopped cleanly; rerun the same command to resume
 
 
@@ -13,3 +14,7 @@ class Interrupted(Exception):
 
 class Diverged(RuntimeError):
     """The loss became NaN or infinite; the last good backup and checkpoints are kept."""
+
+
+class WorkerLost(RuntimeError):
+    """A peer of a multi-worker run crashed, vanished or timed out; the chief's backup is kept."""

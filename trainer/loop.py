@@ -139,7 +139,9 @@ class CustomLoop:
         callback_list.on_train_begin()
         logs: dict[str, float] = {}
         for epoch in range(initial_epoch, epochs):
-            logs = self._run_epoch(epoch, iterator, steps_per_epoch, callback_list)
+            logs, done = self._run_epoch(epoch, iterator, steps_per_epoch, callback_list)
+            if not done:  # stopped mid-epoch (a signal): no validation, no epoch end
+                break
             if validation_data is not None:
                 val = self.evaluate(validation_data)
                 logs.update({f"val_{name}": value for name, value in val.items()})
@@ -150,7 +152,8 @@ class CustomLoop:
         return self.model.history
 
     def _run_epoch(self, epoch: int, iterator: Any, steps_per_epoch: int,
-                   callback_list: Any) -> dict[str, float]:
+                   callback_list: Any) -> tuple[dict[str, float], bool]:
+        """Runs one epoch's steps; returns its logs and whether every step ran."""
         self._reset()
         callback_list.on_epoch_begin(epoch)
         step, logs = 0, {}
@@ -161,4 +164,4 @@ class CustomLoop:
                                      None if self.steps_per_execution == 1 else tf.constant(chunk))
             step += chunk
             callback_list.on_train_batch_end(step - 1, logs)
-        return {name: float(value) for name, value in logs.items()}
+        return {name: float(value) for name, value in logs.items()}, step == steps_per_epoch

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from trainer.cluster import Cluster
 from trainer.config import ConfigError
 
 # Every MirroredStrategy numbers its collective groups from 1. A second strategy in the same
@@ -16,18 +17,29 @@ _KEY_RANGE = 100_000
 _strategies_built = itertools.count(1)
 
 
-def choose_strategy(name: str, replicas: int) -> str:
-    """Resolves `strategy=auto` and checks the choice fits the device count.
+def choose_strategy(name: str, replicas: int, workers: int = 1, kind: str = "cpu") -> str:
+    """Resolves `strategy=auto` and checks the choice fits the devices and the cluster.
 
     Args:
-        name: `auto`, `mirrored`, `one_device` or `default`.
-        replicas: the number of devices chosen.
+        name: `auto`, `mirrored`, `one_device`, `multi_worker` or `default`.
+        replicas: the number of devices chosen on this machine.
+        workers: the number of workers in the cluster (1 without one).
+        kind: `gpu` or `cpu`.
 
     Returns:
-        `mirrored`, `one_device` or `default`.
+        `mirrored`, `one_device`, `multi_worker` or `default`.
     """
     if name == "auto":
-        return "one_device" if replicas == 1 else "mirrored"
+        if workers == 1:
+            return "one_device" if replicas == 1 else "mirrored"
+        name = "multi_worker"
+    if workers > 1 and name != "multi_worker":
+        raise ConfigError(f"strategy={name} runs on one machine but the cluster has {workers} "
+                          "workers; use strategy=multi_worker (or auto)")
+    if name == "multi_worker" and kind == "cpu" and replicas > 1:
+        raise ConfigError(f"strategy=multi_worker runs one replica per CPU worker, but {replicas} "
+                          "CPU devices were chosen; use devices=auto (or 1), and one worker per "
+                          "replica (python -m trainer.launch --workers N)")
     if name in ("one_device", "default") and replicas > 1:
         raise ConfigError(f"strategy={name} runs on one device but {replicas} devices were "
                           "chosen; use strategy=mirrored (or auto), or devices=1")
@@ -96,24 +108,53 @@ def build_cross_device_ops(name: str) -> Any:
     }[name]()
 
 
-def build_strategy(name: str, devices: tuple[str, ...], cross_device_ops: str) -> Any:
+def build_strategy(name: str, devices: tuple[str, ...], cross_device_ops: str,
+                   cluster: Cluster | None = None, communication: str = "auto",
+                   timeout_s: float | None = None) -> Any:
     """Creates the strategy.
 
     Args:
         name: a resolved strategy name (see `choose_strategy`).
         devices: device names, e.g. `("/gpu:0", "/gpu:1")`.
         cross_device_ops: a resolved name (see `choose_cross_device_ops`).
+        cluster: for `multi_worker`: the cluster, or None for one local worker.
+        communication: for `multi_worker`: `auto`, `ring` or `nccl`.
+        timeout_s: for `multi_worker`: seconds a collective waits for its peers.
 
     Returns:
         A `tf.distribute.Strategy`.
     """
     import tensorflow as tf
 
+    if name == "multi_worker":
+        return _multi_worker(tf, devices, cluster, communication, timeout_s)
     if name == "mirrored":
         return _mirrored(tf, list(devices), build_cross_device_ops(cross_device_ops))
     if name == "one_device":
         return tf.distribute.OneDeviceStrategy(devices[0])
     return tf.distribute.get_strategy()
+
+
+def _multi_worker(tf: Any, devices: tuple[str, ...], cluster: Cluster | None,
+                  communication: str, timeout_s: float | None) -> Any:
+    """A MultiWorkerMirroredStrategy over the cluster, on this worker's chosen GPUs (or CPU).
+
+    It must be created before any other TensorFlow op in the process: it starts this
+    worker's server and the collective runtime.
+    """
+    implementation = getattr(tf.distribute.experimental.CommunicationImplementation,
+                             communication.upper())
+    options = tf.distribute.experimental.CommunicationOptions(implementation=implementation,
+                                                              timeout_seconds=timeout_s)
+    resolver = None
+    if cluster is not None:
+        gpus = sum(1 for d in devices if "gpu" in d.lower())
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec({job: list(tasks) for job, tasks in cluster.jobs.items()}),
+            task_type=cluster.task_type, task_id=cluster.task_index, rpc_layer="grpc",
+            num_accelerators={"GPU": gpus})
+    return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver,
+                                                     communication_options=options)
 
 
 def _mirrored(tf: Any, devices: list[str], cross_device_ops: Any) -> Any:

@@ -39,7 +39,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("run directory", summary["run_dir"]),
         ("model / dataset", f"{summary['model']} / {summary['dataset']}"),
         ("devices", summary["devices"]),
-        ("replicas", summary["replicas"]),
+        ("replicas", summary["replicas"] if summary.get("workers", 1) == 1 else
+         f"{summary['replicas']} on {summary['workers']} workers"),
         ("strategy", f"{summary['strategy']} (cross-device ops: {summary['cross_device_ops']})"),
         ("batch per replica", summary["batch"]["per_replica"]),
         ("batch global", summary["batch"]["global"]),

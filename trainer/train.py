@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
 import time
+import warnings
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from trainer.backup import Backup, BackupStore, StopRequest, stop_on_signals
+from trainer.backup import Backup, BackupStore, StopRequest, share_from_chief, stop_on_signals
+from trainer.cluster import Cluster, choose_communication, lost_tasks, resolve_cluster
 from trainer.config import ConfigError, monitor_mode, validate
 from trainer.devices import configure_devices, memory_option, plan_devices
-from trainer.errors import Interrupted
+from trainer.errors import Interrupted, WorkerLost
 from trainer.scaling import plan_batch, scaled_learning_rate, steps_per_epoch, warmup_steps
 from trainer.speed import apply_precision, choose_speed, compute_capability
 from trainer.strategy import (
@@ -45,8 +51,24 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None,
     """
     started = time.perf_counter()
     validate(cfg)
-    run_dir = _run_dir(cfg, run_dir)
-    refuse_finished_run(run_dir, resume=cfg.resume is not None)
+    cluster = resolve_cluster(list(cfg.cluster.workers), cfg.cluster.task_index,
+                              os.environ.get("TF_CONFIG"))
+    if cluster is None or cluster.is_chief:
+        return _train(cfg, _run_dir(cfg, run_dir), callbacks, started, cluster)
+    # Another worker: it saves what the chief saves (some reads of distributed variables are
+    # collectives every worker must join) but into a temporary place, removed at the end.
+    scratch = Path(tempfile.mkdtemp(prefix=f"trainer-worker{cluster.task_id}-"))
+    try:
+        return _train(cfg, scratch, callbacks, started, cluster)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Any], started: float,
+           cluster: Cluster | None) -> dict[str, Any]:
+    chief = cluster is None or cluster.is_chief
+    if chief:
+        refuse_finished_run(run_dir, resume=cfg.resume is not None)
     plan = plan_devices(cfg.accelerator, cfg.devices, visible_gpu_count(),
                         cfg.soft_placement)
     configure_devices(plan, memory_option(cfg.gpu.memory_growth, cfg.gpu.memory_limit_mb),
@@ -55,21 +77,56 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None,
         import tensorflow as tf
 
         tf.config.experimental.enable_op_determinism()
-    run = _prepare(cfg, plan)
+    run = _prepare(cfg, plan, cluster)
     start = _resume_point(run, run_dir)
     request = StopRequest()
     builtin = _callbacks(cfg, run, run_dir, started, start, request)
-    with stop_on_signals(request):
-        history, final = _fit(cfg, run, [*builtin, *callbacks], start)
+    try:
+        with stop_on_signals(request):
+            history, final = _fit(cfg, run, [*builtin, *callbacks], start)
+    except Exception as error:
+        if cluster is not None and cluster.num_workers > 1 and _peer_failure(error):
+            raise WorkerLost(_lost_message(error, cfg, cluster, builtin[1].epoch,
+                                           run_dir if chief else None)) from error
+        raise
     if builtin[1].interrupted:
+        where = run_dir / "backup" if chief else "the chief's run directory"
         raise Interrupted(f"stopped by signal {request.signal} at epoch {builtin[1].epoch + 1}; "
-                          f"backup in {run_dir / 'backup'}; rerun the same command to resume")
+                          f"backup in {where}; rerun the same command to resume")
     summary = _summary(cfg, run, plan, run_dir, history, final, builtin[0], started, start)
     if cfg.export:
         run["model"].export(str(run_dir / "saved_model"), verbose=False)
         summary["saved_model"] = str(run_dir / "saved_model")
-    _finish(summary, run_dir)
+    if chief:
+        _finish(summary, run_dir)
+    else:
+        print(f"worker {cluster.task_id} of {cluster.num_workers} finished; the chief "
+              f"({cluster.addresses[0]}) wrote the checkpoints and summary", flush=True)
     return summary
+
+
+def _peer_failure(error: BaseException) -> bool:
+    """Whether a collective failed because a peer crashed, vanished or timed out."""
+    import tensorflow as tf
+
+    return isinstance(error, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+                              tf.errors.AbortedError, tf.errors.CancelledError))
+
+
+def _lost_message(error: BaseException, cfg: DictConfig, cluster: Cluster, epoch: int,
+                  run_dir: Path | None) -> str:
+    import tensorflow as tf
+
+    lost = lost_tasks(str(error), cluster)
+    who = " and ".join(lost) if lost else "a peer worker"
+    if isinstance(error, tf.errors.DeadlineExceededError):
+        what = (f"{who} did not answer a collective within strategy.timeout_s="
+                f"{cfg.strategy.timeout_s:g} s")
+    else:
+        what = f"lost {who}: it stopped responding (crashed, killed or unreachable)"
+    backup = run_dir / "backup" if run_dir is not None else "the chief's run directory"
+    return (f"{what} during epoch {epoch + 1}; this worker stopped. The last backup is in "
+            f"{backup}; start every worker again with the same command to resume")
 
 
 def _run_dir(cfg: DictConfig, run_dir: str | Path | None) -> Path:
@@ -82,8 +139,16 @@ def _run_dir(cfg: DictConfig, run_dir: str | Path | None) -> Path:
 
 def _resume_point(run: dict[str, Any], run_dir: Path) -> tuple[int, int]:
     """Restores the newest good backup; returns (epoch, step in epoch) to start from."""
-    with run["strategy"].scope():  # the optimizer's slots are built here if needed
-        point = BackupStore(run_dir / "backup").restore(run["model"])
+    model = run["model"]
+    with run["strategy"].scope():  # the optimizer's slots are distributed variables
+        if not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+    # Loaded outside the scope: Keras's loader creates throwaway variables, which under
+    # MultiWorkerMirroredStrategy's scope would start collectives on the chief alone.
+    point = BackupStore(run_dir / "backup").restore(model)
+    if run["strategy_name"] == "multi_worker":
+        # Only the chief keeps backups: every worker continues from the chief's.
+        point = share_from_chief(run["strategy"], run["model"], point)
     if point is None:
         return 0, 0
     log.warning("resuming from %s: epoch %d, step %d", point.path, point.epoch + 1, point.step)
@@ -114,7 +179,7 @@ def _fit(cfg: DictConfig, run: dict[str, Any], callbacks: list,
     """Trains with the chosen loop, then evaluates every validation example once."""
     model, history = run["model"], {}
     loop = None
-    if cfg.loop == "custom":
+    if run["loop"] == "custom":
         from trainer.loop import CustomLoop
 
         speed = run["speed"]
@@ -132,6 +197,8 @@ def _fit(cfg: DictConfig, run: dict[str, Any], callbacks: list,
             history.setdefault(key, []).extend(values)
         if callbacks[1].interrupted:
             break
+    if callbacks[1].interrupted:
+        return history, {}  # a stopped run is not evaluated (other workers may be gone)
     if loop is not None:
         return history, loop.evaluate(run["validation"])
     return history, model.evaluate(run["validation"], return_dict=True, verbose=0)
@@ -152,20 +219,42 @@ def _hydra_run_dir() -> Path:
     return Path(HydraConfig.get().runtime.output_dir)
 
 
-def _prepare(cfg: DictConfig, plan) -> dict[str, Any]:
+# Keras 3.15's fit fails under MultiWorkerMirroredStrategy (keras-team/keras#20585,
+# tensorflow/tensorflow#72388); the custom loop does the same maths with the same callbacks.
+MULTI_WORKER_LOOP = ("loop=custom: Keras's fit fails under MultiWorkerMirroredStrategy "
+                     "(keras-team/keras#20585); the custom loop (same maths, same callbacks, "
+                     "tested equal to fit) runs instead")
+
+
+def _prepare(cfg: DictConfig, plan, cluster: Cluster | None = None) -> dict[str, Any]:
     """Builds strategy, data, model and optimizer: everything that holds variables in scope."""
     import keras
 
     replicas = len(plan.names)
-    strategy_name = choose_strategy(cfg.strategy.name, replicas)
+    workers = cluster.num_workers if cluster is not None else 1
+    strategy_name = choose_strategy(cfg.strategy.name, replicas, workers, plan.kind)
+    multi = strategy_name == "multi_worker"
+    loop = "custom" if multi else cfg.loop
+    if multi:
+        # tf.distribute's multi-worker input code reads dataset options in graph mode, which
+        # warns on every run; nothing for a user to act on.
+        warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data")
+        # MultiWorkerMirroredStrategy must exist before any other TensorFlow op runs.
+        communication = choose_communication(cfg.strategy.communication, plan.kind)
+        cross = f"collective ({communication})"
+        strategy = build_strategy(strategy_name, plan.names, cross, cluster, communication,
+                                  cfg.strategy.timeout_s)
     speed = choose_speed(cfg.precision, cfg.jit_compile, cfg.steps_per_execution, plan.kind,
-                         replicas, cfg.loop,
+                         replicas * workers, loop,
                          compute_capability() if plan.kind == "gpu" else None)
-    check_steps_per_execution(cfg.loop, speed.steps_per_execution, replicas)
+    if multi and cfg.loop != loop:
+        speed = replace(speed, reasons=(*speed.reasons, MULTI_WORKER_LOOP))
+    check_steps_per_execution(loop, speed.steps_per_execution, replicas)
     apply_precision(speed.precision)
-    cross = choose_cross_device_ops(cfg.strategy.cross_device_ops, plan.kind, replicas,
-                                    _nccl_available(plan.kind))
-    strategy = build_strategy(strategy_name, plan.names, cross)
+    if not multi:
+        cross = choose_cross_device_ops(cfg.strategy.cross_device_ops, plan.kind, replicas,
+                                        _nccl_available(plan.kind))
+        strategy = build_strategy(strategy_name, plan.names, cross)
     batch = plan_batch(cfg.batch.per_replica, cfg.batch.global_size,
                        strategy.num_replicas_in_sync)
     if cfg.seed is not None:
@@ -181,7 +270,8 @@ def _prepare(cfg: DictConfig, plan) -> dict[str, Any]:
                       loss=keras.losses.SparseCategoricalCrossentropy(),
                       metrics=["accuracy"], steps_per_execution=speed.steps_per_execution,
                       jit_compile=speed.jit_compile)
-    return {"strategy": strategy, "strategy_name": strategy_name, "cross": cross,
+    return {"strategy": strategy, "strategy_name": strategy_name, "cross": cross, "loop": loop,
+            "cluster": cluster,
             "batch": batch, "steps": steps, "lr": lr, "model": model, "speed": speed, **data}
 
 
@@ -299,7 +389,12 @@ def _summary(cfg, run, plan, run_dir, history, final, throughput, started,
                   "drop_remainder": cfg.batch.drop_remainder},
         "learning_rate": {k: v for k, v in run["lr"].items() if k != "schedule"},
         "optimizer": cfg.optimizer.name,
-        "loop": cfg.loop,
+        "loop": run["loop"],
+        "workers": cluster.num_workers if (cluster := run["cluster"]) is not None else 1,
+        "cluster": None if cluster is None else {
+            "source": cluster.source, "tasks": cluster.addresses, "task_id": cluster.task_id,
+            "communication": cfg.strategy.communication,
+            "collective_timeout_s": cfg.strategy.timeout_s},
         "steps_per_execution": run["speed"].steps_per_execution,
         "precision": run["speed"].precision,
         "jit_compile": run["speed"].jit_compile,
