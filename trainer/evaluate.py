@@ -46,7 +46,9 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
                         cfg.soft_placement)
     configure_devices(plan, memory_option(cfg.gpu.memory_growth, cfg.gpu.memory_limit_mb))
     replicas = len(plan.names)
-    strategy = build_strategy(choose_strategy(cfg.strategy.name, replicas), plan.names,
+    # A multi-worker run's checkpoint is evaluated on this machine's devices.
+    name = "auto" if cfg.strategy.name == "multi_worker" else cfg.strategy.name
+    strategy = build_strategy(choose_strategy(name, replicas), plan.names,
                               choose_cross_device_ops(cfg.strategy.cross_device_ops, plan.kind,
                                                       replicas, False))
     global_batch = plan_batch(cfg.batch.per_replica, cfg.batch.global_size, replicas).global_size
