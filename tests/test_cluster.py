@@ -194,3 +194,18 @@ def test_cluster_option_typos_fail_at_compose_time(tmp_path):
                             cwd=Path(tmp_path), capture_output=True, text=True, timeout=60,
                             env=_env())
     assert result.returncode == 2 and "cluster.worker" in result.stderr
+
+
+def test_multi_worker_strategy_gets_the_communication_options(tmp_path):
+    """`strategy.communication` and `strategy.timeout_s` reach TensorFlow (own process: the
+    strategy must be created before any other op)."""
+    code = (
+        "from trainer.strategy import build_strategy\n"
+        "s = build_strategy('multi_worker', ('/cpu:0',), 'collective (ring)', None, 'ring', 12.5)\n"
+        "o = s.extended._communication_options\n"
+        "print(type(s).__name__, o.implementation.name, o.timeout_seconds, "
+        "s.num_replicas_in_sync)\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120, env=_env())
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["MultiWorkerMirroredStrategy", "RING", "12.5", "1"]
