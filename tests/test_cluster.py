@@ -208,4 +208,4 @@ def test_multi_worker_strategy_gets_the_communication_options(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
                             text=True, timeout=120, env=_env())
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.split() == ["MultiWorkerMirroredStrategy", "RING", "12.5", "1"]
+    assert result.stdout.split() == ["CollectiveAllReduceStrategy", "RING", "12.5", "1"]
