@@ -35,6 +35,9 @@ def worker(args) -> None:
             tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * n)
     if args.no_grappler:
         tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
+    if args.grappler_off:
+        tf.config.optimizer.set_experimental_options(
+            {name: False for name in args.grappler_off.split(",")})
     import keras
 
     sys.path.insert(0, str(HERE.parent))
@@ -76,21 +79,22 @@ def worker(args) -> None:
     tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, out)
     result["first_call_s"] = time.perf_counter() - start
     start = time.perf_counter()
-    for _ in range(3):
+    for _ in range(args.steps):
         out = step()
     tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, out)
-    result["step_s"] = (time.perf_counter() - start) / 3
+    result["step_s"] = (time.perf_counter() - start) / args.steps
     print("RESULT " + json.dumps(result), flush=True)
 
 
-GRAPPLER = re.compile(r"^\s+(\w+): .*?(\d+(?:\.\d+)?)ms\.?$")
+GRAPPLER = re.compile(r"meta_optimizer\.cc:\d+\] (\w+)[^:]*: Graph size after: .*"
+                      r"time = (\d+(?:\.\d+)?)ms")
 
 
 def grappler_times(stderr: str) -> dict[str, float]:
     """Sums the per-optimiser times of TensorFlow's meta-optimizer log (VLOG 1)."""
     totals: dict[str, float] = defaultdict(float)
     for line in stderr.splitlines():
-        found = GRAPPLER.match(line)
+        found = GRAPPLER.search(line)
         if found:
             totals[found.group(1)] += float(found.group(2))
     return dict(totals)
@@ -105,6 +109,9 @@ def main() -> None:
                         help="also print Grappler's per-optimiser times")
     parser.add_argument("--no-grappler", action="store_true",
                         help="disable Grappler (to see its share of the first call)")
+    parser.add_argument("--grappler-off", default="",
+                        help="Grappler passes to turn off, e.g. layout_optimizer,constant_folding")
+    parser.add_argument("--steps", type=int, default=10, help="steps timed after the first")
     parser.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -115,9 +122,11 @@ def main() -> None:
         if args.grappler:
             env["TF_CPP_VMODULE"] = "meta_optimizer=1"
         command = [sys.executable, __file__, "--worker", str(n), "--loop", args.loop,
-                   "--global-batch", str(args.global_batch)]
+                   "--global-batch", str(args.global_batch), "--steps", str(args.steps)]
         if args.no_grappler:
             command.append("--no-grappler")
+        if args.grappler_off:
+            command += ["--grappler-off", args.grappler_off]
         out = subprocess.run(command, capture_output=True, text=True, timeout=1800, env=env)
         line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:
