@@ -137,7 +137,8 @@ def main() -> None:
               f"then {r['step_s']:.2f} s/step", flush=True)
         if args.grappler:
             times = sorted(grappler_times(out.stderr).items(), key=lambda kv: -kv[1])
-            print("   grappler: " + ", ".join(f"{k} {v / 1000:.1f} s" for k, v in times[:8]))
+            print(f"   grappler {sum(v for _, v in times) / 1000:.1f} s: "
+                  + ", ".join(f"{k} {v / 1000:.1f} s" for k, v in times[:8]))
     base = rows[min(rows)]
     for n, r in sorted(rows.items()):
         first = r["trace_s"] + r["first_call_s"]
