@@ -109,6 +109,23 @@ def first_epoch_labels(seed):
     return np.concatenate([y.numpy() for _, y in ds])
 
 
+def test_resized_byte_images_are_cached_as_bytes():
+    """A resize makes float32 of uint8 images; the cache keeps them uint8 (4x smaller)."""
+    from trainer.data.pipeline import prepare
+
+    images = tf.data.Dataset.from_tensor_slices(
+        (tf.constant([[[[0, 128, 255]]]], tf.uint8), tf.constant([1])))
+
+    def resize(image, label):
+        return tf.image.resize(image, (2, 2)), label
+
+    cached = prepare(images, resize, cache=True, scale=1 / 255)
+    assert cached.element_spec[0].dtype == tf.uint8
+    assert next(iter(cached))[0].numpy().tolist() == [[[0, 128, 255]] * 2] * 2
+    assert prepare(images, resize, cache=False, scale=1 / 255).element_spec[0].dtype == tf.float32
+    assert prepare(images, resize, cache=True, scale=1.0).element_spec[0].dtype == tf.float32
+
+
 def test_pipeline_order_is_deterministic_with_a_seed():
     np.testing.assert_array_equal(first_epoch_labels(7), first_epoch_labels(7))
     assert not np.array_equal(first_epoch_labels(7), first_epoch_labels(8))
