@@ -210,3 +210,38 @@ def test_ctrl_c_stops_every_worker(tmp_path, launches):
     assert f"launch again with hydra.run.dir={run_dir}" in launch.output
     assert not processes_with(str(tmp_path))
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_two_processes_started_by_hand_with_cluster_workers(tmp_path):
+    """The README's two-machine commands, on one machine: cluster.workers and task_index."""
+    from trainer.launch import free_ports
+
+    workers = ",".join(f"127.0.0.1:{port}" for port in free_ports(2))
+    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "TF_CONFIG")}
+    env.update(PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
+    procs = []
+    try:
+        for index in (0, 1):
+            log = open(tmp_path / f"worker{index}.log", "w")  # noqa: SIM115 - closed below
+            procs.append((subprocess.Popen(
+                [sys.executable, "-m", "trainer", *COMMON, "epochs=1", "verbose=0",
+                 "strategy=multi_worker", f"cluster.workers=[{workers}]",
+                 f"cluster.task_index={index}", f"hydra.run.dir={tmp_path / f'run{index}'}"],
+                cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True), log))
+        codes = [proc.wait(timeout=300) for proc, _ in procs]
+    finally:
+        for proc, log in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            log.close()
+    logs = [(tmp_path / f"worker{i}.log").read_text()[-3000:] for i in (0, 1)]
+    assert codes == [0, 0], logs
+    summary = json.loads((tmp_path / "run0" / "summary.json").read_text())
+    assert summary["workers"] == 2 and summary["cluster"]["source"] == "cluster.workers"
+    assert summary["cluster"]["tasks"] == workers.split(",")
+    # Worker 1's own Hydra directory keeps only its config and log.
+    assert sorted(p.name for p in (tmp_path / "run1").iterdir()) == [".hydra", "__main__.log"]
+    assert "worker 1 of 2 finished" in logs[1]
+
