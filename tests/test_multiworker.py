@@ -198,6 +198,34 @@ def test_killed_worker_stops_the_other_and_the_run_resumes(tmp_path, launches):
     assert_same_weights(run_dir, whole, atol=1e-6)
 
 
+def test_sigterm_to_one_worker_stops_all_at_one_step(tmp_path, launches):
+    """A preempted machine: only worker 1 gets SIGTERM; all stop together, the chief backs up
+    at that step, and launching again continues from there."""
+    run_dir = tmp_path / "run"
+    args = [*COMMON, "epochs=3", "batch.per_replica=8", "checkpoint.nan_check_every=5",
+            f"hydra.run.dir={run_dir}"]
+    launch = launches(2, *args)
+    backups = run_dir / "backup"
+    wait_for(lambda: backups.is_dir() and any(p.name.startswith("ckpt-000001-")
+                                              for p in backups.iterdir()),
+             240, launch, "backup after epoch 1")
+    os.kill(launch.worker_pid(1), signal.SIGTERM)
+    assert launch.wait(timeout=120) == 75, launch.output[-3000:]
+    output = launch.output
+    assert re.search(r"\[worker 1\] interrupted: stopped by signal 15; every worker stopped at "
+                     r"epoch 2; backup in the chief's run directory", output), output[-3000:]
+    assert re.search(r"\[worker 0\] interrupted: another worker was asked to stop; every worker "
+                     rf"stopped at epoch 2; backup in {re.escape(str(backups))}", output)
+    assert "lost worker" not in output
+    newest = max(p.name for p in backups.iterdir())
+    assert newest.startswith("ckpt-000001-") and not newest.endswith("-000000000"), newest
+
+    again = launches(2, *args)
+    assert again.wait(timeout=300) == 0, again.output[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed_from"] == {"epoch": 2, "step": int(newest.rsplit("-", 1)[1])}
+
+
 def test_ctrl_c_stops_every_worker(tmp_path, launches):
     run_dir = tmp_path / "run"
     launch = launches(2, *COMMON, "epochs=50", "batch.per_replica=8",

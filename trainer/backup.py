@@ -17,7 +17,7 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,30 +188,56 @@ def stop_on_signals(request: StopRequest) -> Iterator[StopRequest]:
 class Backup(keras.callbacks.Callback):
     """Backs up every `every` steps and at each epoch end; stops cleanly; guards against NaN.
 
+    With several workers a signal reaches one of them (a preempted machine) while the others
+    train on; `agree` makes them all stop at the same step: every `check_every` steps each
+    worker says whether it was asked to stop, and all stop together when one was (the chief
+    writing its backup), instead of the others failing on a lost peer.
+
     Args:
         store: where backups go.
         every: steps between backups; 0 for epoch ends only.
-        check_every: steps between NaN checks (each reads the loss: a device sync).
+        check_every: steps between NaN checks (each reads the loss: a device sync), and
+            between stop agreements with several workers.
         request: the stop request set by signals.
         initial_epoch: the epoch a resumed run starts in.
         initial_step: steps of `initial_epoch` already done before the resume.
+        agree: with several workers, `agree(asked)` returns whether any worker was asked to
+            stop (a collective: every worker calls it at the same steps); None for one.
     """
 
     def __init__(self, store: BackupStore, every: int, check_every: int, request: StopRequest,
-                 initial_epoch: int = 0, initial_step: int = 0) -> None:
+                 initial_epoch: int = 0, initial_step: int = 0,
+                 agree: Callable[[bool], bool] | None = None) -> None:
         super().__init__()
         self.store, self.every, self.check_every = store, every, max(check_every, 1)
-        self.request = request
+        self.request, self.agree = request, agree
         self.initial_epoch, self.initial_step = initial_epoch, initial_step
         self.epoch, self.offset, self.interrupted = initial_epoch, 0, False
+        self.stopped_by_peer = False
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
         self.offset = self.initial_step if epoch == self.initial_epoch else 0
+        self._checked = 0
+
+    def _stop_requested(self, batch: int) -> bool:
+        asked = self.request.signal is not None
+        if self.agree is None:
+            return asked
+        # Whenever a multiple of check_every steps is passed (chunks of steps_per_execution
+        # may skip the multiple itself), and at the epoch's last step: the same on all workers.
+        bucket = (batch + 1) // self.check_every
+        last = batch + 1 == (self.params or {}).get("steps")
+        if bucket == self._checked and not last:
+            return False
+        self._checked = bucket
+        stop = self.agree(asked)
+        self.stopped_by_peer = stop and not asked
+        return stop
 
     def on_train_batch_end(self, batch, logs=None):
         step = self.offset + batch + 1
-        if self.request.signal is not None:
+        if self._stop_requested(batch):
             self._check(logs, step)
             self.store.save(self.model, self.epoch, step)
             self.interrupted = True

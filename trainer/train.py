@@ -91,8 +91,11 @@ def _train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Any], started: fl
         raise
     if builtin[1].interrupted:
         where = run_dir / "backup" if chief else "the chief's run directory"
-        raise Interrupted(f"stopped by signal {request.signal} at epoch {builtin[1].epoch + 1}; "
-                          f"backup in {where}; rerun the same command to resume")
+        why = ("another worker was asked to stop" if builtin[1].stopped_by_peer
+               else f"stopped by signal {request.signal}")
+        who = "; every worker stopped" if _workers(run) > 1 else ""
+        raise Interrupted(f"{why}{who} at epoch {builtin[1].epoch + 1}; backup in {where}; "
+                          "rerun the same command to resume")
     summary = _summary(cfg, run, plan, run_dir, history, final, builtin[0], started, start)
     if cfg.export:
         run["model"].export(str(run_dir / "saved_model"), verbose=False)
@@ -352,7 +355,8 @@ def _callbacks(cfg: DictConfig, run: dict[str, Any], run_dir: Path, started: flo
     checkpoints.mkdir(parents=True, exist_ok=True)
     found = [Throughput(run["source"].train_size, run["batch"].global_size, started),
              Backup(BackupStore(run_dir / "backup"), cfg.checkpoint.backup_every,
-                    cfg.checkpoint.nan_check_every, request, *start),
+                    cfg.checkpoint.nan_check_every, request, *start,
+                    agree=_stop_agreement(run["strategy"]) if _workers(run) > 1 else None),
              AtomicModelCheckpoint(str(checkpoints / "last.keras"))]
     if cfg.checkpoint.save_best:
         found.append(AtomicModelCheckpoint(
@@ -361,6 +365,29 @@ def _callbacks(cfg: DictConfig, run: dict[str, Any], run_dir: Path, started: flo
     if cfg.tensorboard:
         found.append(keras.callbacks.TensorBoard(str(run_dir / "tensorboard")))
     return found
+
+
+def _workers(run: dict[str, Any]) -> int:
+    return run["cluster"].num_workers if run["cluster"] is not None else 1
+
+
+def _stop_agreement(strategy: Any):
+    """`agree(asked) -> bool`: whether any worker was asked to stop (one small all-reduce)."""
+    import tensorflow as tf
+
+    @tf.function
+    def votes(asked):
+        def replica_fn():
+            # Every replica votes its worker's flag; the identity makes it a replica's value.
+            return tf.distribute.get_replica_context().all_reduce("sum", tf.identity(asked))
+
+        return strategy.run(replica_fn)
+
+    def agree(asked: bool) -> bool:
+        total = votes(tf.constant(1.0 if asked else 0.0))
+        return float(strategy.experimental_local_results(total)[0]) > 0
+
+    return agree
 
 
 def _name(node: DictConfig) -> str:
