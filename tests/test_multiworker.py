@@ -240,22 +240,33 @@ def test_ctrl_c_stops_every_worker(tmp_path, launches):
     assert list((tmp_path / "tmp").iterdir()) == []
 
 
-def test_two_processes_started_by_hand_with_cluster_workers(tmp_path):
-    """The README's two-machine commands, on one machine: cluster.workers and task_index."""
+@pytest.mark.parametrize("how", ["cluster.workers", "TF_CONFIG with a chief job"])
+def test_two_processes_started_by_hand(tmp_path, how):
+    """The README's two-machine commands on one machine: `cluster.workers` and `task_index`,
+    or `TF_CONFIG` as Kubernetes' TFJob writes it, with a `chief` job and a `worker` job."""
     from trainer.launch import free_ports
 
-    workers = ",".join(f"127.0.0.1:{port}" for port in free_ports(2))
+    addresses = [f"127.0.0.1:{port}" for port in free_ports(2)]
     env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "TF_CONFIG")}
     env.update(PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
     procs = []
     try:
         for index in (0, 1):
+            if how == "cluster.workers":
+                cluster = [f"cluster.workers=[{','.join(addresses)}]",
+                           f"cluster.task_index={index}"]
+                task_env = env
+            else:
+                cluster = []
+                task = {"type": "chief", "index": 0} if index == 0 else {"type": "worker",
+                                                                           "index": 0}
+                task_env = {**env, "TF_CONFIG": json.dumps({
+                    "cluster": {"chief": addresses[:1], "worker": addresses[1:]}, "task": task})}
             log = open(tmp_path / f"worker{index}.log", "w")  # noqa: SIM115 - closed below
             procs.append((subprocess.Popen(
                 [sys.executable, "-m", "trainer", *COMMON, "epochs=1", "verbose=0",
-                 "strategy=multi_worker", f"cluster.workers=[{workers}]",
-                 f"cluster.task_index={index}", f"hydra.run.dir={tmp_path / f'run{index}'}"],
-                cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
+                 "strategy=multi_worker", *cluster, f"hydra.run.dir={tmp_path / f'run{index}'}"],
+                cwd=tmp_path, env=task_env, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True), log))
         codes = [proc.wait(timeout=300) for proc, _ in procs]
     finally:
@@ -267,9 +278,9 @@ def test_two_processes_started_by_hand_with_cluster_workers(tmp_path):
     logs = [(tmp_path / f"worker{i}.log").read_text()[-3000:] for i in (0, 1)]
     assert codes == [0, 0], logs
     summary = json.loads((tmp_path / "run0" / "summary.json").read_text())
-    assert summary["workers"] == 2 and summary["cluster"]["source"] == "cluster.workers"
-    assert summary["cluster"]["tasks"] == workers.split(",")
-    # Worker 1's own Hydra directory keeps only its config and log.
+    assert summary["workers"] == 2 and summary["replicas"] == 2
+    assert summary["cluster"]["source"] == how.split()[0]
+    assert summary["cluster"]["tasks"] == addresses and summary["cluster"]["task_id"] == 0
+    # The other worker's own Hydra directory keeps only its config and log.
     assert sorted(p.name for p in (tmp_path / "run1").iterdir()) == [".hydra", "__main__.log"]
     assert "worker 1 of 2 finished" in logs[1]
-
