@@ -178,7 +178,7 @@ def _env() -> dict[str, str]:
 
 def test_multi_worker_config_composes(tiny_config):
     cfg = tiny_config("strategy=multi_worker", "cluster.workers=[a:1,b:2]", "cluster.task_index=1")
-    assert cfg.strategy.name == "multi_worker" and cfg.strategy.timeout_s == 300
+    assert cfg.strategy.name == "multi_worker" and cfg.strategy.timeout_s == 600
     assert list(cfg.cluster.workers) == ["a:1", "b:2"] and cfg.cluster.task_index == 1
 
 
@@ -197,15 +197,44 @@ def test_cluster_option_typos_fail_at_compose_time(tmp_path):
 
 
 def test_multi_worker_strategy_gets_the_communication_options(tmp_path):
-    """`strategy.communication` and `strategy.timeout_s` reach TensorFlow (own process: the
-    strategy must be created before any other op)."""
+    """`strategy.communication` reaches TensorFlow, and no per-collective timeout does (it
+    would start a thread per collective). Own process: the strategy must come first."""
     code = (
         "from trainer.strategy import build_strategy\n"
-        "s = build_strategy('multi_worker', ('/cpu:0',), 'collective (ring)', None, 'ring', 12.5)\n"
+        "s = build_strategy('multi_worker', ('/cpu:0',), 'collective (ring)', None, 'ring')\n"
         "o = s.extended._communication_options\n"
         "print(type(s).__name__, o.implementation.name, o.timeout_seconds, "
         "s.num_replicas_in_sync)\n")
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
                             text=True, timeout=120, env=_env())
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.split() == ["CollectiveAllReduceStrategy", "RING", "12.5", "1"]
+    # MultiWorkerMirroredStrategy's class is CollectiveAllReduceStrategy.
+    assert result.stdout.split() == ["CollectiveAllReduceStrategy", "RING", "None", "1"]
+
+
+def test_step_watchdog_fires_when_progress_stops():
+    import time
+
+    from trainer.callbacks import StepWatchdog
+
+    fired = []
+    dog = StepWatchdog(0.3, fired.append)
+    dog.set_params({"steps": 3})
+    dog.on_train_begin()
+    time.sleep(0.6)  # the first step traces: exempt however long it takes
+    for batch in range(3):
+        dog.on_train_batch_end(batch)
+        time.sleep(0.05)
+    time.sleep(0.6)  # the first validation traces too: exempt
+    dog.on_epoch_end(0)
+    for batch in range(3):  # steady steps, then validation, quicker than the timeout
+        time.sleep(0.1)
+        dog.on_train_batch_end(batch)
+    time.sleep(0.1)
+    dog.on_epoch_end(1)
+    assert fired == []
+    deadline = time.monotonic() + 5  # now a step that never ends
+    while not fired and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(fired) == 1 and fired[0] > 0.3
+    dog.on_train_end()

@@ -35,7 +35,7 @@ COMMON = ["dataset.image_size=8", "tensorboard=false", "model.dropout=0", "seed=
 class Launch:
     """`python -m trainer.launch` in a subprocess, its output in a file."""
 
-    def __init__(self, tmp_path: Path, workers: int, *overrides: str) -> None:
+    def __init__(self, tmp_path: Path, workers: int, *overrides: str, grace: int = 20) -> None:
         self.tmp_path = tmp_path
         self.log = tmp_path / f"launch-{time.monotonic_ns()}.log"
         scratch = tmp_path / "tmp"
@@ -45,7 +45,7 @@ class Launch:
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "trainer.launch", "--workers", str(workers),
-                 "--grace", "20", *overrides], cwd=tmp_path, env=env, stdout=out,
+                 "--grace", str(grace), *overrides], cwd=tmp_path, env=env, stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True)
 
     @property
@@ -196,6 +196,28 @@ def test_killed_worker_stops_the_other_and_the_run_resumes(tmp_path, launches):
     uninterrupted = launches(2, *args[:-1], f"hydra.run.dir={whole}")
     assert uninterrupted.wait(timeout=300) == 0, uninterrupted.output[-3000:]
     assert_same_weights(run_dir, whole, atol=1e-6)
+
+
+def test_stuck_worker_fails_the_run_after_the_step_timeout(tmp_path, launches):
+    """A peer alive but stuck (SIGSTOP): the survivor's watchdog ends the run after
+    strategy.timeout_s, sooner than TensorFlow's heartbeats (~10 s) notice anything."""
+    run_dir = tmp_path / "run"
+    launch = launches(2, *COMMON, "epochs=20", "batch.per_replica=8", "strategy.timeout_s=3",
+                      f"hydra.run.dir={run_dir}", grace=3)
+    backups = run_dir / "backup"
+    wait_for(lambda: backups.is_dir() and any(p.name.startswith("ckpt-000001-")
+                                              for p in backups.iterdir()),
+             240, launch, "backup after epoch 1")
+    time.sleep(0.5)  # into epoch 2's steps: everything after the first epoch is watched
+    os.kill(launch.worker_pid(1), signal.SIGSTOP)
+    stopped = time.monotonic()
+    code = launch.wait(timeout=120)
+    output = launch.output
+    assert code == 4, output[-3000:]
+    assert re.search(r"\[worker 0\] error: a training step has not finished after [3-9] s "
+                     r"\(strategy.timeout_s=3\) during epoch \d+: a peer worker is stuck", output)
+    assert "lost worker" not in output
+    assert time.monotonic() - stopped < 60
 
 
 def test_sigterm_to_one_worker_stops_all_at_one_step(tmp_path, launches):

@@ -42,10 +42,10 @@ class BatchConfig:
 class StrategyConfig:
     name: str = "auto"
     cross_device_ops: str = "auto"
-    # multi_worker only: collective implementation, and seconds a collective may wait for a
-    # peer before the run fails (null: forever; a crashed peer is caught by heartbeats anyway)
+    # multi_worker only: collective implementation, and seconds a training step may take
+    # before the run fails as stuck (null: no limit; a crashed peer is caught by heartbeats)
     communication: str = "auto"
-    timeout_s: float | None = 300.0
+    timeout_s: float | None = 600.0
 
 
 @dataclass

@@ -109,8 +109,7 @@ def build_cross_device_ops(name: str) -> Any:
 
 
 def build_strategy(name: str, devices: tuple[str, ...], cross_device_ops: str,
-                   cluster: Cluster | None = None, communication: str = "auto",
-                   timeout_s: float | None = None) -> Any:
+                   cluster: Cluster | None = None, communication: str = "auto") -> Any:
     """Creates the strategy.
 
     Args:
@@ -119,7 +118,6 @@ def build_strategy(name: str, devices: tuple[str, ...], cross_device_ops: str,
         cross_device_ops: a resolved name (see `choose_cross_device_ops`).
         cluster: for `multi_worker`: the cluster, or None for one local worker.
         communication: for `multi_worker`: `auto`, `ring` or `nccl`.
-        timeout_s: for `multi_worker`: seconds a collective waits for its peers.
 
     Returns:
         A `tf.distribute.Strategy`.
@@ -127,7 +125,7 @@ def build_strategy(name: str, devices: tuple[str, ...], cross_device_ops: str,
     import tensorflow as tf
 
     if name == "multi_worker":
-        return _multi_worker(tf, devices, cluster, communication, timeout_s)
+        return _multi_worker(tf, devices, cluster, communication)
     if name == "mirrored":
         return _mirrored(tf, list(devices), build_cross_device_ops(cross_device_ops))
     if name == "one_device":
@@ -136,16 +134,16 @@ def build_strategy(name: str, devices: tuple[str, ...], cross_device_ops: str,
 
 
 def _multi_worker(tf: Any, devices: tuple[str, ...], cluster: Cluster | None,
-                  communication: str, timeout_s: float | None) -> Any:
+                  communication: str) -> Any:
     """A MultiWorkerMirroredStrategy over the cluster, on this worker's chosen GPUs (or CPU).
 
     It must be created before any other TensorFlow op in the process: it starts this
-    worker's server and the collective runtime.
+    worker's server and the collective runtime. No per-collective timeout: TensorFlow starts
+    a thread for every collective that has one (see `trainer.callbacks.StepWatchdog`).
     """
     implementation = getattr(tf.distribute.experimental.CommunicationImplementation,
                              communication.upper())
-    options = tf.distribute.experimental.CommunicationOptions(implementation=implementation,
-                                                              timeout_seconds=timeout_s)
+    options = tf.distribute.experimental.CommunicationOptions(implementation=implementation)
     resolver = None
     if cluster is not None:
         gpus = sum(1 for d in devices if "gpu" in d.lower())

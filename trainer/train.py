@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 import warnings
@@ -20,7 +21,7 @@ from trainer.backup import Backup, BackupStore, StopRequest, share_from_chief, s
 from trainer.cluster import Cluster, choose_communication, lost_tasks, resolve_cluster
 from trainer.config import ConfigError, monitor_mode, validate
 from trainer.devices import configure_devices, memory_option, plan_devices
-from trainer.errors import Interrupted, WorkerLost
+from trainer.errors import EXIT_WORKER_LOST, Interrupted, WorkerLost
 from trainer.scaling import plan_batch, scaled_learning_rate, steps_per_epoch, warmup_steps
 from trainer.speed import apply_precision, choose_speed, compute_capability
 from trainer.strategy import (
@@ -86,7 +87,7 @@ def _train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Any], started: fl
             history, final = _fit(cfg, run, [*builtin, *callbacks], start)
     except Exception as error:
         if cluster is not None and cluster.num_workers > 1 and _peer_failure(error):
-            raise WorkerLost(_lost_message(error, cfg, cluster, builtin[1].epoch,
+            raise WorkerLost(_lost_message(error, cluster, builtin[1].epoch,
                                            run_dir if chief else None)) from error
         raise
     if builtin[1].interrupted:
@@ -116,17 +117,11 @@ def _peer_failure(error: BaseException) -> bool:
                               tf.errors.AbortedError, tf.errors.CancelledError))
 
 
-def _lost_message(error: BaseException, cfg: DictConfig, cluster: Cluster, epoch: int,
+def _lost_message(error: BaseException, cluster: Cluster, epoch: int,
                   run_dir: Path | None) -> str:
-    import tensorflow as tf
-
     lost = lost_tasks(str(error), cluster)
     who = " and ".join(lost) if lost else "a peer worker"
-    if isinstance(error, tf.errors.DeadlineExceededError):
-        what = (f"{who} did not answer a collective within strategy.timeout_s="
-                f"{cfg.strategy.timeout_s:g} s")
-    else:
-        what = f"lost {who}: it stopped responding (crashed, killed or unreachable)"
+    what = f"lost {who}: it stopped responding (crashed, killed or unreachable)"
     backup = run_dir / "backup" if run_dir is not None else "the chief's run directory"
     return (f"{what} during epoch {epoch + 1}; this worker stopped. The last backup is in "
             f"{backup}; start every worker again with the same command to resume")
@@ -245,8 +240,7 @@ def _prepare(cfg: DictConfig, plan, cluster: Cluster | None = None) -> dict[str,
         # MultiWorkerMirroredStrategy must exist before any other TensorFlow op runs.
         communication = choose_communication(cfg.strategy.communication, plan.kind)
         cross = f"collective ({communication})"
-        strategy = build_strategy(strategy_name, plan.names, cross, cluster, communication,
-                                  cfg.strategy.timeout_s)
+        strategy = build_strategy(strategy_name, plan.names, cross, cluster, communication)
     speed = choose_speed(cfg.precision, cfg.jit_compile, cfg.steps_per_execution, plan.kind,
                          replicas * workers, loop,
                          compute_capability() if plan.kind == "gpu" else None)
@@ -349,7 +343,7 @@ def _callbacks(cfg: DictConfig, run: dict[str, Any], run_dir: Path, started: flo
     """Throughput first and Backup second (train() reads both), then checkpoints, TensorBoard."""
     import keras
 
-    from trainer.callbacks import AtomicModelCheckpoint, Throughput
+    from trainer.callbacks import AtomicModelCheckpoint, StepWatchdog, Throughput
 
     checkpoints = run_dir / "checkpoints"
     checkpoints.mkdir(parents=True, exist_ok=True)
@@ -364,7 +358,29 @@ def _callbacks(cfg: DictConfig, run: dict[str, Any], run_dir: Path, started: flo
             mode=monitor_mode(cfg.checkpoint.monitor, cfg.checkpoint.mode)))
     if cfg.tensorboard:
         found.append(keras.callbacks.TensorBoard(str(run_dir / "tensorboard")))
+    if _workers(run) > 1 and cfg.strategy.timeout_s is not None:
+        # Last, so a step's time includes the stop agreement Backup runs after it.
+        found.append(StepWatchdog(cfg.strategy.timeout_s,
+                                  _on_stuck(cfg, run, run_dir, found[1])))
     return found
+
+
+def _on_stuck(cfg: DictConfig, run: dict[str, Any], run_dir: Path, backup: Backup):
+    """What the step watchdog does: one line, the scratch directory removed, exit code 4."""
+
+    def on_timeout(waited: float) -> None:
+        chief = run["cluster"].is_chief
+        where = run_dir / "backup" if chief else "the chief's run directory"
+        print(f"error: a training step has not finished after {waited:.0f} s "
+              f"(strategy.timeout_s={cfg.strategy.timeout_s:g}) during epoch "
+              f"{backup.epoch + 1}: a peer worker is stuck, or the network between the workers "
+              f"is; this worker stopped. The last backup is in {where}; start every worker "
+              "again with the same command to resume", file=sys.stderr, flush=True)
+        if not chief:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        os._exit(EXIT_WORKER_LOST)  # the main thread is blocked in the stuck collective
+
+    return on_timeout
 
 
 def _workers(run: dict[str, Any]) -> int:
@@ -421,7 +437,7 @@ def _summary(cfg, run, plan, run_dir, history, final, throughput, started,
         "cluster": None if cluster is None else {
             "source": cluster.source, "tasks": cluster.addresses, "task_id": cluster.task_id,
             "communication": cfg.strategy.communication,
-            "collective_timeout_s": cfg.strategy.timeout_s},
+            "step_timeout_s": cfg.strategy.timeout_s},
         "steps_per_execution": run["speed"].steps_per_execution,
         "precision": run["speed"].precision,
         "jit_compile": run["speed"].jit_compile,
