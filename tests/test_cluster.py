@@ -93,6 +93,11 @@ def test_lost_tasks_named_from_tensorflow_errors():
             "target /job:worker/replica:0/task:0 while calling CompleteInstance")
     assert lost_tasks(gone, worker) == ["worker 0 (127.0.0.1:1000)"]
     assert lost_tasks("no task named", worker) == []
+    three = from_workers(["h:1", "h:2", "h:3"], 1)
+    relayed = ("remote target /job:worker/replica:0/task:0: Error reported from "
+               "/job:worker/task:0: The following tasks are unhealthy (stopped sending "
+               "heartbeats):\n/job:worker/replica:0/task:2\n")
+    assert lost_tasks(relayed, three) == ["worker 2 (h:3)"]
 
 
 def test_communication_choices():
@@ -187,6 +192,18 @@ def test_bad_timeout_is_refused(tiny_config):
 
     with pytest.raises(ConfigError, match="strategy.timeout_s must be a positive number"):
         validate(tiny_config("strategy=multi_worker", "strategy.timeout_s=0"))
+
+
+def test_multi_worker_without_a_seed_is_refused(tmp_path):
+    from conftest import run_cli
+
+    result = run_cli("strategy=multi_worker", "seed=null", "epochs=1", "tensorboard=false",
+                     f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=120)
+    assert result.returncode == 2
+    assert error_lines(result.stderr) == [
+        "error: strategy=multi_worker needs a seed: every worker shuffles the data alike and "
+        "takes its share of the same global batches; received: seed=null (set seed=N)"]
+    assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_cluster_option_typos_fail_at_compose_time(tmp_path):

@@ -94,7 +94,8 @@ class StepWatchdog(keras.callbacks.Callback):
     real run (measured: 3400 threads after 20 s of digits), so this watches from outside:
     when no training step, and no epoch end, has finished for `timeout_s`, it calls
     `on_timeout`. What traces a function is exempt, as it may take minutes: the first step
-    of each `fit` call, and the first epoch's validation.
+    of each `fit` call, and the first epoch's validation; so is validation itself (one call
+    over the whole validation set, however large).
 
     Args:
         timeout_s: seconds allowed without progress.
@@ -120,15 +121,27 @@ class StepWatchdog(keras.callbacks.Callback):
         # Before the first validation (which traces), stop watching until the epoch ends.
         self._since = None if last and not self._validated else time.monotonic()
 
+    def on_test_begin(self, logs=None):
+        self._since = None  # one call over the whole validation set: not a step
+
+    def on_test_end(self, logs=None):
+        self._validated = True
+        self._since = time.monotonic()
+
     def on_epoch_end(self, epoch, logs=None):
         self._validated = True
         self._since = time.monotonic()
 
     def on_train_end(self, logs=None):
+        self.stop()
+
+    def stop(self) -> None:
+        """Stops watching (also after a failed `fit`, which never reaches `on_train_end`)."""
         self._since = None
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+            self._thread = None
 
     def _watch(self) -> None:
         while not self._stop.wait(min(1.0, self.timeout_s / 10)):

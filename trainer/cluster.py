@@ -152,7 +152,9 @@ def lost_tasks(message: str, cluster: Cluster) -> list[str]:
     /job:worker/replica:0/task:0"; this task's own device names are left out.
     """
     found: list[str] = []
-    for job, index in _TASK.findall(message):
+    # A relayed report names the relaying task first; the unhealthy ones follow this phrase.
+    _, unhealthy, rest = message.partition("unhealthy")
+    for job, index in _TASK.findall(rest if unhealthy else message):
         if (job, int(index)) == (cluster.task_type, cluster.task_index):
             continue
         name = cluster.name(job, int(index))

@@ -90,14 +90,24 @@ def default_run_dir() -> str:
     return time.strftime("outputs/%Y-%m-%d/%H-%M-%S")
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: its own process group; SIGKILL when the launcher dies."""
-    os.setsid()
+def _child_setup():
+    """What a worker runs before exec: its own process group, and on Linux SIGKILL when the
+    launcher dies (looked up here, in the parent: the child only makes two system calls)."""
+    prctl = None
     if sys.platform.startswith("linux"):
         import ctypes
 
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL)
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def setup() -> None:
+        os.setsid()
+        if prctl is not None:
+            prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+            if os.getppid() != parent:  # the launcher died before prctl took effect
+                os._exit(1)
+
+    return setup
 
 
 def describe_exit(code: int) -> str:
@@ -130,13 +140,17 @@ class Launcher:
 
     def say(self, line: str) -> None:
         with self._lock:
-            print(line, file=self.out, flush=True)
+            try:
+                print(line, file=self.out, flush=True)
+            except (OSError, ValueError):
+                pass  # output closed (`| head`): keep draining the workers' pipes
 
     def start(self) -> None:
+        setup = _child_setup()
         for i, (command, env) in enumerate(zip(self.commands, self.envs, strict=True)):
             proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    preexec_fn=_die_with_parent)
+                                    preexec_fn=setup)
             self.procs.append(proc)
             self.say(f"[launch] worker {i}: pid {proc.pid}")
             thread = threading.Thread(target=self._relay, args=(i, proc), daemon=True)
@@ -166,7 +180,7 @@ class Launcher:
             if all(c is not None for c in codes):
                 break
             time.sleep(0.1)
-        self._join()
+        self.join()
         if first is None:
             return 0
         return first[1] if first[1] > 0 else 128 - first[1]
@@ -200,7 +214,7 @@ class Launcher:
         for proc in self.procs:
             proc.wait()
 
-    def _join(self) -> None:
+    def join(self) -> None:
         for thread in self._threads:
             thread.join(timeout=5)
 
@@ -246,6 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = EXIT_SIGINT
         finally:
             launcher.kill_all()
+            launcher.join()  # the workers' last lines (their "interrupted: ..." included)
             signal.signal(signal.SIGTERM, previous)
     if code:
         launcher.say(f"[launch] failed ({describe_exit(code) if code < 128 else code}); "

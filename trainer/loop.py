@@ -143,7 +143,9 @@ class CustomLoop:
             if not done:  # stopped mid-epoch (a signal): no validation, no epoch end
                 break
             if validation_data is not None:
+                callback_list.on_test_begin()  # as fit's validation does
                 val = self.evaluate(validation_data)
+                callback_list.on_test_end(val)
                 logs.update({f"val_{name}": value for name, value in val.items()})
             callback_list.on_epoch_end(epoch, logs)
             if self.model.stop_training:

@@ -18,6 +18,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from trainer.backup import Backup, BackupStore, StopRequest, share_from_chief, stop_on_signals
+from trainer.callbacks import StepWatchdog
 from trainer.cluster import Cluster, choose_communication, lost_tasks, resolve_cluster
 from trainer.config import ConfigError, monitor_mode, validate
 from trainer.devices import configure_devices, memory_option, plan_devices
@@ -78,18 +79,31 @@ def _train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Any], started: fl
         import tensorflow as tf
 
         tf.config.experimental.enable_op_determinism()
+    builtin: list = []
+    try:
+        return _run(cfg, plan, run_dir, callbacks, started, cluster, builtin)
+    except Exception as error:
+        if cluster is not None and cluster.num_workers > 1 and _peer_failure(error):
+            epoch = builtin[1].epoch if builtin else None
+            raise WorkerLost(_lost_message(error, cluster, epoch,
+                                           run_dir if chief else None)) from error
+        raise
+    finally:
+        for callback in builtin:  # a failed fit never reaches on_train_end
+            if isinstance(callback, StepWatchdog):
+                callback.stop()
+
+
+def _run(cfg: DictConfig, plan, run_dir: Path, callbacks: Sequence[Any], started: float,
+         cluster: Cluster | None, builtin: list) -> dict[str, Any]:
+    """Builds, trains, evaluates and reports; `builtin` receives the built-in callbacks."""
+    chief = cluster is None or cluster.is_chief
     run = _prepare(cfg, plan, cluster)
     start = _resume_point(run, run_dir)
     request = StopRequest()
-    builtin = _callbacks(cfg, run, run_dir, started, start, request)
-    try:
-        with stop_on_signals(request):
-            history, final = _fit(cfg, run, [*builtin, *callbacks], start)
-    except Exception as error:
-        if cluster is not None and cluster.num_workers > 1 and _peer_failure(error):
-            raise WorkerLost(_lost_message(error, cluster, builtin[1].epoch,
-                                           run_dir if chief else None)) from error
-        raise
+    builtin.extend(_callbacks(cfg, run, run_dir, started, start, request))
+    with stop_on_signals(request):
+        history, final = _fit(cfg, run, [*builtin, *callbacks], start)
     if builtin[1].interrupted:
         where = run_dir / "backup" if chief else "the chief's run directory"
         why = ("another worker was asked to stop" if builtin[1].stopped_by_peer
@@ -117,13 +131,14 @@ def _peer_failure(error: BaseException) -> bool:
                               tf.errors.AbortedError, tf.errors.CancelledError))
 
 
-def _lost_message(error: BaseException, cluster: Cluster, epoch: int,
+def _lost_message(error: BaseException, cluster: Cluster, epoch: int | None,
                   run_dir: Path | None) -> str:
     lost = lost_tasks(str(error), cluster)
     who = " and ".join(lost) if lost else "a peer worker"
     what = f"lost {who}: it stopped responding (crashed, killed or unreachable)"
     backup = run_dir / "backup" if run_dir is not None else "the chief's run directory"
-    return (f"{what} during epoch {epoch + 1}; this worker stopped. The last backup is in "
+    when = f"during epoch {epoch + 1}" if epoch is not None else "before training"
+    return (f"{what} {when}; this worker stopped. The last backup is in "
             f"{backup}; start every worker again with the same command to resume")
 
 
@@ -233,6 +248,10 @@ def _prepare(cfg: DictConfig, plan, cluster: Cluster | None = None) -> dict[str,
     strategy_name = choose_strategy(cfg.strategy.name, replicas, workers, plan.kind)
     multi = strategy_name == "multi_worker"
     loop = "custom" if multi else cfg.loop
+    if multi and cfg.seed is None:
+        raise ConfigError("strategy=multi_worker needs a seed: every worker shuffles the data "
+                          "alike and takes its share of the same global batches; received: "
+                          "seed=null (set seed=N)")
     if multi:
         # tf.distribute's multi-worker input code reads dataset options in graph mode, which
         # warns on every run; nothing for a user to act on.
@@ -343,7 +362,7 @@ def _callbacks(cfg: DictConfig, run: dict[str, Any], run_dir: Path, started: flo
     """Throughput first and Backup second (train() reads both), then checkpoints, TensorBoard."""
     import keras
 
-    from trainer.callbacks import AtomicModelCheckpoint, StepWatchdog, Throughput
+    from trainer.callbacks import AtomicModelCheckpoint, Throughput
 
     checkpoints = run_dir / "checkpoints"
     checkpoints.mkdir(parents=True, exist_ok=True)
