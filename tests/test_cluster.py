@@ -161,15 +161,16 @@ def test_launcher_bad_arguments(tmp_path, args, line):
 
 
 def test_launcher_stops_on_a_config_error_without_leaving_anything(tmp_path):
-    """Every worker fails at compose time: exit 2, each error relayed with its prefix."""
+    """Workers fail at compose time: exit 2 at once, the error relayed with its prefix."""
     result = subprocess.run(
         [sys.executable, "-m", "trainer.launch", "--workers", "2", "model.widht=3",
          f"hydra.run.dir={tmp_path / 'run'}"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
         env={**_env(), "TMPDIR": str(tmp_path)})
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "[worker 0] error:" in result.stdout and "[worker 1] error:" in result.stdout
-    assert "widht" in result.stdout
+    # The first worker's one-line error is relayed; the other may be stopped before its own.
+    errors = [line for line in result.stdout.splitlines() if "] error:" in line]
+    assert errors and all("widht" in line for line in errors), result.stdout
     assert not (tmp_path / "run" / "summary.json").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("trainer-launch-")]
 
