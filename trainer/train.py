@@ -17,7 +17,14 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from trainer.backup import Backup, BackupStore, StopRequest, share_from_chief, stop_on_signals
+from trainer.backup import (
+    Backup,
+    BackupStore,
+    StopRequest,
+    replica_sum,
+    share_from_chief,
+    stop_on_signals,
+)
 from trainer.callbacks import StepWatchdog
 from trainer.cluster import Cluster, choose_communication, lost_tasks, resolve_cluster
 from trainer.config import ConfigError, monitor_mode, validate
@@ -86,7 +93,7 @@ def _train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Any], started: fl
         if cluster is not None and cluster.num_workers > 1 and _peer_failure(error):
             epoch = builtin[1].epoch if builtin else None
             raise WorkerLost(_lost_message(error, cluster, epoch,
-                                           run_dir if chief else None)) from error
+                                           _backup_place(run_dir, chief))) from error
         raise
     finally:
         for callback in builtin:  # a failed fit never reaches on_train_end
@@ -105,7 +112,7 @@ def _run(cfg: DictConfig, plan, run_dir: Path, callbacks: Sequence[Any], started
     with stop_on_signals(request):
         history, final = _fit(cfg, run, [*builtin, *callbacks], start)
     if builtin[1].interrupted:
-        where = run_dir / "backup" if chief else "the chief's run directory"
+        where = _backup_place(run_dir, chief)
         why = ("another worker was asked to stop" if builtin[1].stopped_by_peer
                else f"stopped by signal {request.signal}")
         who = "; every worker stopped" if _workers(run) > 1 else ""
@@ -131,12 +138,16 @@ def _peer_failure(error: BaseException) -> bool:
                               tf.errors.AbortedError, tf.errors.CancelledError))
 
 
+def _backup_place(run_dir: Path, chief: bool) -> str:
+    """Where the backup to resume from is, as this worker can say it."""
+    return str(run_dir / "backup") if chief else "the chief's run directory"
+
+
 def _lost_message(error: BaseException, cluster: Cluster, epoch: int | None,
-                  run_dir: Path | None) -> str:
+                  backup: str) -> str:
     lost = lost_tasks(str(error), cluster)
     who = " and ".join(lost) if lost else "a peer worker"
     what = f"lost {who}: it stopped responding (crashed, killed or unreachable)"
-    backup = run_dir / "backup" if run_dir is not None else "the chief's run directory"
     when = f"during epoch {epoch + 1}" if epoch is not None else "before training"
     return (f"{what} {when}; this worker stopped. The last backup is in "
             f"{backup}; start every worker again with the same command to resume")
@@ -248,11 +259,11 @@ def _prepare(cfg: DictConfig, plan, cluster: Cluster | None = None) -> dict[str,
     strategy_name = choose_strategy(cfg.strategy.name, replicas, workers, plan.kind)
     multi = strategy_name == "multi_worker"
     loop = "custom" if multi else cfg.loop
-    if multi and cfg.seed is None:
-        raise ConfigError("strategy=multi_worker needs a seed: every worker shuffles the data "
-                          "alike and takes its share of the same global batches; received: "
-                          "seed=null (set seed=N)")
     if multi:
+        if cfg.seed is None:
+            raise ConfigError("strategy=multi_worker needs a seed: every worker shuffles the "
+                              "data alike and takes its share of the same global batches; "
+                              "received: seed=null (set seed=N)")
         # tf.distribute's multi-worker input code reads dataset options in graph mode, which
         # warns on every run; nothing for a user to act on.
         warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data")
@@ -389,7 +400,7 @@ def _on_stuck(cfg: DictConfig, run: dict[str, Any], run_dir: Path, backup: Backu
 
     def on_timeout(waited: float) -> None:
         chief = run["cluster"].is_chief
-        where = run_dir / "backup" if chief else "the chief's run directory"
+        where = _backup_place(run_dir, chief)
         print(f"error: a training step has not finished after {waited:.0f} s "
               f"(strategy.timeout_s={cfg.strategy.timeout_s:g}) during epoch "
               f"{backup.epoch + 1}: a peer worker is stuck, or the network between the workers "
@@ -410,17 +421,10 @@ def _stop_agreement(strategy: Any):
     """`agree(asked) -> bool`: whether any worker was asked to stop (one small all-reduce)."""
     import tensorflow as tf
 
-    @tf.function
-    def votes(asked):
-        def replica_fn():
-            # Every replica votes its worker's flag; the identity makes it a replica's value.
-            return tf.distribute.get_replica_context().all_reduce("sum", tf.identity(asked))
-
-        return strategy.run(replica_fn)
+    votes = replica_sum(strategy)
 
     def agree(asked: bool) -> bool:
-        total = votes(tf.constant(1.0 if asked else 0.0))
-        return float(strategy.experimental_local_results(total)[0]) > 0
+        return float(votes([tf.constant(1.0 if asked else 0.0)])[0]) > 0
 
     return agree
 
@@ -452,8 +456,8 @@ def _summary(cfg, run, plan, run_dir, history, final, throughput, started,
         "learning_rate": {k: v for k, v in run["lr"].items() if k != "schedule"},
         "optimizer": cfg.optimizer.name,
         "loop": run["loop"],
-        "workers": cluster.num_workers if (cluster := run["cluster"]) is not None else 1,
-        "cluster": None if cluster is None else {
+        "workers": _workers(run),
+        "cluster": None if (cluster := run["cluster"]) is None else {
             "source": cluster.source, "tasks": cluster.addresses, "task_id": cluster.task_id,
             "communication": cfg.strategy.communication,
             "step_timeout_s": cfg.strategy.timeout_s},
