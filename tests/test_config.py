@@ -18,7 +18,7 @@ def test_default_config_composes_and_validates():
     validate(cfg)
     assert cfg.model._target_ == "trainer.models.cnn.build"
     assert cfg.dataset._target_ == "trainer.data.digits.load"
-    assert cfg.strategy.name == "auto" and cfg.optimizer.name == "adam"
+    assert cfg.strategy.name == "auto" and cfg.optimizer._target_ == "keras.optimizers.Adam"
     assert cfg.devices == "auto" and cfg.accelerator == "auto"
     assert cfg.batch.per_replica == 64 and cfg.batch.global_size is None
 

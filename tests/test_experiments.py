@@ -31,10 +31,11 @@ def test_experiments_set_what_their_examples_set(make_run):
     towers = make_run("experiment=mnist_towers")
     assert towers.model._target_.endswith("cnn.build") and towers.dataset.name == "mnist"
     assert towers.batch.global_size == 256 and towers.batch.per_replica is None
-    assert towers.optimizer.name == "adam" and towers.optimizer.lr == 0.001
+    assert towers.optimizer._target_ == "keras.optimizers.Adam" and towers.optimizer.lr == 0.001
     cifar = make_run("experiment=cifar10_multi_gpu")
     assert cifar.model._target_.endswith("cifar10_cnn.build") and cifar.dataset.name == "cifar10"
-    assert cifar.optimizer.name == "sgd" and cifar.optimizer.decay == "exponential"
+    assert cifar.optimizer._target_ == "keras.optimizers.SGD"
+    assert cifar.optimizer.decay == "exponential"
     assert cifar.batch.per_replica == 128
     cats = make_run("experiment=cats_vs_dogs_mobilenet")
     assert cats.model._target_.endswith("mobilenet.build") and cats.dataset.image_size == 224

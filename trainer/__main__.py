@@ -16,12 +16,13 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from trainer.config import ConfigError, config_dir, register_configs, validate
+from trainer.config import config_dir, register_configs, validate
 from trainer.errors import (
     EXIT_CONFIG,
     EXIT_DIVERGED,
     EXIT_INTERRUPTED,
     EXIT_WORKER_LOST,
+    ConfigError,
     Diverged,
     Interrupted,
     WorkerLost,
@@ -120,6 +121,10 @@ def main() -> None:
     """Console entry point (`trainer` and `python -m trainer`)."""
     # Let Hydra raise instead of printing its own multi-line report, so we can print one line.
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    # `_target_` finds the user's own modules in the working directory, as `python -m` does
+    # (the `trainer` console script would not look there).
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         _refuse_finished_run_dir(sys.argv[1:])
         _hydra_main()

@@ -110,67 +110,6 @@ class BackupStore:
         return None
 
 
-def share_from_chief(strategy: Any, model: keras.Model,
-                     point: ResumePoint | None) -> ResumePoint | None:
-    """Gives every worker of a multi-worker run the chief's resume point and variables.
-
-    Only the chief keeps backups, and the other workers need not see its disk: one
-    all-reduce, to which only the chief's first replica (replica 0) contributes, carries the
-    chief's point, then another its restored model and optimizer variables, to every worker.
-    Every worker must call this at the same place (it runs collectives).
-
-    Args:
-        strategy: the MultiWorkerMirroredStrategy.
-        model: the built model, with its optimizer built.
-        point: what this worker restored (None on workers other than the chief).
-
-    Returns:
-        The chief's resume point, or None where the chief had no backup.
-    """
-    import tensorflow as tf
-
-    found = [1.0, point.epoch, point.step] if point is not None else [0.0, 0.0, 0.0]
-    from_chief = replica_sum(strategy, replica_zero_only=True)
-    shared = from_chief([tf.constant(found, tf.float64)])[0].numpy()
-    if shared[0] == 0:
-        return None
-    variables = list({id(v): v for v in [*model.variables, *model.optimizer.variables]}.values())
-    values = from_chief([v.value for v in variables])
-    for variable, value in zip(variables, values, strict=True):
-        variable.assign(tf.cast(value, variable.dtype))
-    return ResumePoint(int(shared[1]), int(shared[2]),
-                       point.path if point is not None else Path("the chief's backup"))
-
-
-def replica_sum(strategy: Any, replica_zero_only: bool = False):
-    """A function summing tensors over every replica of every worker (one all-reduce).
-
-    `replica_sum(strategy)(tensors)` returns this worker's copy of the sums, as float64
-    (exact for floats and for integers below 2**53). With `replica_zero_only`, only replica
-    0 (on the chief) contributes: the chief's values, handed to every worker. Traced once per
-    set of shapes, so calling it often (the stop vote) costs one small collective.
-    """
-    import tensorflow as tf
-
-    @tf.function
-    def total(tensors):
-        def replica_fn():
-            context = tf.distribute.get_replica_context()
-            keep = (tf.equal(context.replica_id_in_sync_group, 0) if replica_zero_only
-                    else tf.constant(True))
-            # tf.where (not the tensor itself) makes each a value of this replica.
-            return context.all_reduce("sum", [
-                tf.where(keep, tf.cast(t, tf.float64), tf.zeros(tf.shape(t), tf.float64))
-                for t in tensors])
-
-        return strategy.run(replica_fn)
-
-    def run(tensors: list) -> list:
-        return [strategy.experimental_local_results(v)[0] for v in total(list(tensors))]
-
-    return run
-
-
 class StopRequest:
     """Set by SIGTERM or SIGINT; read at the next step boundary."""
 

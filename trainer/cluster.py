@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.config import ConfigError
+from trainer.errors import ConfigError
 
 JOBS = ("chief", "worker")  # MultiWorkerMirroredStrategy's jobs, in their order of ids
 COMMUNICATIONS = ("auto", "ring", "nccl")

@@ -12,17 +12,16 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig
 
+from trainer.errors import ConfigError
+
+__all__ = ["ConfigError", "Config", "register_configs", "validate", "config_dir"]
+
 ACCELERATORS = ("auto", "gpu", "cpu")
 STRATEGIES = ("auto", "mirrored", "one_device", "multi_worker", "default")
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduction_to_one_device", "collective")
-OPTIMIZERS = ("adam", "sgd")
 LR_SCALING = ("linear", "sqrt", "none")
 LOOPS = ("fit", "custom")
 DECAYS = ("none", "cosine", "exponential")
-
-
-class ConfigError(ValueError):
-    """A configuration the run cannot start with; reported as one line with exit code 2."""
 
 
 @dataclass
@@ -54,20 +53,11 @@ class ClusterConfig:
     task_index: int = 0
 
 
-@dataclass
-class OptimizerConfig:
-    name: str = "adam"
-    lr: float = 0.001
-    reference_batch: int = 256
-    lr_scaling: str = "linear"
-    warmup_epochs: float = 0.0
-    decay: str = "none"
-    decay_rate: float = 0.1
-    decay_epochs: float = 1.0
-    staircase: bool = True
-    momentum: float = 0.0
-    nesterov: bool = False
-    weight_decay: float | None = None
+# The optimizer node is open: `_target_` names any Keras optimizer class (or the user's), its
+# other keys are that class's arguments, and these keys are trainer's learning-rate plan,
+# checked by `validate` and never passed to the class.
+LR_PLAN = {"lr": 0.001, "reference_batch": 256, "lr_scaling": "linear", "warmup_epochs": 0.0,
+           "decay": "none", "decay_rate": 0.1, "decay_epochs": 1.0, "staircase": True}
 
 
 @dataclass
@@ -148,7 +138,12 @@ class Config:
     dataset: Any = MISSING
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    optimizer: Any = MISSING
+    # What is trained for: a Keras loss name or a `_target_` node; metric names or nodes;
+    # callbacks by name, each a `_target_` node (null disables one).
+    loss: Any = "sparse_categorical_crossentropy"
+    metrics: Any = field(default_factory=lambda: ["accuracy"])
+    callbacks: Any = field(default_factory=dict)
     seed: int | None = 42
     epochs: int = 8
     loop: str = "fit"
@@ -267,6 +262,7 @@ def validate(cfg: DictConfig) -> None:
     name = "batch.per_replica" if per_replica is not None else "batch.global_size"
     _positive_int(name, per_replica if per_replica is not None else global_size)
     _validate_optimizer(cfg.optimizer)
+    _validate_task(cfg)
     _one_of("checkpoint.mode", cfg.checkpoint.mode, ("auto", "min", "max"))
     _require(cfg.checkpoint.backup_every >= 0, "checkpoint.backup_every must be >= 0 (0: each "
              f"epoch end only); received: {cfg.checkpoint.backup_every}")
@@ -277,29 +273,72 @@ def validate(cfg: DictConfig) -> None:
                  f"{group} must name a builder with _target_; received: {node!r}")
 
 
-def _validate_optimizer(opt: DictConfig) -> None:
-    _one_of("optimizer.name", opt.name, OPTIMIZERS)
-    _require(opt.lr > 0, f"optimizer.lr must be positive; received: {opt.lr!r}")
-    _positive_int("optimizer.reference_batch", opt.reference_batch)
-    _one_of("optimizer.lr_scaling", opt.lr_scaling, LR_SCALING)
-    _require(opt.warmup_epochs >= 0,
-             f"optimizer.warmup_epochs must be >= 0; received: {opt.warmup_epochs!r}")
-    _one_of("optimizer.decay", opt.decay, DECAYS)
-    _require(0 < opt.decay_rate <= 1,
-             f"optimizer.decay_rate must be in (0, 1]; received: {opt.decay_rate!r}")
-    _require(opt.decay_epochs > 0,
-             f"optimizer.decay_epochs must be positive; received: {opt.decay_epochs!r}")
+def _validate_optimizer(opt: Any) -> None:
+    _require(isinstance(opt, DictConfig) and isinstance(opt.get("_target_"), str),
+             f"optimizer must name a Keras optimizer class with _target_; received: {opt!r}")
+    _require("learning_rate" not in opt, "optimizer.learning_rate is set by trainer from "
+             "optimizer.lr, scaled to the global batch; set optimizer.lr instead")
+    plan = {**LR_PLAN, **{k: opt[k] for k in LR_PLAN if k in opt}}
+    for key in ("lr", "warmup_epochs", "decay_rate", "decay_epochs"):
+        value = plan[key]
+        _require(isinstance(value, (int, float)) and not isinstance(value, bool),
+                 f"optimizer.{key} must be a number; received: {value!r}")
+    _require(plan["lr"] > 0, f"optimizer.lr must be positive; received: {plan['lr']!r}")
+    _positive_int("optimizer.reference_batch", plan["reference_batch"])
+    _one_of("optimizer.lr_scaling", plan["lr_scaling"], LR_SCALING)
+    _require(plan["warmup_epochs"] >= 0,
+             f"optimizer.warmup_epochs must be >= 0; received: {plan['warmup_epochs']!r}")
+    _one_of("optimizer.decay", plan["decay"], DECAYS)
+    _require(0 < plan["decay_rate"] <= 1,
+             f"optimizer.decay_rate must be in (0, 1]; received: {plan['decay_rate']!r}")
+    _require(plan["decay_epochs"] > 0,
+             f"optimizer.decay_epochs must be positive; received: {plan['decay_epochs']!r}")
 
 
-def monitor_mode(monitor: str, mode: str = "auto") -> str:
+def lr_plan(opt: DictConfig) -> dict[str, Any]:
+    """The learning-rate plan keys of the optimizer node, with their defaults filled in."""
+    return {**LR_PLAN, **{k: opt[k] for k in LR_PLAN if k in opt}}
+
+
+def _validate_task(cfg: DictConfig) -> None:
+    loss = cfg.loss
+    _require(isinstance(loss, str) or (isinstance(loss, DictConfig) and "_target_" in loss),
+             f"loss must be a Keras loss name or a node with _target_; received: {loss!r}")
+    metrics = cfg.metrics
+    _require(isinstance(metrics, ListConfig), "metrics must be a list of metric names or "
+             f"nodes with _target_, e.g. [accuracy]; received: {metrics!r}")
+    for metric in metrics:
+        _require(isinstance(metric, str) or (isinstance(metric, DictConfig)
+                                             and "_target_" in metric),
+                 f"each of metrics must be a name or a node with _target_; received: {metric!r}")
+    callbacks = cfg.callbacks
+    _require(isinstance(callbacks, DictConfig), "callbacks must be a mapping of names to nodes "
+             f"with _target_, e.g. callbacks=[early_stopping]; received: {callbacks!r}")
+    for name, node in callbacks.items():
+        _require(node is None or (isinstance(node, DictConfig) and "_target_" in node),
+                 f"callbacks.{name} must be a node with _target_ (or null to disable it); "
+                 f"received: {node!r}")
+
+
+# Words in metric names that say which way is better, for metrics that do not say it
+# themselves (a Keras metric's `_direction`).
+RISING = ("acc", "auc", "precision", "recall", "f1", "iou", "r2")
+FALLING = ("loss", "error", "mae", "mse", "mape", "msle", "crossentropy", "hinge",
+           "divergence", "poisson", "cosh")
+
+
+def monitor_mode(monitor: str, mode: str = "auto",
+                 directions: dict[str, str] | None = None) -> str:
     """Resolves whether the best checkpoint has the highest or the lowest `monitor`.
 
     Keras infers this from compiled metrics, which a custom loop never builds, so it is
-    decided here from the name: accuracies and AUCs up, losses and errors down.
+    decided here: from the metric's own direction where known (`directions`, name to
+    `up`/`down`), else from its name: accuracies and AUCs up, losses and errors down.
 
     Args:
         monitor: a logged metric name, e.g. `val_accuracy`.
         mode: `auto`, `min` or `max`.
+        directions: the run's metrics' directions by name, where they declare one.
 
     Returns:
         `min` or `max`.
@@ -307,9 +346,12 @@ def monitor_mode(monitor: str, mode: str = "auto") -> str:
     if mode != "auto":
         return mode
     name = monitor.removeprefix("val_")
-    if any(word in name for word in ("acc", "auc", "precision", "recall")):
-        return "max"
-    if any(word in name for word in ("loss", "error")):
+    direction = (directions or {}).get(name)
+    if direction in ("up", "down"):
+        return "max" if direction == "up" else "min"
+    if any(word in name for word in FALLING):
         return "min"
+    if any(word in name for word in RISING):
+        return "max"
     raise ConfigError(f"cannot tell whether checkpoint.monitor={monitor!r} should rise or fall; "
                       "set checkpoint.mode=max or checkpoint.mode=min")

@@ -11,7 +11,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.config import ConfigError, parse_devices
+from trainer.config import parse_devices
+from trainer.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -8,6 +8,10 @@ EXIT_WORKER_LOST = 4  # a peer worker crashed or timed out; rerun every worker t
 EXIT_INTERRUPTED = 75  # EX_TEMPFAIL: stopped cleanly; rerun the same command to resume
 
 
+class ConfigError(ValueError):
+    """A configuration the run cannot start with; reported as one line with exit code 2."""
+
+
 class Interrupted(Exception):
     """Training stopped on SIGTERM or SIGINT after writing a backup; rerun to resume."""
 

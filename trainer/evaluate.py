@@ -1,9 +1,11 @@
 """`python -m trainer.evaluate RUN_DIR [overrides]`: evaluate a finished run's checkpoint.
 
-Loads the run's composed config (`RUN_DIR/.hydra/config.yaml`), applies the overrides (for
-example `accelerator=cpu devices=2`, or `checkpoint=last`), builds the strategy for those
-devices, loads `checkpoints/best.keras` (or `last.keras`) inside its scope, and evaluates
-every validation example once. Prints the metrics as JSON; exit code 2 on bad input.
+The run's saved config (`RUN_DIR/.hydra/config.yaml`) is composed again by Hydra over the
+schema, with the overrides (for example `accelerator=cpu devices=2`, or `checkpoint=last`),
+so a typo or a wrong type fails as it does for training. The run is then assembled as
+training assembles it (strategy for those devices, data, model, loss, metrics, loop),
+`checkpoints/best.keras` (or `last.keras`) is loaded into it, and every validation example
+is evaluated once. Prints the metrics as JSON; exit code 2 on bad input.
 """
 
 from __future__ import annotations
@@ -11,14 +13,17 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
-from trainer.config import ConfigError, validate
+from trainer.config import register_configs, validate
+from trainer.errors import ConfigError
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+CHECKPOINTS = ("best", "last")
 
 
 def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, Any]:
@@ -32,31 +37,29 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
         `{"checkpoint": path, "replicas": n, "metrics": {...}}`.
     """
     run_dir = Path(run_dir)
-    cfg, which = _load_config(run_dir, list(overrides))
+    cfg, which = compose_run_config(run_dir, list(overrides))
     checkpoint = run_dir / "checkpoints" / f"{which}.keras"
     if not checkpoint.is_file():
         raise ConfigError(f"no checkpoint {checkpoint}; valid: checkpoint=best or "
                           "checkpoint=last of a finished run")
+    from trainer.assemble import assemble
     from trainer.devices import configure_devices, memory_option, plan_devices
-    from trainer.scaling import plan_batch
-    from trainer.strategy import build_strategy, choose_cross_device_ops, choose_strategy
-    from trainer.train import build_data, visible_gpu_count
+    from trainer.train import visible_gpu_count
 
     plan = plan_devices(cfg.accelerator, cfg.devices, visible_gpu_count(),
                         cfg.soft_placement)
-    configure_devices(plan, memory_option(cfg.gpu.memory_growth, cfg.gpu.memory_limit_mb))
-    replicas = len(plan.names)
-    # A multi-worker run's checkpoint is evaluated on this machine's devices.
-    name = "auto" if cfg.strategy.name == "multi_worker" else cfg.strategy.name
-    strategy = build_strategy(choose_strategy(name, replicas), plan.names,
-                              choose_cross_device_ops(cfg.strategy.cross_device_ops, plan.kind,
-                                                      replicas, False))
-    global_batch = plan_batch(cfg.batch.per_replica, cfg.batch.global_size, replicas).global_size
-    with strategy.scope():
-        data = build_data(cfg, global_batch, replicas)
-        model = load_checkpoint(checkpoint)
-    metrics = model.evaluate(data["validation"], return_dict=True, verbose=0)
-    return {"checkpoint": str(checkpoint), "replicas": replicas,
+    configure_devices(plan, memory_option(cfg.gpu.memory_growth, cfg.gpu.memory_limit_mb),
+                      cfg.soft_placement)
+    run = assemble(cfg, plan)
+    run.model.load_weights(checkpoint)
+    if run.loop == "custom":
+        from trainer.loop import CustomLoop
+
+        metrics = CustomLoop(run.model, run.strategy, loss=run.loss,
+                             metrics=run.metrics).evaluate(run.data.validation)
+    else:
+        metrics = run.model.evaluate(run.data.validation, return_dict=True, verbose=0)
+    return {"checkpoint": str(checkpoint), "replicas": run.strategy.num_replicas_in_sync,
             "metrics": {k: float(v) for k, v in metrics.items()}}
 
 
@@ -70,9 +73,16 @@ def load_checkpoint(path: str | Path):
     return keras.models.load_model(path)
 
 
-def _load_config(run_dir: Path, overrides: list[str]) -> tuple[Any, str]:
-    path = run_dir / ".hydra" / "config.yaml"
-    if not path.is_file():
+def compose_run_config(run_dir: Path, overrides: list[str]) -> tuple[DictConfig, str]:
+    """The run's saved config, composed again by Hydra over the schema with `overrides`.
+
+    Returns:
+        The config and which checkpoint (`best` or `last`) to load.
+    """
+    from hydra import compose, initialize_config_dir
+
+    saved = run_dir / ".hydra" / "config.yaml"
+    if not saved.is_file():
         raise ConfigError(f"{run_dir} is not a run directory (no .hydra/config.yaml)")
     which = "best"
     rest = []
@@ -81,24 +91,40 @@ def _load_config(run_dir: Path, overrides: list[str]) -> tuple[Any, str]:
             which = item.split("=", 1)[1]
         else:
             rest.append(item)
-    if which not in ("best", "last"):
+    if which not in CHECKPOINTS:
         raise ConfigError(f"checkpoint must be best or last; received: {which!r}")
-    cfg = OmegaConf.merge(OmegaConf.load(path), OmegaConf.from_dotlist(rest))
+    register_configs()
+    primary = OmegaConf.load(saved)
+    primary.defaults = ["config_schema", "_self_"]
+    # Evaluation runs on this machine's devices, not a cluster's.
+    if primary.strategy.name == "multi_worker":
+        primary.strategy.name = "auto"
+    primary.cluster = {"workers": [], "task_index": 0}
+    with tempfile.TemporaryDirectory(prefix="trainer-evaluate-") as folder:
+        OmegaConf.save(primary, Path(folder) / "run.yaml")
+        with initialize_config_dir(folder, version_base="1.3"):
+            cfg = compose("run", overrides=rest)
     validate(cfg)
     return cfg, which
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from trainer.__main__ import one_line
+
     args = sys.argv[1:] if argv is None else argv
     if not args:
         print("error: usage: python -m trainer.evaluate RUN_DIR [key=value ...]; received "
               "nothing", file=sys.stderr)
         return 2
+    sys.path.insert(0, os.getcwd())  # the user's own modules, as for training
     try:
         result = evaluate_run(args[0], args[1:])
-    except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
+    except (ConfigError, HydraException, OmegaConfBaseException) as error:
+        print(f"error: {one_line(error)}", file=sys.stderr)
         return 2
     print(json.dumps(result, indent=2))
     return 0

@@ -1,6 +1,7 @@
 """`loop=custom`: a `strategy.run` training loop that gets the distribution maths right.
 
-The loss of each replica is summed over its examples and divided by the examples of the
+Any Keras loss is computed per example (its reduction turned off), then the loss of each
+replica is summed over its examples and divided by the examples of the
 whole global batch (`tf.nn.compute_average_loss`), and regularisation losses are divided by
 the replicas (`tf.nn.scale_regularization_loss`); the optimizer then sums the gradients of
 all replicas, which gives exactly the gradient of the mean loss over the global batch. The
@@ -10,7 +11,7 @@ replicas, is weighted right too. Metrics live in variables summed across replica
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
@@ -28,17 +29,27 @@ class CustomLoop:
         strategy: the `tf.distribute.Strategy` the model was built under.
         steps_per_execution: training steps per `tf.function` call.
         jit_compile: compile each replica's step with XLA.
+        loss: a Keras loss (any reduction: it is computed per example here); None for
+            sparse categorical cross-entropy.
+        metrics: makes fresh metric objects (called inside the strategy's scope); None for
+            accuracy over sparse labels.
     """
 
     def __init__(self, model: keras.Model, strategy: tf.distribute.Strategy,
-                 steps_per_execution: int = 1, jit_compile: bool = False) -> None:
+                 steps_per_execution: int = 1, jit_compile: bool = False,
+                 loss: keras.losses.Loss | None = None,
+                 metrics: Callable[[], list] | None = None) -> None:
+        from trainer.task import per_example
+
         self.model = model
         self.strategy = strategy
         self.steps_per_execution = steps_per_execution
-        self.per_example_loss = keras.losses.SparseCategoricalCrossentropy(reduction=None)
+        self.per_example_loss = per_example(
+            loss if loss is not None else keras.losses.SparseCategoricalCrossentropy())
         with strategy.scope():
             self.loss_metric = keras.metrics.Mean(name="loss")
-            self.accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+            self.metrics = (metrics() if metrics is not None
+                            else [keras.metrics.SparseCategoricalAccuracy(name="accuracy")])
             # Created here, not lazily inside the first traced step: optimizer slots born
             # inside a graph that runs several steps under MirroredStrategy fail at run time
             # ("You must feed a value for placeholder tensor").
@@ -64,7 +75,7 @@ class CustomLoop:
         """Forward and backward pass of one replica; no collectives, so XLA can compile it."""
         with tf.GradientTape() as tape:
             predictions = self.model(images, training=True)
-            per_example = self.per_example_loss(labels, tf.cast(predictions, tf.float32))
+            per_example = self._per_example(labels, predictions)
             regularization = self._regularization()
             loss = (self.average_loss(per_example, global_batch)
                     + tf.nn.scale_regularization_loss(regularization))
@@ -73,6 +84,13 @@ class CustomLoop:
             scaled = self.model.optimizer.scale_loss(loss)
         gradients = tape.gradient(scaled, self.model.trainable_variables)
         return gradients, predictions, per_example + regularization
+
+    def _per_example(self, labels: tf.Tensor, predictions: tf.Tensor) -> tf.Tensor:
+        """One loss value per example (a loss left per element is averaged over the rest)."""
+        values = self.per_example_loss(labels, tf.cast(predictions, tf.float32))
+        if values.shape.rank is not None and values.shape.rank > 1:
+            values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
+        return values
 
     def _train_step(self, images: tf.Tensor, labels: tf.Tensor) -> None:
         global_batch = self._global_batch(labels)
@@ -83,7 +101,8 @@ class CustomLoop:
 
     def _update_metrics(self, labels, predictions, per_example_loss) -> None:
         self.loss_metric.update_state(per_example_loss)
-        self.accuracy.update_state(labels, predictions)
+        for metric in self.metrics:
+            metric.update_state(labels, predictions)
 
     def _train_steps(self, iterator: Any, steps: tf.Tensor | None) -> dict[str, tf.Tensor]:
         # Exactly `steps` batches, never past the end: `fit` counts the epoch's steps. One
@@ -95,11 +114,11 @@ class CustomLoop:
                 self.strategy.run(self._train_step, args=next(iterator))
         # Read here, in the graph, so the Python loop never waits for a step to finish
         # (reading metrics eagerly after every call would serialise dispatch and compute).
-        return {m.name: m.result() for m in (self.loss_metric, self.accuracy)}
+        return {m.name: m.result() for m in (self.loss_metric, *self.metrics)}
 
     def _test_step(self, images: tf.Tensor, labels: tf.Tensor) -> None:
         predictions = self.model(images, training=False)
-        per_example = self.per_example_loss(labels, predictions)
+        per_example = self._per_example(labels, predictions)
         self._update_metrics(labels, predictions, per_example + self._regularization())
 
     def _test_steps(self, dataset: Any) -> None:
@@ -107,14 +126,14 @@ class CustomLoop:
             self.strategy.run(self._test_step, args=(images, labels))
 
     def _results(self) -> dict[str, float]:
-        return {m.name: float(m.result()) for m in (self.loss_metric, self.accuracy)}
+        return {m.name: float(m.result()) for m in (self.loss_metric, *self.metrics)}
 
     def _reset(self) -> None:
-        self.loss_metric.reset_state()
-        self.accuracy.reset_state()
+        for metric in (self.loss_metric, *self.metrics):
+            metric.reset_state()
 
     def evaluate(self, dataset: tf.data.Dataset) -> dict[str, float]:
-        """Loss and accuracy over every example of `dataset` (batched by the global batch)."""
+        """Loss and metrics over every example of `dataset` (batched by the global batch)."""
         self._reset()
         self._evaluate_all(self.strategy.experimental_distribute_dataset(dataset))
         return self._results()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from trainer.config import ConfigError
+from trainer.errors import ConfigError
 
 
 @dataclass(frozen=True)

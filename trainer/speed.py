@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.config import ConfigError
+from trainer.errors import ConfigError
 
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 

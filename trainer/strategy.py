@@ -6,7 +6,7 @@ import itertools
 from typing import Any
 
 from trainer.cluster import Cluster
-from trainer.config import ConfigError
+from trainer.errors import ConfigError
 
 # Every MirroredStrategy numbers its collective groups from 1. A second strategy in the same
 # process over another device count then joins group 1 with a different size, and TensorFlow

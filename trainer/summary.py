@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +19,97 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 def refuse_finished_run(run_dir: Path, resume: bool) -> None:
     """Refuses to start a new run over a finished one (its summary.json would be lost)."""
-    from trainer.config import ConfigError
+    from trainer.errors import ConfigError
 
     if not resume and (Path(run_dir) / "summary.json").exists():
         raise ConfigError(f"run directory {run_dir} holds a finished run (summary.json); "
                           f"choose a new hydra.run.dir, or pass resume={run_dir} to continue it")
+
+
+def _name(target: str) -> str:
+    """`trainer.models.cnn.build` -> `cnn`; `mine.load` -> `mine`."""
+    parts = target.split(".")
+    return parts[-2] if len(parts) > 1 else parts[0]
+
+
+def _loss_name(spec: Any) -> str:
+    return spec if isinstance(spec, str) else str(spec.get("_target_"))
+
+
+def build_summary(cfg: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, callbacks: Any,
+                  started: float, start: tuple[int, int]) -> dict[str, Any]:
+    """Everything a finished run reports, as a JSON-ready dict.
+
+    Args:
+        cfg: the config.
+        run: the assembled `trainer.assemble.Run`.
+        plan: the `DevicePlan`.
+        run_dir: the run directory.
+        outcome: what training did (`trainer.train.Outcome`).
+        callbacks: the run's `trainer.assemble.Callbacks`.
+        started: `time.perf_counter()` at the start.
+        start: (epoch, step) the run resumed from.
+    """
+    import keras
+    import tensorflow as tf
+
+    throughput = callbacks.throughput
+    train_metrics = {k: float(v[-1]) for k, v in outcome.history.items()
+                     if v and not k.startswith("val_") and k != "learning_rate"}
+    cluster = run.cluster
+    return {
+        "run_dir": str(run_dir),
+        "model": _name(cfg.model._target_),
+        "dataset": _name(cfg.dataset._target_),
+        "accelerator": plan.kind,
+        "devices": list(plan.names),
+        "replicas": run.strategy.num_replicas_in_sync,
+        "strategy": run.strategy_name,
+        "cross_device_ops": run.cross_device_ops,
+        "batch": {"per_replica": run.batch.per_replica, "global": run.batch.global_size,
+                  "drop_remainder": cfg.batch.drop_remainder},
+        "learning_rate": run.lr.report(),
+        "optimizer": type(run.model.optimizer).__name__,
+        "loss": _loss_name(cfg.loss),
+        "metrics": list(run.metric_names),
+        "callbacks": [type(c).__name__ for c in callbacks.user],
+        "loop": run.loop,
+        "workers": run.workers,
+        "cluster": None if cluster is None else {
+            "source": cluster.source, "tasks": cluster.addresses, "task_id": cluster.task_id,
+            "communication": cfg.strategy.communication,
+            "step_timeout_s": cfg.strategy.timeout_s},
+        "steps_per_execution": run.speed.steps_per_execution,
+        "precision": run.speed.precision,
+        "jit_compile": run.speed.jit_compile,
+        "speed_reasons": list(run.speed.reasons),
+        "epochs": cfg.epochs,
+        "epochs_done": outcome.epochs_done,
+        "stopped_early": ({"epoch": outcome.epochs_done, "of": cfg.epochs}
+                          if outcome.stopped_early else None),
+        "resumed_from": {"epoch": start[0] + 1, "step": start[1]} if any(start) else None,
+        "steps_per_epoch": run.steps,
+        "train_examples": run.data.source.train_size,
+        "validation_examples": run.data.source.validation_size,
+        "time": {"wall_s": time.perf_counter() - started,
+                 "first_step_s": throughput.first_step_s,
+                 "first_epoch_s": throughput.first_epoch_s},
+        "examples_per_sec": throughput.examples_per_sec,
+        "epoch_examples_per_sec": throughput.epoch_rates,
+        "train_metrics": train_metrics,
+        "validation_metrics": dict(outcome.validation),
+        "seed": cfg.seed,
+        "warnings": list(plan.warnings),
+        "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
+    }
+
+
+def _epochs_row(summary: dict[str, Any]) -> str:
+    text = f"{summary['epochs']} x {summary['steps_per_epoch']} steps"
+    stopped = summary.get("stopped_early")
+    if stopped:
+        text += f"; stopped early after epoch {stopped['epoch']} of {stopped['of']} (callback)"
+    return text
 
 
 def _fmt(value: Any) -> str:
@@ -47,7 +134,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("learning rate", "{base:.6g} -> {scaled:.6g} ({rule}, reference batch "
                           "{reference_batch}, warm-up {warmup_steps} steps, decay {decay})"
          .format(**summary["learning_rate"])),
-        ("epochs", f"{summary['epochs']} x {summary['steps_per_epoch']} steps"),
+        ("optimizer / loss", f"{summary['optimizer']} / {summary['loss']}"),
+        ("epochs", _epochs_row(summary)),
         ("wall time", f"{summary['time']['wall_s']:.1f} s"),
         ("time to first step", f"{summary['time']['first_step_s']:.1f} s"),
         ("throughput", f"{summary['examples_per_sec']:.1f} examples/s"

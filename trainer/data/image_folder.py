@@ -39,7 +39,8 @@ def load(path: str, image_size: int = 64, channels: int = 3, validation_fraction
     return Source(train=train, validation=validation,
                   train_size=int(train.cardinality()),
                   validation_size=int(validation.cardinality()),
-                  input_shape=(image_size, image_size, channels), num_classes=len(classes))
+                  input_shape=(image_size, image_size, channels), num_classes=len(classes),
+                  scale=1.0 / 255.0)
 
 
 def _classes(root: Path, path: str) -> list[str]:

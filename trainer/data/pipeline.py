@@ -8,25 +8,31 @@ from typing import Any
 
 import tensorflow as tf
 
-from trainer.config import ConfigError
+from trainer.errors import ConfigError
 from trainer.scaling import balanced_batch_sizes
 
 
 @dataclass
 class Source:
-    """What a data source module's `load` returns.
+    """What a data source's `load` returns: examples for training and validation.
+
+    Elements are `(features, target)` pairs: images and class indices, or any tensors (a
+    row of tabular features and a regression target, say); nothing here assumes images.
 
     Attributes:
-        train: unbatched `(image, label)` elements for training.
-        validation: unbatched `(image, label)` elements for evaluation.
+        train: unbatched `(features, target)` elements for training.
+        validation: unbatched `(features, target)` elements for evaluation.
         train_size: number of training examples.
         validation_size: number of validation examples.
-        input_shape: shape of one preprocessed image, e.g. `(32, 32, 1)`.
-        num_classes: number of classes (labels are sparse integers).
+        input_shape: shape of one preprocessed input, e.g. `(32, 32, 1)` or `(10,)`.
+        num_classes: number of classes where targets are class indices or one-hot vectors;
+            None for a regression target.
+        num_outputs: outputs the model needs: `num_classes` when None, else 1 per target.
         preprocess: per-element function applied in parallel before caching (decode,
             resize), or None.
-        scale: images are cast to float32 and multiplied by it per batch, after the cache,
-            so the cache holds the compact raw values (uint8 where the source has them).
+        scale: inputs are cast to float32 and multiplied by it per batch, after the cache,
+            so the cache holds the compact raw values (uint8 where the source has them);
+            None leaves the inputs as they are.
     """
 
     train: tf.data.Dataset
@@ -34,9 +40,36 @@ class Source:
     train_size: int
     validation_size: int
     input_shape: tuple[int, ...]
-    num_classes: int
+    num_classes: int | None = None
+    num_outputs: int | None = None
     preprocess: Callable[[Any, Any], tuple[Any, Any]] | None = None
-    scale: float = 1.0 / 255.0
+    scale: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_outputs is None:
+            self.num_outputs = self.num_classes if self.num_classes is not None else 1
+
+    @classmethod
+    def from_arrays(cls, x_train: Any, y_train: Any, x_validation: Any, y_validation: Any,
+                    num_classes: int | None = None, **kwargs: Any) -> Source:
+        """A source from in-memory arrays (NumPy or anything `from_tensor_slices` takes).
+
+        Args:
+            x_train, y_train: training features and targets, first axis the examples.
+            x_validation, y_validation: the same for validation.
+            num_classes: for class targets; None for regression, where the number of
+                outputs is the size of a target (1 for scalar targets).
+            **kwargs: other `Source` fields (`preprocess`, `scale`).
+        """
+        import numpy as np
+
+        y = np.asarray(y_train)
+        outputs = None if num_classes is not None else (int(np.prod(y.shape[1:])) or 1)
+        return cls(train=tf.data.Dataset.from_tensor_slices((x_train, y_train)),
+                   validation=tf.data.Dataset.from_tensor_slices((x_validation, y_validation)),
+                   train_size=len(x_train), validation_size=len(x_validation),
+                   input_shape=tuple(np.asarray(x_train).shape[1:]), num_classes=num_classes,
+                   num_outputs=outputs, **kwargs)
 
 
 class DataError(ConfigError):
@@ -44,7 +77,7 @@ class DataError(ConfigError):
 
 
 def build_pipeline(dataset: tf.data.Dataset, global_batch: int, *, training: bool,
-                   preprocess: Callable | None = None, scale: float = 1.0,
+                   preprocess: Callable | None = None, scale: float | None = None,
                    seed: int | None = None, cache: bool = True, shuffle_buffer: int = 2048,
                    drop_remainder: bool = False, replicas: int = 1,
                    examples: int | None = None) -> tf.data.Dataset:
@@ -55,7 +88,8 @@ def build_pipeline(dataset: tf.data.Dataset, global_batch: int, *, training: boo
         global_batch: examples per step over all replicas; the strategy splits each batch.
         training: shuffle (and maybe drop a last partial batch); evaluation never drops one.
         preprocess: per-element function, mapped in parallel.
-        scale: factor that brings the images to [0, 1], applied per batch (vectorised).
+        scale: factor that brings the inputs to [0, 1], applied per batch (vectorised);
+            None leaves them as they are.
         seed: shuffle seed; with a seed the order is deterministic.
         cache: keep preprocessed elements in memory after the first pass.
         shuffle_buffer: examples in the shuffle buffer.
@@ -75,7 +109,7 @@ def build_pipeline(dataset: tf.data.Dataset, global_batch: int, *, training: boo
 
 def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_epoch: int,
                           epochs: int, skip_steps: int = 0, preprocess: Callable | None = None,
-                          scale: float = 1.0, seed: int | None = None, cache: bool = True,
+                          scale: float | None = None, seed: int | None = None, cache: bool = True,
                           shuffle_buffer: int = 2048, drop_remainder: bool = False,
                           replicas: int = 1, examples: int | None = None) -> tf.data.Dataset:
     """The training batches of epochs `first_epoch`..`epochs - 1` as one dataset.
@@ -97,7 +131,7 @@ def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_
 
 
 def prepare(dataset: tf.data.Dataset, preprocess: Callable | None, cache: bool,
-            scale: float = 1.0) -> tf.data.Dataset:
+            scale: float | None = None) -> tf.data.Dataset:
     """Preprocesses elements in parallel and caches them (the part every pass shares).
 
     Images in the byte range (`scale` 1/255) that preprocessing turned into float32 (a
@@ -109,7 +143,8 @@ def prepare(dataset: tf.data.Dataset, preprocess: Callable | None, cache: bool,
         dataset = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
     if not cache:
         return dataset
-    if dataset.element_spec[0].dtype == tf.float32 and abs(scale - 1 / 255) < 1e-12:
+    byte_range = scale is not None and abs(scale - 1 / 255) < 1e-12
+    if byte_range and dataset.element_spec[0].dtype == tf.float32:
         dataset = dataset.map(_to_bytes, num_parallel_calls=tf.data.AUTOTUNE)
     return dataset.cache()
 
@@ -128,6 +163,8 @@ def _batches(dataset, global_batch, training, scale, seed, shuffle_buffer, drop_
                                                                        replicas)
     if sizes is not None:
         dataset = dataset.rebatch(tf.constant(sizes, tf.int64))
+    if scale is None:
+        return dataset
     return dataset.map(_scaler(scale), num_parallel_calls=tf.data.AUTOTUNE)
 
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from trainer.config import ConfigError
 from trainer.data.pipeline import DataError, Source
+from trainer.errors import ConfigError
 
 
 def load(name: str, train_split: str = "train", validation_split: str = "test",
@@ -46,7 +46,7 @@ def load(name: str, train_split: str = "train", validation_split: str = "test",
         train_size=_size(builder.info, train_split, train),
         validation_size=_size(builder.info, validation_split, validation),
         input_shape=shape, num_classes=builder.info.features["label"].num_classes,
-        preprocess=_resize(image_size) if image_size else None)
+        preprocess=_resize(image_size) if image_size else None, scale=1.0 / 255.0)
 
 
 def _builder(tfds: Any, name: str, data_dir: str | None) -> Any:
