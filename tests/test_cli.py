@@ -81,3 +81,13 @@ def test_console_script_composes_the_config(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "_target_: trainer.models.mobilenet.build" in out.stdout
+
+
+def test_unknown_experiment_is_one_line_and_trains_nothing(tmp_path):
+    out = run_cli("experiment=nope", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
+                  timeout=60)
+    assert out.returncode == 2
+    assert error_lines(out.stderr) == [
+        "error: unknown experiment 'nope'; available: cats_vs_dogs_mobilenet, "
+        "cifar10_multi_gpu, mnist_towers"]
+    assert not (tmp_path / "run").exists()

@@ -109,3 +109,23 @@ def test_fit_with_several_steps_per_execution_on_replicas_is_refused(tiny_config
     cfg = tiny_config("accelerator=cpu", "devices=2", "steps_per_execution=4")
     with pytest.raises(ConfigError, match="steps_per_execution=4 with loop=fit .* loop=custom"):
         train(cfg, run_dir=tmp_path)
+
+
+@pytest.mark.parametrize("seed", [0, -1, 2**31, 10**20])
+def test_any_integer_seed_trains(tiny_config, tmp_path, seed):
+    """TensorFlow's global seed 0 used to crash the per-epoch shuffle (OperatorNotAllowedInGraph
+    Error), and NumPy refuses negative seeds; every integer must train, reproducibly."""
+    summary = train(tiny_config(f"seed={seed}", "accelerator=cpu", "devices=1"),
+                    run_dir=tmp_path)
+    assert summary["seed"] == seed and summary["train_metrics"]["loss"] > 0
+
+
+def test_runtime_seed_keeps_ordinary_seeds_and_maps_the_rest():
+    from trainer.config import SEED_LIMIT, runtime_seed
+
+    assert runtime_seed(None) is None
+    assert runtime_seed(42) == 42 and runtime_seed(SEED_LIMIT - 1) == SEED_LIMIT - 1
+    mapped = [runtime_seed(s) for s in (0, -1, -42, SEED_LIMIT, 2**64, 10**20)]
+    assert all(1 <= m < SEED_LIMIT for m in mapped)
+    assert len(set(mapped)) == len(mapped)  # distinct seeds stay distinct
+    assert runtime_seed(0) == runtime_seed(0)  # fixed, not random

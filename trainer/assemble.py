@@ -17,7 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from trainer.cluster import Cluster, choose_communication
-from trainer.config import lr_plan, monitor_mode
+from trainer.config import lr_plan, monitor_mode, runtime_seed
 from trainer.devices import DevicePlan
 from trainer.errors import ConfigError
 from trainer.scaling import BatchPlan, plan_batch, scaled_learning_rate, steps_per_epoch
@@ -150,8 +150,9 @@ def assemble(cfg: DictConfig, plan: DevicePlan, cluster: Cluster | None = None) 
         strategy = build_strategy(strategy_name, plan.names, cross)
     batch = plan_batch(cfg.batch.per_replica, cfg.batch.global_size,
                        strategy.num_replicas_in_sync)
-    if cfg.seed is not None:
-        keras.utils.set_random_seed(cfg.seed)
+    seed = runtime_seed(cfg.seed)
+    if seed is not None:
+        keras.utils.set_random_seed(seed)
     loss = build_loss(cfg.loss)
     with strategy.scope():
         data = build_data(cfg, batch.global_size, strategy.num_replicas_in_sync)
@@ -206,11 +207,12 @@ def build_data(cfg: DictConfig, global_batch: int, replicas: int) -> Data:
 
     options = OmegaConf.to_container(cfg.dataset, resolve=True)
     pipeline = {key: options.pop(key) for key in PIPELINE_KEYS if key in options}
-    source = build_object(options, "dataset", seed=cfg.seed)
+    seed = runtime_seed(cfg.seed)
+    source = build_object(options, "dataset", seed=seed)
     if not isinstance(source, Source):
         raise ConfigError(f"dataset {options['_target_']} must return a trainer.data.Source "
                           f"(Source.from_arrays for arrays); received: {type(source).__name__}")
-    common = dict(preprocess=source.preprocess, scale=source.scale, seed=cfg.seed,
+    common = dict(preprocess=source.preprocess, scale=source.scale, seed=seed,
                   replicas=replicas, **pipeline)
 
     def make_train(first_epoch: int, epochs: int, skip_steps: int):

@@ -210,6 +210,34 @@ def _positive_int(name: str, value: Any) -> None:
     _require(ok, f"{name} must be a positive integer; received: {value!r}")
 
 
+# Seeds every library takes as they are: TensorFlow treats a global seed of 0 specially (a
+# per-epoch shuffle seed then fails in graph mode: OperatorNotAllowedInGraphError), NumPy
+# refuses negative seeds and everything refuses seeds past 64 bits.
+SEED_LIMIT = 2**31 - 1
+
+
+def runtime_seed(seed: int | None) -> int | None:
+    """The seed handed to Keras, TensorFlow, NumPy and the data order, for any integer.
+
+    Seeds from 1 to 2**31 - 2 are used as they are; any other integer (0, negative, huge)
+    maps to one in that range by a fixed hash, so every seed trains and is reproducible.
+
+    Args:
+        seed: the config's `seed`; None for no seeding.
+
+    Returns:
+        An int in [1, 2**31 - 2], or None.
+    """
+    if seed is None:
+        return None
+    if 0 < seed < SEED_LIMIT:
+        return seed
+    import hashlib
+
+    digest = hashlib.sha256(str(int(seed)).encode()).hexdigest()
+    return int(digest, 16) % (SEED_LIMIT - 1) + 1
+
+
 def parse_devices(value: Any) -> str | int | tuple[int, ...]:
     """Normalises the `devices` option.
 
