@@ -146,7 +146,8 @@ def test_two_workers_train_like_one(tmp_path, launches, tiny_config):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["workers"] == 2 and summary["replicas"] == 2
     assert summary["strategy"] == "multi_worker" and summary["loop"] == "custom"
-    assert summary["batch"] == {"per_replica": 32, "global": 64, "drop_remainder": False}
+    assert summary["batch"] == {"per_replica": 32, "replicas": 2, "accumulate": 1, "global": 64,
+                                "max_per_replica": None, "drop_remainder": False}
     assert summary["cluster"]["source"] == "TF_CONFIG" and summary["cluster"]["task_id"] == 0
     assert any("keras-team/keras#20585" in r for r in summary["speed_reasons"])
     assert "[worker 1] worker 1 of 2 finished" in launch.output

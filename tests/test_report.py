@@ -23,6 +23,10 @@ def test_speedup_and_efficiency():
     assert [r["speed-up"] for r in rows] == pytest.approx([1.0, 1.8, 3.0])
     assert [r["efficiency"] for r in rows] == pytest.approx([1.0, 0.9, 0.75])
     assert rows[2]["global batch"] == 256 and rows[2]["devices"] == "/cpu:0,/cpu:1,/cpu:2,/cpu:3"
+    accumulated = fake_summary(1, 90.0)
+    accumulated["batch"] = {"per_replica": 16, "accumulate": 4, "global": 64}
+    row = scaling_rows([accumulated])[0]
+    assert (row["micro-batch"], row["accumulate"], row["global batch"]) == (16, 4, 64)
 
 
 def test_report_of_a_real_sweep(tmp_path):
@@ -40,6 +44,8 @@ def test_report_of_a_real_sweep(tmp_path):
         cells = dict(zip(COLUMNS, [c.strip("| ") for c in row], strict=True))
         assert int(cells["replicas"]) == summary["replicas"]
         assert int(cells["global batch"]) == summary["batch"]["global"]
+        assert int(cells["micro-batch"]) == summary["batch"]["per_replica"] == 64
+        assert int(cells["accumulate"]) == summary["batch"]["accumulate"] == 1
         assert float(cells["examples/s"]) == pytest.approx(summary["examples_per_sec"], rel=1e-2)
         assert float(cells["val accuracy"]) == pytest.approx(
             summary["validation_metrics"]["accuracy"], rel=1e-3)

@@ -28,8 +28,54 @@ def test_global_size_is_strong_scaling():
 
 
 def test_global_size_must_divide_evenly():
-    with pytest.raises(ConfigError, match="batch.global_size=100 does not divide evenly over 3"):
+    with pytest.raises(ConfigError, match="batch.global_size=100 does not split into 3 replicas "
+                                          "x 1 micro-batches; use a multiple of 3: 99 or 102"):
         plan_batch(None, 100, 3)
+
+
+def test_accumulation_multiplies_the_global_batch_of_per_replica():
+    assert plan_batch(32, None, 2, accumulate=4) == BatchPlan(32, 256, 2, 4)
+    assert plan_batch(32, None, 2, accumulate=4).shards == 8
+    assert plan_batch(32, None, 2, accumulate="auto", max_per_replica=32) == BatchPlan(32, 64, 2)
+
+
+def test_accumulation_splits_a_global_size():
+    assert plan_batch(None, 128, 1, accumulate=4) == BatchPlan(32, 128, 1, 4)
+    assert plan_batch(None, 128, 2, accumulate=2) == BatchPlan(32, 128, 2, 2)
+    assert plan_batch(None, 128, 4, accumulate=1) == BatchPlan(32, 128, 4, 1)
+
+
+@pytest.mark.parametrize("global_size, replicas, cap, expected", [
+    (2048, 8, 256, BatchPlan(256, 2048, 8, 1)),   # fits: no accumulation
+    (2048, 2, 256, BatchPlan(256, 2048, 2, 4)),   # the same recipe on 2 devices
+    (2048, 2, 300, BatchPlan(256, 2048, 2, 4)),   # 512 > 300, 341.3 is not whole, 256 is
+    (96, 2, 20, BatchPlan(16, 96, 2, 3)),         # smallest N: 48 -> 24 -> 16
+    (96, 3, 5, BatchPlan(4, 96, 3, 8)),           # 32 per replica: 16, 8 too big; 32/8 = 4
+    (7, 7, 1, BatchPlan(1, 7, 7, 1)),
+    (126, 2, 1, BatchPlan(1, 126, 2, 63)),        # a prime split still has micro-batch 1
+    (128, 4, None, BatchPlan(32, 128, 4, 1)),     # auto without a cap: no accumulation
+])
+def test_accumulate_auto_picks_the_smallest_whole_split(global_size, replicas, cap, expected):
+    assert plan_batch(None, global_size, replicas, "auto", cap) == expected
+
+
+def test_accumulate_auto_without_a_whole_split_names_the_nearest_sizes():
+    with pytest.raises(ConfigError, match=r"batch.global_size=2050 has no whole split over 8 "
+                                          r"replicas; the nearest valid global sizes are 2048 "
+                                          r"or 2056"):
+        plan_batch(None, 2050, 8, "auto", 256)
+    with pytest.raises(ConfigError, match="nearest valid global sizes are 3$"):
+        plan_batch(None, 2, 3, "auto", 4)
+
+
+def test_explicit_accumulation_checks_the_cap_and_the_split():
+    with pytest.raises(ConfigError, match="64 per replica, above batch.max_per_replica=32; "
+                                          "use batch.accumulate=auto"):
+        plan_batch(None, 256, 2, 2, 32)
+    with pytest.raises(ConfigError, match="use a multiple of 12: 96 or 108"):
+        plan_batch(None, 100, 3, 4)
+    with pytest.raises(ConfigError, match="batch.per_replica=64 is above batch.max_per_replica=32"):
+        plan_batch(64, None, 2, "auto", 32)
 
 
 @pytest.mark.parametrize("per_replica, global_size", [(None, None), (32, 128)])

@@ -149,13 +149,23 @@ def assemble(cfg: DictConfig, plan: DevicePlan, cluster: Cluster | None = None) 
                                         _nccl_available(plan.kind))
         strategy = build_strategy(strategy_name, plan.names, cross)
     batch = plan_batch(cfg.batch.per_replica, cfg.batch.global_size,
-                       strategy.num_replicas_in_sync)
+                       strategy.num_replicas_in_sync, cfg.batch.accumulate,
+                       cfg.batch.max_per_replica)
+    if batch.accumulate > 1 and loop == "fit" and speed.jit_compile is not False:
+        # XLA compiles fit's whole step, and the micro-batch loop's slices have shapes it
+        # cannot fix; the custom loop compiles each micro-batch's gradients instead.
+        if speed.jit_compile is True:
+            raise ConfigError("jit_compile=true with batch.accumulate>1 needs loop=custom "
+                              "(fit's whole step cannot be XLA-compiled around the "
+                              "micro-batch loop); received: loop=fit")
+        speed = replace(speed, jit_compile=False, reasons=(*speed.reasons, ACCUMULATE_JIT))
     seed = runtime_seed(cfg.seed)
     if seed is not None:
         keras.utils.set_random_seed(seed)
     loss = build_loss(cfg.loss)
     with strategy.scope():
-        data = build_data(cfg, batch.global_size, strategy.num_replicas_in_sync)
+        data = build_data(cfg, batch.global_size, batch.shards,
+                          batch.per_replica * batch.replicas, batch.replicas)
         source = data.source
         steps = steps_per_epoch(source.train_size, batch.global_size, cfg.batch.drop_remainder)
         lr = learning_rate(cfg.optimizer, batch.global_size, steps, cfg.epochs)
@@ -173,11 +183,20 @@ def assemble(cfg: DictConfig, plan: DevicePlan, cluster: Cluster | None = None) 
         model.compile(optimizer=build_optimizer(cfg.optimizer, lr.schedule), loss=loss,
                       metrics=compiled, steps_per_execution=speed.steps_per_execution,
                       jit_compile=speed.jit_compile)
+        if batch.accumulate > 1 and loop == "fit":
+            from trainer.accumulate import accumulating_train_step
+
+            model.train_step = accumulating_train_step(model, batch.accumulate)
     return Run(strategy=strategy, strategy_name=strategy_name, cross_device_ops=cross,
                loop=loop, cluster=cluster, batch=batch, steps=steps, lr=lr, model=model,
                speed=speed, data=data, loss=loss, metrics=metrics,
                metric_names=tuple(m.name for m in compiled),
                metric_directions=directions(compiled))
+
+
+ACCUMULATE_JIT = ("jit_compile=false: with batch.accumulate>1 fit's step loops over "
+                  "micro-batches, which XLA cannot compile whole (loop=custom compiles each "
+                  "micro-batch)")
 
 
 def _multi_worker_strategy(cfg: DictConfig, plan: DevicePlan, cluster: Cluster):
@@ -200,8 +219,15 @@ def _nccl_available(kind: str) -> bool:
     return kind == "gpu" and nccl_available()
 
 
-def build_data(cfg: DictConfig, global_batch: int, replicas: int) -> Data:
-    """Loads the dataset the config names, with its training epochs and validation batches."""
+def build_data(cfg: DictConfig, global_batch: int, shards: int,
+               eval_batch: int | None = None, replicas: int = 1) -> Data:
+    """Loads the dataset the config names, with its training epochs and validation batches.
+
+    `shards` (replicas x micro-batches) keeps every shard of a last partial batch non-empty;
+    validation batches hold `eval_batch` examples over `replicas` (one micro-batch per
+    replica: evaluation does not accumulate, and must fit the same memory), `global_batch`
+    over `shards` when None.
+    """
     from trainer.data.pipeline import Source, build_pipeline, build_training_epochs
     from trainer.task import build_object
 
@@ -212,17 +238,17 @@ def build_data(cfg: DictConfig, global_batch: int, replicas: int) -> Data:
     if not isinstance(source, Source):
         raise ConfigError(f"dataset {options['_target_']} must return a trainer.data.Source "
                           f"(Source.from_arrays for arrays); received: {type(source).__name__}")
-    common = dict(preprocess=source.preprocess, scale=source.scale, seed=seed,
-                  replicas=replicas, **pipeline)
+    common = dict(preprocess=source.preprocess, scale=source.scale, seed=seed, **pipeline)
 
     def make_train(first_epoch: int, epochs: int, skip_steps: int):
         return build_training_epochs(source.train, global_batch, first_epoch=first_epoch,
                                      epochs=epochs, skip_steps=skip_steps,
                                      drop_remainder=cfg.batch.drop_remainder,
-                                     examples=source.train_size, **common)
+                                     examples=source.train_size, replicas=shards, **common)
 
-    validation = build_pipeline(source.validation, global_batch, training=False,
-                                examples=source.validation_size, **common)
+    validation = build_pipeline(source.validation, eval_batch or global_batch, training=False,
+                                examples=source.validation_size,
+                                replicas=shards if eval_batch is None else replicas, **common)
     return Data(source=source, make_train=make_train, validation=validation)
 
 

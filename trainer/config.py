@@ -35,6 +35,10 @@ class BatchConfig:
     per_replica: int | None = None
     global_size: int | None = None
     drop_remainder: bool = False
+    # micro-batches whose gradients are summed into one optimizer step (auto: from
+    # max_per_replica), and the most examples one replica may take at once
+    accumulate: Any = 1
+    max_per_replica: int | None = None
 
 
 @dataclass
@@ -289,6 +293,13 @@ def validate(cfg: DictConfig) -> None:
              f"per_replica={per_replica}, global_size={global_size}")
     name = "batch.per_replica" if per_replica is not None else "batch.global_size"
     _positive_int(name, per_replica if per_replica is not None else global_size)
+    accumulate, cap = cfg.batch.accumulate, cfg.batch.max_per_replica
+    if accumulate != "auto":
+        _require(isinstance(accumulate, int) and not isinstance(accumulate, bool)
+                 and accumulate > 0, "batch.accumulate must be a positive integer or auto; "
+                 f"received: {accumulate!r}")
+    if cap is not None:
+        _positive_int("batch.max_per_replica", cap)
     _validate_optimizer(cfg.optimizer)
     _validate_task(cfg)
     _one_of("checkpoint.mode", cfg.checkpoint.mode, ("auto", "min", "max"))

@@ -6,7 +6,9 @@ whole global batch (`tf.nn.compute_average_loss`), and regularisation losses are
 the replicas (`tf.nn.scale_regularization_loss`); the optimizer then sums the gradients of
 all replicas, which gives exactly the gradient of the mean loss over the global batch. The
 global batch is counted, not assumed, so a last partial batch, split unevenly over the
-replicas, is weighted right too. Metrics live in variables summed across replicas.
+replicas, is weighted right too. Metrics live in variables summed across replicas. With
+`accumulate` N > 1 each replica sums the gradients of N micro-batches (`trainer.accumulate`)
+before the one all-reduce of the step; the loss is still divided by the whole step's count.
 """
 
 from __future__ import annotations
@@ -33,15 +35,17 @@ class CustomLoop:
             sparse categorical cross-entropy.
         metrics: makes fresh metric objects (called inside the strategy's scope); None for
             accuracy over sparse labels.
+        accumulate: micro-batches per replica whose gradients make one optimizer step.
     """
 
     def __init__(self, model: keras.Model, strategy: tf.distribute.Strategy,
                  steps_per_execution: int = 1, jit_compile: bool = False,
                  loss: keras.losses.Loss | None = None,
-                 metrics: Callable[[], list] | None = None) -> None:
+                 metrics: Callable[[], list] | None = None, accumulate: int = 1) -> None:
         from trainer.task import per_example
 
         self.model = model
+        self.accumulate = accumulate
         self.strategy = strategy
         self.steps_per_execution = steps_per_execution
         self.per_example_loss = per_example(
@@ -71,14 +75,19 @@ class CustomLoop:
     def _regularization(self) -> tf.Tensor:
         return tf.add_n(self.model.losses) if self.model.losses else tf.constant(0.0)
 
-    def _gradients(self, images: tf.Tensor, labels: tf.Tensor, global_batch: tf.Tensor):
-        """Forward and backward pass of one replica; no collectives, so XLA can compile it."""
+    def _gradients(self, images: tf.Tensor, labels: tf.Tensor, global_batch: tf.Tensor,
+                   share: tf.Tensor | float = 1.0):
+        """Forward and backward pass of one replica; no collectives, so XLA can compile it.
+
+        `share` is the micro-batch's part of the replica's batch: the regularisation loss,
+        counted once per step, is spread over the micro-batches by it.
+        """
         with tf.GradientTape() as tape:
             predictions = self.model(images, training=True)
             per_example = self._per_example(labels, predictions)
             regularization = self._regularization()
             loss = (self.average_loss(per_example, global_batch)
-                    + tf.nn.scale_regularization_loss(regularization))
+                    + tf.nn.scale_regularization_loss(regularization) * share)
             # Identity unless mixed_float16 wrapped the optimizer in a LossScaleOptimizer,
             # which unscales the gradients again in apply_gradients.
             scaled = self.model.optimizer.scale_loss(loss)
@@ -94,10 +103,29 @@ class CustomLoop:
 
     def _train_step(self, images: tf.Tensor, labels: tf.Tensor) -> None:
         global_batch = self._global_batch(labels)
-        gradients, predictions, losses = self._replica_gradients(images, labels, global_batch)
         variables = self.model.trainable_variables
+        if self.accumulate == 1:
+            gradients, predictions, losses = self._replica_gradients(images, labels,
+                                                                     global_batch)
+            self._update_metrics(labels, predictions, losses)
+        else:
+            gradients = self._accumulated_gradients(images, labels, global_batch)
         self.model.optimizer.apply_gradients(zip(gradients, variables, strict=True))
-        self._update_metrics(labels, predictions, losses)
+
+    def _accumulated_gradients(self, images, labels, global_batch) -> list:
+        from trainer.accumulate import accumulate, batch_size
+
+        total = tf.cast(batch_size(labels), tf.float32)
+
+        def gradients_of(part, count):
+            x, y = part
+            gradients, predictions, losses = self._replica_gradients(
+                x, y, global_batch, tf.cast(count, tf.float32) / total)
+            self._update_metrics(y, predictions, losses)
+            return gradients
+
+        return accumulate(self.accumulate, (images, labels), gradients_of,
+                          self.model.trainable_variables)
 
     def _update_metrics(self, labels, predictions, per_example_loss) -> None:
         self.loss_metric.update_state(per_example_loss)

@@ -13,7 +13,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
-COLUMNS = ("devices", "replicas", "global batch", "scaled lr", "time (s)", "first step (s)",
+COLUMNS = ("devices", "replicas", "micro-batch", "accumulate", "global batch", "scaled lr", "time (s)", "first step (s)",
            "examples/s", "speed-up", "efficiency", "val accuracy")
 
 
@@ -36,6 +36,8 @@ def scaling_rows(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         speedup = rate / base_rate if rate and base_rate else None
         rows.append({
             "devices": ",".join(s["devices"]), "replicas": s["replicas"],
+            "micro-batch": s["batch"].get("per_replica"),
+            "accumulate": s["batch"].get("accumulate", 1),
             "global batch": s["batch"]["global"], "scaled lr": s["learning_rate"]["scaled"],
             "time (s)": s["time"]["wall_s"], "first step (s)": s["time"]["first_step_s"],
             "examples/s": rate, "speed-up": speedup,

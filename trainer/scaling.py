@@ -10,20 +10,43 @@ from trainer.errors import ConfigError
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """Batch sizes of a run: each replica gets `per_replica`, one step sees `global_size`."""
+    """Batch sizes of a run.
+
+    Each replica computes gradients on micro-batches of `per_replica` examples, sums those
+    of `accumulate` micro-batches, and the replicas' sums are all-reduced once into one
+    optimizer step over `global_size = per_replica * replicas * accumulate` examples.
+    """
 
     per_replica: int
     global_size: int
     replicas: int
+    accumulate: int = 1
+
+    @property
+    def shards(self) -> int:
+        """Micro-batches one global batch is cut into: replicas x accumulate."""
+        return self.replicas * self.accumulate
 
 
-def plan_batch(per_replica: int | None, global_size: int | None, replicas: int) -> BatchPlan:
-    """Resolves the batch sizes from exactly one of the two options.
+def _multiples_near(value: int, step: int) -> str:
+    low = value // step * step
+    near = [n for n in (low, low + step) if n > 0]
+    return " or ".join(str(n) for n in near)
+
+
+def plan_batch(per_replica: int | None, global_size: int | None, replicas: int,
+               accumulate: int | str = 1, max_per_replica: int | None = None) -> BatchPlan:
+    """Resolves the batch sizes from exactly one of `per_replica` and `global_size`.
 
     Args:
-        per_replica: examples per replica (weak scaling: the global batch grows with replicas).
-        global_size: examples per step over all replicas (strong scaling: it is split).
+        per_replica: examples per replica and micro-batch (weak scaling: the global batch
+            grows with replicas and accumulation).
+        global_size: examples per optimizer step over all replicas (strong scaling: split
+            into replicas x accumulate micro-batches).
         replicas: replicas in sync.
+        accumulate: micro-batches per optimizer step, or `auto`: the smallest count that
+            keeps a micro-batch within `max_per_replica` (1 without a cap).
+        max_per_replica: the most examples a replica may take at once; None for no cap.
 
     Returns:
         A `BatchPlan`.
@@ -31,13 +54,34 @@ def plan_batch(per_replica: int | None, global_size: int | None, replicas: int) 
     if (per_replica is None) == (global_size is None):
         raise ConfigError("set exactly one of batch.per_replica and batch.global_size; "
                           f"received: per_replica={per_replica}, global_size={global_size}")
+    cap = max_per_replica
     if per_replica is not None:
-        return BatchPlan(per_replica, per_replica * replicas, replicas)
+        if cap is not None and per_replica > cap:
+            raise ConfigError(f"batch.per_replica={per_replica} is above batch.max_per_replica="
+                              f"{cap}; use batch.per_replica<={cap} with batch.accumulate, or "
+                              "batch.global_size with batch.accumulate=auto")
+        n = 1 if accumulate == "auto" else accumulate
+        return BatchPlan(per_replica, per_replica * replicas * n, replicas, n)
+    if accumulate != "auto":
+        shards = replicas * accumulate
+        if global_size % shards:
+            raise ConfigError(f"batch.global_size={global_size} does not split into {replicas} "
+                              f"replicas x {accumulate} micro-batches; use a multiple of "
+                              f"{shards}: {_multiples_near(global_size, shards)}")
+        micro = global_size // shards
+        if cap is not None and micro > cap:
+            raise ConfigError(f"batch.global_size={global_size} over {replicas} replicas x "
+                              f"{accumulate} micro-batches is {micro} per replica, above "
+                              f"batch.max_per_replica={cap}; use batch.accumulate=auto")
+        return BatchPlan(micro, global_size, replicas, accumulate)
     if global_size % replicas:
-        raise ConfigError(f"batch.global_size={global_size} does not divide evenly over "
-                          f"{replicas} replicas; use a multiple of {replicas}, "
-                          "or batch.per_replica")
-    return BatchPlan(global_size // replicas, global_size, replicas)
+        raise ConfigError(f"batch.global_size={global_size} has no whole split over {replicas} "
+                          f"replicas; the nearest valid global sizes are "
+                          f"{_multiples_near(global_size, replicas)}")
+    per_step = global_size // replicas
+    n = next(n for n in range(1, per_step + 1)
+             if per_step % n == 0 and (cap is None or per_step // n <= cap))
+    return BatchPlan(per_step // n, global_size, replicas, n)
 
 
 def scaled_learning_rate(lr: float, global_batch: int, reference_batch: int, rule: str) -> float:

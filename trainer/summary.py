@@ -66,7 +66,9 @@ def build_summary(cfg: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, ca
         "replicas": run.strategy.num_replicas_in_sync,
         "strategy": run.strategy_name,
         "cross_device_ops": run.cross_device_ops,
-        "batch": {"per_replica": run.batch.per_replica, "global": run.batch.global_size,
+        "batch": {"per_replica": run.batch.per_replica, "replicas": run.batch.replicas,
+                  "accumulate": run.batch.accumulate, "global": run.batch.global_size,
+                  "max_per_replica": cfg.batch.max_per_replica,
                   "drop_remainder": cfg.batch.drop_remainder},
         "learning_rate": run.lr.report(),
         "optimizer": type(run.model.optimizer).__name__,
@@ -112,6 +114,19 @@ def _epochs_row(summary: dict[str, Any]) -> str:
     return text
 
 
+def _micro_row(batch: dict[str, Any]) -> str:
+    cap = batch.get("max_per_replica")
+    return f"{batch['per_replica']}" + (f" (cap {cap})" if cap else "")
+
+
+def _global_row(batch: dict[str, Any]) -> str:
+    accumulate = batch.get("accumulate", 1)
+    if accumulate == 1:
+        return str(batch["global"])
+    return (f"{batch['global']} = {batch['per_replica']} x {batch['replicas']} replicas x "
+            f"{accumulate} micro-batches accumulated per optimizer step")
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"
@@ -129,8 +144,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("replicas", summary["replicas"] if summary.get("workers", 1) == 1 else
          f"{summary['replicas']} on {summary['workers']} workers"),
         ("strategy", f"{summary['strategy']} (cross-device ops: {summary['cross_device_ops']})"),
-        ("batch per replica", summary["batch"]["per_replica"]),
-        ("batch global", summary["batch"]["global"]),
+        ("batch per replica", _micro_row(summary["batch"])),
+        ("batch global", _global_row(summary["batch"])),
         ("learning rate", "{base:.6g} -> {scaled:.6g} ({rule}, reference batch "
                           "{reference_batch}, warm-up {warmup_steps} steps, decay {decay})"
          .format(**summary["learning_rate"])),

@@ -176,7 +176,7 @@ def _fit(cfg: DictConfig, run: Run, callbacks: Callbacks, start: tuple[int, int]
 
         loop = CustomLoop(model, run.strategy, run.speed.steps_per_execution,
                           jit_compile=run.speed.jit_compile is True, loss=run.loss,
-                          metrics=run.metrics)
+                          metrics=run.metrics, accumulate=run.batch.accumulate)
     backup, stopped_early = callbacks.backup, False
     for first, end, steps, dataset in _segments(cfg, run, start):
         kwargs = dict(initial_epoch=first, epochs=end, steps_per_epoch=steps,
