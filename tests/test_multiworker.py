@@ -165,6 +165,20 @@ def test_two_workers_train_like_one(tmp_path, launches, tiny_config):
         one["validation_metrics"]["accuracy"], abs=1e-6)
 
 
+def test_two_workers_accumulating_two_train_like_one_accumulating_four(tmp_path, launches,
+                                                                     tiny_config):
+    batch = ["batch.per_replica=null", "batch.global_size=64", "epochs=2", "optimizer.lr=0.01"]
+    run_dir = tmp_path / "run"
+    launch = launches(2, *COMMON, *batch, "batch.accumulate=2", f"hydra.run.dir={run_dir}")
+    assert launch.wait(timeout=300) == 0, launch.output[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["workers"] == 2 and summary["batch"]["accumulate"] == 2
+    assert summary["batch"]["per_replica"] == 16 and summary["batch"]["global"] == 64
+    expected = reference(tmp_path, tiny_config, "one", *batch, "batch.accumulate=4")
+    assert json.loads((expected / "summary.json").read_text())["batch"]["per_replica"] == 16
+    assert_same_weights(run_dir, expected, atol=1e-5)
+
+
 def test_killed_worker_stops_the_other_and_the_run_resumes(tmp_path, launches):
     run_dir = tmp_path / "run"
     args = [*COMMON, "epochs=3", "deterministic=true", "batch.per_replica=8",
@@ -249,7 +263,8 @@ def test_sigterm_to_one_worker_stops_all_at_one_step(tmp_path, launches):
     again = launches(2, *args)
     assert again.wait(timeout=300) == 0, again.output[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["resumed_from"] == {"epoch": 2, "step": int(newest.rsplit("-", 1)[1])}
+    assert summary["resumed_from"] == {"epoch": 2, "step": int(newest.rsplit("-", 1)[1]),
+                                       "changed": {}}
 
 
 def test_ctrl_c_stops_every_worker(tmp_path, launches):

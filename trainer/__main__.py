@@ -13,7 +13,7 @@ from typing import Any
 
 import hydra
 from hydra.errors import ConfigCompositionException, MissingConfigException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from trainer.config import config_dir, register_configs, validate
@@ -127,6 +127,7 @@ def main() -> None:
         sys.path.insert(0, os.getcwd())
     try:
         _refuse_finished_run_dir(sys.argv[1:])
+        _check_resume(sys.argv[1:])
         _hydra_main()
     except KNOWN_ERRORS as error:
         _exit_config_error(error)
@@ -142,6 +143,59 @@ def _refuse_finished_run_dir(args: list[str]) -> None:
     resume = any(a.startswith("resume=") and a != "resume=null" for a in args)
     if run_dirs and os.environ.get(CHILD_ENV) is None:
         refuse_finished_run(Path(run_dirs[-1]), resume)
+
+
+def compose_from_args(args: list[str]) -> DictConfig | None:
+    """The config (with its `hydra` node) these arguments would run, composed as Hydra
+    composes it but without running anything or writing anything; None for commands that
+    run no single job (`-m`, `--cfg`, `--help`, ...)."""
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path, get_args_parser
+    from hydra.core.config_search_path import SearchPathQuery
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    parsed = get_args_parser().parse_args(args)
+    if (parsed.multirun or parsed.cfg or parsed.help or parsed.hydra_help or parsed.info
+            or parsed.shell_completion or parsed.experimental_rerun):
+        return None
+    search = create_config_search_path(f"file://{config_dir()}")
+    if parsed.config_dir is not None:
+        search.prepend(provider="command-line",
+                       path=f"file://{os.path.abspath(parsed.config_dir)}",
+                       anchor=SearchPathQuery(provider="schema"))
+    try:
+        hydra_app = Hydra.create_main_hydra2(task_name="trainer", config_search_path=search)
+        return hydra_app.compose_config(parsed.config_name or "config", parsed.overrides,
+                                        run_mode=RunMode.RUN)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def _check_resume(args: list[str]) -> None:
+    """Refuses a resume with a changed config before Hydra rewrites the run's `.hydra/`."""
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from trainer.resume import check_resume, latest_state
+
+    if os.environ.get(CHILD_ENV) is not None:
+        return
+    cfg = compose_from_args(args)
+    if cfg is None:
+        return
+    run_dir = Path(cfg.resume if cfg.get("resume") else OmegaConf.select(cfg, "hydra.run.dir"))
+    state = latest_state(run_dir)
+    if state is None:
+        return
+    with open_dict(cfg):
+        del cfg["hydra"]
+    try:
+        new = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException:  # an interpolation only a running job resolves
+        new = OmegaConf.to_container(cfg, resolve=False)
+    check_resume(run_dir, state, new)
 
 
 def _exit_config_error(error: BaseException) -> None:

@@ -310,7 +310,10 @@ def build_callbacks(cfg: DictConfig, run: Run, run_dir: Path, started: float,
     user = build_user_callbacks(cfg.callbacks, run_dir, run.monitor_mode)
     checkpoints = run_dir / "checkpoints"
     checkpoints.mkdir(parents=True, exist_ok=True)
-    backup = Backup(BackupStore(run_dir / "backup"), cfg.checkpoint.backup_every,
+    meta = {"config": OmegaConf.to_container(cfg, resolve=True),
+            "global_batch": run.batch.global_size, "replicas": run.batch.replicas,
+            "accumulate": run.batch.accumulate}
+    backup = Backup(BackupStore(run_dir / "backup", meta=meta), cfg.checkpoint.backup_every,
                     cfg.checkpoint.nan_check_every, request, *start,
                     agree=stop_agreement(run.strategy) if run.workers > 1 else None)
     saved = [AtomicModelCheckpoint(str(checkpoints / "last.keras"))]

@@ -58,6 +58,7 @@ class ResumePoint:
     epoch: int
     step: int
     path: Path
+    state: dict
 
 
 class BackupStore:
@@ -66,11 +67,14 @@ class BackupStore:
     Args:
         directory: the run's `backup/` directory.
         keep: how many of the newest backups to keep.
+        meta: JSON-ready facts written into every backup's `state.json` (the run's config
+            and batch, which a resume is checked against: `trainer.resume`).
     """
 
-    def __init__(self, directory: Path, keep: int = 2) -> None:
+    def __init__(self, directory: Path, keep: int = 2, meta: dict | None = None) -> None:
         self.directory = Path(directory)
         self.keep = keep
+        self.meta = dict(meta or {})
 
     def save(self, model: keras.Model, epoch: int, step: int) -> Path:
         """Writes a backup of `model` at `epoch` (0-based) after `step` steps of it."""
@@ -79,7 +83,8 @@ class BackupStore:
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.directory))
         model.save_weights(tmp / WEIGHTS)
         np.savez(tmp / RNG, *[v.numpy() for v in _rng_states(model)])
-        (tmp / "state.json").write_text(json.dumps({"epoch": epoch, "step": step}))
+        state = {"epoch": epoch, "step": step, **self.meta}
+        (tmp / "state.json").write_text(json.dumps(state))
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -106,7 +111,7 @@ class BackupStore:
                 log.warning("backup %s does not load (%s); trying the one before",
                             path, str(error).splitlines()[0] if str(error) else error)
                 continue
-            return ResumePoint(int(state["epoch"]), int(state["step"]), path)
+            return ResumePoint(int(state["epoch"]), int(state["step"]), path, state)
         return None
 
 

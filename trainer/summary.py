@@ -37,7 +37,8 @@ def _loss_name(spec: Any) -> str:
 
 
 def build_summary(cfg: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, callbacks: Any,
-                  started: float, start: tuple[int, int]) -> dict[str, Any]:
+                  started: float, start: tuple[int, int],
+                  changes: dict[str, list] | None = None) -> dict[str, Any]:
     """Everything a finished run reports, as a JSON-ready dict.
 
     Args:
@@ -49,6 +50,7 @@ def build_summary(cfg: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, ca
         callbacks: the run's `trainer.assemble.Callbacks`.
         started: `time.perf_counter()` at the start.
         start: (epoch, step) the run resumed from.
+        changes: config keys a resume changed, `{key: [old, new]}`.
     """
     import keras
     import tensorflow as tf
@@ -89,7 +91,8 @@ def build_summary(cfg: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, ca
         "epochs_done": outcome.epochs_done,
         "stopped_early": ({"epoch": outcome.epochs_done, "of": cfg.epochs}
                           if outcome.stopped_early else None),
-        "resumed_from": {"epoch": start[0] + 1, "step": start[1]} if any(start) else None,
+        "resumed_from": ({"epoch": start[0] + 1, "step": start[1], "changed": changes or {}}
+                         if any(start) else None),
         "steps_per_epoch": run.steps,
         "train_examples": run.data.source.train_size,
         "validation_examples": run.data.source.validation_size,

@@ -95,7 +95,7 @@ def _run(cfg: DictConfig, plan: DevicePlan, run_dir: Path, extra: Sequence[Any],
          started: float, cluster: Cluster | None, wired: list) -> dict[str, Any]:
     """Builds, trains, evaluates and reports; `wired` receives the callbacks once built."""
     run = assemble(cfg, plan, cluster)
-    start = _resume_point(run, run_dir)
+    start, changes = _resume_point(cfg, run, run_dir)
     request = StopRequest()
     callbacks = build_callbacks(cfg, run, run_dir, started, start, request, tuple(extra))
     wired.append(callbacks)
@@ -110,7 +110,8 @@ def _run(cfg: DictConfig, plan: DevicePlan, run_dir: Path, extra: Sequence[Any],
                           "resume")
     from trainer.summary import build_summary
 
-    summary = build_summary(cfg, run, plan, run_dir, outcome, callbacks, started, start)
+    summary = build_summary(cfg, run, plan, run_dir, outcome, callbacks, started, start,
+                            changes)
     if cfg.export:
         run.model.export(str(run_dir / "saved_model"), verbose=False)
         summary["saved_model"] = str(run_dir / "saved_model")
@@ -130,8 +131,26 @@ def _run_dir(cfg: DictConfig, run_dir: str | Path | None) -> Path:
     return Path(run_dir) if run_dir is not None else _hydra_run_dir()
 
 
-def _resume_point(run: Run, run_dir: Path) -> tuple[int, int]:
-    """Restores the newest good backup; returns (epoch, step in epoch) to start from."""
+def _resume_point(cfg: DictConfig, run: Run, run_dir: Path) -> tuple[tuple[int, int], dict]:
+    """Restores the newest good backup.
+
+    Returns:
+        (epoch, step in epoch) to start from, and the config changes the resume accepted.
+
+    Raises:
+        ConfigError: the config or the global batch differs from the backup's in a way
+            that would train something else (`trainer.resume`).
+    """
+    from omegaconf import OmegaConf
+
+    from trainer.resume import check_global_batch, check_resume, latest_state
+
+    changes = {}
+    if run.is_chief:
+        state = latest_state(run_dir)
+        changes = check_resume(run_dir, state, OmegaConf.to_container(cfg, resolve=True))
+        check_global_batch(run_dir, state, run.batch.global_size, run.batch.replicas,
+                           run.batch.accumulate)
     model = run.model
     with run.strategy.scope():  # the optimizer's slots are distributed variables
         if not model.optimizer.built:
@@ -143,11 +162,11 @@ def _resume_point(run: Run, run_dir: Path) -> tuple[int, int]:
         # Only the chief keeps backups: every worker continues from the chief's.
         point = share_from_chief(run.strategy, model, point)
     if point is None:
-        return 0, 0
+        return (0, 0), {}
     log.warning("resuming from %s: epoch %d, step %d", point.path, point.epoch + 1, point.step)
     if point.step >= run.steps:
-        return point.epoch + 1, 0
-    return point.epoch, point.step
+        return (point.epoch + 1, 0), changes
+    return (point.epoch, point.step), changes
 
 
 def _segments(cfg: DictConfig, run: Run, start: tuple[int, int]) -> list:

@@ -1,0 +1,187 @@
+"""Resuming: on another device count at the same global batch, and never with a changed task.
+
+A run stopped mid-epoch on 4 replicas at a global batch of 128 continues on 2 (accumulating
+2 micro-batches) and ends with the weights of an uninterrupted 4-replica run. A rerun that
+would change what is trained (model, dataset, optimizer, seed, the global batch) is refused
+with one line, and leaves the run directory exactly as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+from tests.conftest import error_lines, run_cli
+from trainer.errors import ConfigError, Interrupted
+from trainer.evaluate import load_checkpoint
+from trainer.resume import check_global_batch, check_resume, flatten
+from trainer.train import train
+
+ELASTIC = ["optimizer=sgd", "optimizer.lr=0.05", "model.dropout=0.0", "deterministic=true",
+           "batch.per_replica=null", "batch.global_size=128", "accelerator=cpu", "epochs=2",
+           "loop=custom"]
+
+
+class SigtermAt(keras.callbacks.Callback):
+    """Sends this process SIGTERM after a given step of a given epoch, as a scheduler would."""
+
+    def __init__(self, epoch: int, step: int) -> None:
+        super().__init__()
+        self.at, self.epoch = (epoch, step), 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (self.epoch, batch + 1) == self.at:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_stopped_on_four_replicas_resumed_on_two_equals_an_uninterrupted_run(tiny_config,
+                                                                              tmp_path):
+    reference = tmp_path / "reference"
+    train(tiny_config(*ELASTIC, "devices=4"), run_dir=reference)
+    run_dir = tmp_path / "run"
+    with pytest.raises(Interrupted, match="at epoch 2"):
+        train(tiny_config(*ELASTIC, "devices=4"), run_dir=run_dir, callbacks=[SigtermAt(1, 5)])
+    newest = sorted(p.name for p in (run_dir / "backup").glob("ckpt-*"))[-1]
+    assert newest == "ckpt-000001-000000006"  # mid-epoch: the step after the signal
+
+    summary = train(tiny_config(*ELASTIC, "devices=2", "batch.accumulate=auto",
+                                "batch.max_per_replica=32"), run_dir=run_dir)
+    assert summary["replicas"] == 2
+    assert summary["batch"] == {"per_replica": 32, "replicas": 2, "accumulate": 2,
+                                "global": 128, "max_per_replica": 32, "drop_remainder": False}
+    assert summary["resumed_from"] == {"epoch": 2, "step": 6, "changed": {
+        "batch.accumulate": [1, "auto"], "batch.max_per_replica": [None, 32],
+        "devices": [4, 2]}}
+    expected = load_checkpoint(reference / "checkpoints" / "last.keras")
+    resumed = load_checkpoint(run_dir / "checkpoints" / "last.keras")
+    assert int(resumed.optimizer.iterations) == int(expected.optimizer.iterations) == 24
+    for a, b in zip(expected.get_weights(), resumed.get_weights(), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+
+
+def test_per_replica_on_other_devices_is_refused_in_code_too(tiny_config, tmp_path):
+    train(tiny_config("accelerator=cpu", "devices=2", "batch.per_replica=32"), run_dir=tmp_path)
+    with pytest.raises(ConfigError, match=r"devices from 2 to 4 under batch.per_replica: the "
+                                          r"global batch of 64 would change with the devices; "
+                                          r"pass batch.per_replica=null batch.global_size=64"):
+        train(tiny_config("accelerator=cpu", "devices=4", "batch.per_replica=32", "epochs=2",
+                          f"resume={tmp_path}"))
+
+
+def test_a_different_global_batch_found_at_run_time_is_refused():
+    state = {"epoch": 1, "step": 0, "global_batch": 128, "replicas": 2, "accumulate": 1}
+    check_global_batch(Path("run"), state, 128, 4, 1)
+    with pytest.raises(ConfigError, match=r"cannot resume run: it trained with a global batch "
+                                          r"of 128 \(2 replicas x 1 micro-batches\), this run's "
+                                          r"is 256 \(4 x 1\); pass batch.per_replica=null "
+                                          r"batch.global_size=128"):
+        check_global_batch(Path("run"), state, 256, 4, 1)
+
+
+def _state(**config):
+    base = {"model": {"_target_": "m.build", "dropout": 0.1}, "seed": 1, "epochs": 4,
+            "devices": 2, "batch": {"per_replica": 32, "global_size": None, "accumulate": 1},
+            "checkpoint": {"backup_every": 0}, "verbose": "auto"}
+    return {"epoch": 2, "step": 5, "global_batch": 64, "config": base}, base
+
+
+def _with(config, **changes):
+    flat = flatten(config)
+    flat.update(changes)
+    out: dict = {}
+    for key, value in flat.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def test_what_may_change_on_resume():
+    state, config = _state()
+    assert check_resume(Path("r"), state, config) == {}
+    free = _with(config, **{"epochs": 6, "verbose": 0, "checkpoint.backup_every": 10})
+    assert check_resume(Path("r"), state, free) == {
+        "checkpoint.backup_every": [0, 10], "epochs": [4, 6], "verbose": ["auto", 0]}
+    # the same global batch, now fixed, on other devices with accumulation
+    elastic = _with(config, **{"batch.per_replica": None, "batch.global_size": 64,
+                               "devices": 1, "batch.accumulate": 2})
+    assert set(check_resume(Path("r"), state, elastic)) == {
+        "batch.per_replica", "batch.global_size", "devices", "batch.accumulate"}
+
+
+@pytest.mark.parametrize("changes, named", [
+    ({"model._target_": "other.build"}, "model._target_ from 'm.build' to 'other.build'"),
+    ({"model.dropout": 0.2}, "model.dropout from 0.1 to 0.2"),
+    ({"seed": 2}, "seed from 1 to 2"),
+    ({"batch.per_replica": 16}, "batch.per_replica from 32 to 16"),
+    ({"batch.per_replica": None, "batch.global_size": 128},
+     "batch.global_size from None to 128"),
+    ({"optimizer.lr": 0.1}, "optimizer.lr from None to 0.1"),
+])
+def test_what_is_refused_on_resume(changes, named):
+    state, config = _state()
+    with pytest.raises(ConfigError, match="cannot resume r with a changed config") as error:
+        check_resume(Path("r"), state, _with(config, **changes))
+    assert named in str(error.value)
+
+
+def test_fewer_epochs_than_reached_is_refused():
+    state, config = _state()  # stopped in the third epoch
+    check_resume(Path("r"), state, _with(config, epochs=3))
+    with pytest.raises(ConfigError, match="it has reached epoch 3, and epochs=2 is fewer; "
+                                          "pass epochs>=3"):
+        check_resume(Path("r"), state, _with(config, epochs=2))
+
+
+def _digest(run_dir: Path) -> dict[str, str]:
+    files = [p for p in sorted(run_dir.rglob("*")) if p.is_file()]
+    return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in files}
+
+
+BASE = ["dataset.image_size=8", "tensorboard=false", "verbose=0", "epochs=1"]
+
+
+@pytest.mark.parametrize("change, key", [
+    ("model=cifar10_cnn", "model._target_ from 'trainer.models.cnn.build' to "
+                          "'trainer.models.cifar10_cnn.build'"),
+    ("dataset=synthetic", "dataset._target_ from 'trainer.data.digits.load' to "
+                          "'trainer.data.synthetic.load'"),
+    ("optimizer=sgd", "optimizer._target_ from 'keras.optimizers.Adam' to "
+                      "'keras.optimizers.SGD'"),
+    ("seed=7", "seed from 42 to 7"),
+    ("accelerator=cpu devices=2", "devices from 'auto' to 2 under batch.per_replica"),
+])
+def test_a_changed_resume_on_the_command_line_leaves_the_run_untouched(tmp_path, change, key,
+                                                                       finished_run):
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    before = _digest(run_dir)
+    assert any(name.startswith(".hydra/") for name in before)
+    assert any(name.startswith("backup/") for name in before)
+    out = run_cli(*BASE, *change.split(), "epochs=2", f"hydra.run.dir={run_dir}",
+                  f"resume={run_dir}", cwd=tmp_path, timeout=120)
+    lines = error_lines(out.stderr)
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
+    assert lines[0].startswith(f"error: cannot resume {run_dir}") and key in lines[0], lines
+    assert _digest(run_dir) == before
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    out = run_cli(*BASE, f"hydra.run.dir={run_dir}", cwd=run_dir.parent, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return run_dir
