@@ -169,8 +169,8 @@ def test_a_configured_run_on_any_split_ends_with_the_same_weights(tiny_config, t
     from trainer.evaluate import load_checkpoint
     from trainer.train import train
 
-    # Keras's fit weights an uneven last batch per replica (README, "the last batch"), with or
-    # without accumulation; the custom loop weights it by the global count.
+    # Keras's fit weights an uneven last batch per replica (README, "Two training loops"),
+    # with or without accumulation; the custom loop weights it by the global count.
     drop = f"batch.drop_remainder={loop == 'fit'}"
     results = {}
     for replicas, accumulate in SPLITS:

@@ -146,7 +146,8 @@ def test_fewer_epochs_than_reached_is_refused():
 
 
 def _digest(run_dir: Path) -> dict[str, str]:
-    files = [p for p in sorted(run_dir.rglob("*")) if p.is_file()]
+    """Every file's hash but the lock's (which holds the last holder's pid)."""
+    files = [p for p in sorted(run_dir.rglob("*")) if p.is_file() and p.name != ".lock"]
     return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in files}
 
@@ -185,3 +186,76 @@ def finished_run(tmp_path_factory):
     out = run_cli(*BASE, f"hydra.run.dir={run_dir}", cwd=run_dir.parent, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     return run_dir
+
+
+def test_resume_of_a_directory_that_is_not_a_run_is_refused(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = run_cli(*BASE, f"resume={empty}", f"hydra.run.dir={empty}", cwd=tmp_path, timeout=120)
+    lines = error_lines(out.stderr)
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
+    assert lines[0] == (f"error: resume={empty} is not a run directory (no backup/, "
+                        "checkpoints/ or summary.json in it); pass the directory of an earlier "
+                        "run")
+    assert list(empty.iterdir()) == []
+
+
+def test_resume_into_another_finished_run_directory_is_refused(tmp_path, finished_run):
+    other = tmp_path / "other"
+    shutil.copytree(finished_run, other)
+    before = _digest(other)
+    out = run_cli(*BASE, "epochs=2", f"resume={finished_run}", f"hydra.run.dir={other}",
+                  cwd=tmp_path, timeout=120)
+    lines = error_lines(out.stderr)
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
+    assert lines[0].startswith(f"error: hydra.run.dir={other} holds another finished run")
+    assert _digest(other) == before
+
+
+def test_unloadable_backups_are_refused_not_replaced(tmp_path, finished_run):
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    for weights in (run_dir / "backup").glob("ckpt-*/model.weights.h5"):
+        weights.write_bytes(b"not an h5 file")
+    before = _digest(run_dir)
+    out = run_cli(*BASE, "epochs=2", f"resume={run_dir}", f"hydra.run.dir={tmp_path / 'logs'}",
+                  cwd=tmp_path, timeout=300)
+    lines = error_lines(out.stderr)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert lines[-1].startswith(f"error: no backup in {run_dir / 'backup'} loads into this "
+                                "model (ckpt-000001-000000000: "), lines
+    assert "move the directory away, or choose a new run directory" in lines[-1]
+    assert _digest(run_dir) == before
+
+
+def test_a_second_run_in_a_busy_run_directory_is_refused(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    first = subprocess.Popen([sys.executable, "-m", "trainer", *BASE, "epochs=5",
+                              "batch.per_replica=8", f"hydra.run.dir={run_dir}"], cwd=tmp_path,
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while not (run_dir / "checkpoints").is_dir():
+            assert first.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        before = _digest(run_dir / ".hydra")
+        out = run_cli(*BASE, "epochs=5", "batch.per_replica=8", f"hydra.run.dir={run_dir}",
+                      cwd=tmp_path, timeout=120)
+        lines = error_lines(out.stderr)
+        assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
+        assert lines[0] == (f"error: run directory {run_dir} is in use by another run (pid "
+                            f"{first.pid}); wait for it to end, or choose another "
+                            "hydra.run.dir")
+        assert _digest(run_dir / ".hydra") == before
+    finally:
+        first.kill()
+        first.wait(timeout=30)
+    # The killed holder's lock went with it: the same command now resumes.
+    from trainer.lock import check_unlocked
+
+    check_unlocked(run_dir)

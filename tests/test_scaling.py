@@ -28,8 +28,8 @@ def test_global_size_is_strong_scaling():
 
 
 def test_global_size_must_divide_evenly():
-    with pytest.raises(ConfigError, match="batch.global_size=100 does not split into 3 replicas "
-                                          "x 1 micro-batches; use a multiple of 3: 99 or 102"):
+    with pytest.raises(ConfigError, match="batch.global_size=100 does not divide evenly over 3 "
+                                          "replicas; use a multiple of 3: 99 or 102"):
         plan_batch(None, 100, 3)
 
 
@@ -72,7 +72,8 @@ def test_explicit_accumulation_checks_the_cap_and_the_split():
     with pytest.raises(ConfigError, match="64 per replica, above batch.max_per_replica=32; "
                                           "use batch.accumulate=auto"):
         plan_batch(None, 256, 2, 2, 32)
-    with pytest.raises(ConfigError, match="use a multiple of 12: 96 or 108"):
+    with pytest.raises(ConfigError, match="over 3 replicas x 4 micro-batches; use a multiple of "
+                                          "12: 96 or 108"):
         plan_batch(None, 100, 3, 4)
     with pytest.raises(ConfigError, match="batch.per_replica=64 is above batch.max_per_replica=32"):
         plan_batch(64, None, 2, "auto", 32)

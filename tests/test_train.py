@@ -41,7 +41,8 @@ def test_strong_scaling_splits_the_global_batch(tiny_config, tmp_path):
     cfg = tiny_config("accelerator=cpu", "devices=4", "batch.per_replica=null",
                       "batch.global_size=128")
     summary = train(cfg, run_dir=tmp_path)
-    assert summary["batch"] == {"per_replica": 32, "global": 128, "drop_remainder": False}
+    assert summary["batch"] == {"per_replica": 32, "replicas": 4, "accumulate": 1, "global": 128,
+                                "max_per_replica": None, "drop_remainder": False}
     assert summary["learning_rate"]["scaled"] == pytest.approx(0.001 * 128 / 64)
     assert summary["cross_device_ops"] == "collective"
 

@@ -173,19 +173,24 @@ def compose_from_args(args: list[str]) -> DictConfig | None:
 
 
 def _check_resume(args: list[str]) -> None:
-    """Refuses a resume with a changed config before Hydra rewrites the run's `.hydra/`."""
+    """Before Hydra writes `.hydra/` and its log into the run directory: refuses a directory
+    another run holds, a `resume=` that is not a run, and a resume with a changed config."""
     from pathlib import Path
 
     from omegaconf import OmegaConf
 
-    from trainer.resume import check_resume, latest_state
+    from trainer.lock import check_unlocked
+    from trainer.resume import check_resume, check_resume_target, latest_state
 
     if os.environ.get(CHILD_ENV) is not None:
         return
     cfg = compose_from_args(args)
     if cfg is None:
         return
-    run_dir = Path(cfg.resume if cfg.get("resume") else OmegaConf.select(cfg, "hydra.run.dir"))
+    logs = OmegaConf.select(cfg, "hydra.run.dir")
+    check_resume_target(cfg.get("resume"), logs)
+    run_dir = Path(cfg.resume if cfg.get("resume") else logs)
+    check_unlocked(run_dir)
     state = latest_state(run_dir)
     if state is None:
         return

@@ -26,7 +26,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from trainer.errors import Diverged
+from trainer.errors import ConfigError, Diverged
 
 log = logging.getLogger(__name__)
 
@@ -99,19 +99,30 @@ class BackupStore:
         return sorted(self.directory.glob("ckpt-*"), reverse=True)
 
     def restore(self, model: keras.Model) -> ResumePoint | None:
-        """Loads the newest backup that loads into `model`; None when there is none."""
+        """Loads the newest backup that loads into `model`; None when there is none.
+
+        Raises:
+            ConfigError: there are backups but none loads: starting afresh would silently
+                replace the run they hold.
+        """
         if model.optimizer is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
+        failures = []
         for path in self.backups():
             try:
                 state = json.loads((path / "state.json").read_text())
                 model.load_weights(path / WEIGHTS)
                 _load_rng_states(model, path / RNG)
             except Exception as error:  # noqa: BLE001 - any unreadable backup falls back
-                log.warning("backup %s does not load (%s); trying the one before",
-                            path, str(error).splitlines()[0] if str(error) else error)
+                why = str(error).splitlines()[0] if str(error) else type(error).__name__
+                log.warning("backup %s does not load (%s); trying the one before", path, why)
+                failures.append(f"{path.name}: {why}")
                 continue
             return ResumePoint(int(state["epoch"]), int(state["step"]), path, state)
+        if failures:
+            raise ConfigError(f"no backup in {self.directory} loads into this model ("
+                              f"{'; '.join(failures)}); starting afresh would replace that run: "
+                              "move the directory away, or choose a new run directory")
         return None
 
 

@@ -131,3 +131,28 @@ def check_global_batch(run_dir: Path, state: dict[str, Any] | None, global_batch
                       f"micro-batches), this run's is {global_batch} ({replicas} x "
                       f"{accumulate}); pass batch.per_replica=null batch.global_size={before} "
                       "to resume it on these devices")
+
+
+def is_run_dir(path: Path) -> bool:
+    """Whether `path` holds a run of trainer's (a backup, checkpoints or a summary)."""
+    path = Path(path)
+    return ((path / "backup").is_dir() or (path / "checkpoints").is_dir()
+            or (path / "summary.json").is_file())
+
+
+def check_resume_target(resume: str | None, hydra_run_dir: str | None) -> None:
+    """Refuses `resume=DIR` where DIR is not a run, or where Hydra would write its `.hydra/`
+    and log into another directory that holds a finished run."""
+    if resume is None:
+        return
+    target = Path(resume)
+    if not is_run_dir(target):
+        raise ConfigError(f"resume={resume} is not a run directory (no backup/, checkpoints/ or "
+                          "summary.json in it); pass the directory of an earlier run")
+    if hydra_run_dir is None:
+        return
+    logs = Path(hydra_run_dir)
+    if logs.resolve() != target.resolve() and (logs / "summary.json").is_file():
+        raise ConfigError(f"hydra.run.dir={hydra_run_dir} holds another finished run, whose "
+                          f".hydra/ and log this resume would overwrite; pass "
+                          f"hydra.run.dir={resume} (or a new directory) with resume={resume}")

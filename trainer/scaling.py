@@ -65,9 +65,11 @@ def plan_batch(per_replica: int | None, global_size: int | None, replicas: int,
     if accumulate != "auto":
         shards = replicas * accumulate
         if global_size % shards:
-            raise ConfigError(f"batch.global_size={global_size} does not split into {replicas} "
-                              f"replicas x {accumulate} micro-batches; use a multiple of "
-                              f"{shards}: {_multiples_near(global_size, shards)}")
+            over = (f"{replicas} replicas" if accumulate == 1 else
+                    f"{replicas} replicas x {accumulate} micro-batches")
+            raise ConfigError(f"batch.global_size={global_size} does not divide evenly over "
+                              f"{over}; use a multiple of {shards}: "
+                              f"{_multiples_near(global_size, shards)}")
         micro = global_size // shards
         if cap is not None and micro > cap:
             raise ConfigError(f"batch.global_size={global_size} over {replicas} replicas x "

@@ -54,7 +54,11 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None,
     cluster = resolve_cluster(list(cfg.cluster.workers), cfg.cluster.task_index,
                               os.environ.get("TF_CONFIG"))
     if cluster is None or cluster.is_chief:
-        return _train(cfg, _run_dir(cfg, run_dir), callbacks, started, cluster)
+        from trainer.lock import run_lock
+
+        place = _run_dir(cfg, run_dir)
+        with run_lock(place):
+            return _train(cfg, place, callbacks, started, cluster)
     # Another worker: it saves what the chief saves (some reads of distributed variables are
     # collectives every worker must join) but into a temporary place, removed at the end.
     scratch = Path(tempfile.mkdtemp(prefix=f"trainer-worker{cluster.task_id}-"))
@@ -125,8 +129,9 @@ def _run(cfg: DictConfig, plan: DevicePlan, run_dir: Path, extra: Sequence[Any],
 
 def _run_dir(cfg: DictConfig, run_dir: str | Path | None) -> Path:
     if cfg.resume is not None:
-        if not Path(cfg.resume).is_dir():
-            raise ConfigError(f"resume={cfg.resume} is not a run directory")
+        from trainer.resume import check_resume_target
+
+        check_resume_target(cfg.resume, None)
         return Path(cfg.resume)
     return Path(run_dir) if run_dir is not None else _hydra_run_dir()
 
