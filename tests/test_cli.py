@@ -54,6 +54,31 @@ def test_sweep_over_devices_gives_each_job_its_devices(tmp_path):
     (["accelerator=gpu", "devices=[0,3]"], "error: accelerator=gpu but TensorFlow sees no GPU"),
     (["accelerator=cpu", "devices=3", "batch.per_replica=null", "batch.global_size=100"],
      "error: batch.global_size=100 does not divide evenly over 3 replicas"),
+    # Hydra's syntax errors, an overflowing integer, out-of-range values (#16.11)
+    (["epochs=[1,2"], "error: cannot parse the override 'epochs=[1,2': no viable alternative"),
+    (["=5"], "error: cannot use the overrides =5"),
+    (["epochs"], "error: Error parsing override 'epochs'; missing EQUAL"),
+    (["batch.per_replica=99999999999999999999"],
+     "error: batch.per_replica must be at most 2147483647"),
+    (["dataset.validation_fraction=0"], "error: dataset.validation_fraction must be between 0 "
+                                        "and 1 (exclusive); received: 0.0"),
+    (["dataset.validation_fraction=1.5"], "error: dataset.validation_fraction must be between"),
+    (["model.dropout=1.5"], "error: model.dropout must be in [0, 1); received: 1.5"),
+    # speed typos, caught before TensorFlow starts (#16.13)
+    (["precision=fp16"], "error: precision must be one of auto, float32, mixed_float16, "
+                         "mixed_bfloat16; received: 'fp16'"),
+    (["jit_compile=yes"], "error: jit_compile must be auto, true or false; received: 'yes'"),
+    (["steps_per_execution=0"], "error: steps_per_execution must be auto or a positive integer"),
+    # degenerate data (#16.8) and the full name of a missing key (#16.18)
+    (["dataset=synthetic", "dataset.num_classes=1"],
+     "error: dataset.num_classes must be at least 2 for a classifier; received: 1"),
+    (["dataset=synthetic", "dataset.image_size=0"], "error: dataset.image_size must be a positive"),
+    (["dataset=synthetic", "dataset.channels=0"], "error: dataset.channels must be a positive"),
+    (["dataset=synthetic", "dataset.train_examples=0"],
+     "error: dataset.train_examples must be a positive integer; received: 0"),
+    (["dataset=tfds"], "error: dataset.name must be set (no default)"),
+    (["batch.accumulate=0"], "error: batch.accumulate must be a positive integer or auto"),
+    (["batch.max_per_replica=32"], "error: batch.per_replica=64 is above batch.max_per_replica"),
 ])
 def test_config_errors_are_one_line_and_exit_2(tmp_path, args, message):
     run_dir = tmp_path / "run"
@@ -61,8 +86,51 @@ def test_config_errors_are_one_line_and_exit_2(tmp_path, args, message):
     lines = error_lines(out.stderr)
     assert out.returncode == 2, out.stderr[-2000:]
     assert len(lines) == 1, lines
-    assert lines[0].startswith("error: ") and message in lines[0]
-    assert not list(run_dir.rglob("*.keras")) and not (run_dir / "summary.json").exists()
+    assert lines[0].startswith("error: ") and message in lines[0], lines
+    # Nothing written: not even Hydra's .hydra/ and log (#16.17).
+    assert not run_dir.exists(), sorted(p.name for p in run_dir.rglob("*"))
+
+
+def test_image_folder_with_one_class_is_refused(tmp_path):
+    from PIL import Image
+
+    folder = tmp_path / "images" / "cat"
+    folder.mkdir(parents=True)
+    for i in range(4):
+        Image.new("RGB", (8, 8), (i * 40, 0, 0)).save(folder / f"{i}.png")
+    run_dir = tmp_path / "run"
+    out = run_cli("dataset=image_folder", f"dataset.path={tmp_path / 'images'}",
+                  f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=120)
+    lines = error_lines(out.stderr)
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
+    assert "holds one class folder (cat); a classifier needs at least 2" in lines[0]
+    assert not run_dir.exists()
+
+
+def test_ctrl_c_during_start_up_is_one_line_and_exit_130(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen([sys.executable, "-m", "trainer", f"hydra.run.dir={run_dir}"],
+                               cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (run_dir / ".hydra").is_dir():  # Hydra is running the job: start-up
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 130, err[-2000:]
+    assert error_lines(err) == ["interrupted: Ctrl-C outside the training steps; rerun the same "
+                                "command to start again, or to finish from the last backup"]
+    assert not run_dir.exists()
 
 
 def test_full_error_shows_the_traceback(tmp_path):

@@ -18,7 +18,7 @@ from trainer.cluster import (
     resolve_cluster,
 )
 from trainer.config import ConfigError
-from trainer.launch import describe_exit, free_ports, tf_configs, worker_commands
+from trainer.launch import describe_exit, ending, free_ports, tf_configs, worker_commands
 from trainer.strategy import choose_strategy
 
 TWO = json.dumps({"cluster": {"worker": ["10.0.0.1:2222", "10.0.0.2:2222"]},
@@ -256,3 +256,11 @@ def test_step_watchdog_fires_when_progress_stops():
         time.sleep(0.05)
     assert len(fired) == 1 and fired[0] > 0.3
     dog.on_train_end()
+
+
+def test_launcher_last_line_says_what_to_do():
+    assert ending(2, "runs/a") == ("[launch] failed (a configuration error, above); fix it and "
+                                   "launch again")
+    assert ending(130, "runs/a") == ("[launch] interrupted; to resume, launch again with "
+                                     "hydra.run.dir=runs/a")
+    assert ending(4, "runs/a").startswith("[launch] failed (exit code 4); to resume")

@@ -198,3 +198,13 @@ def test_export_and_evaluate_a_finished_run(tmp_path, tiny_config):
     assert one["metrics"]["accuracy"] == pytest.approx(two["metrics"]["accuracy"], abs=1e-7)
     assert one["metrics"]["accuracy"] == pytest.approx(
         summary["validation_metrics"]["accuracy"], abs=1e-7)
+
+
+def test_a_nan_before_any_backup_does_not_point_to_one(tmp_path):
+    out = run_cli("dataset.image_size=8", "tensorboard=false", "verbose=0", "optimizer=sgd",
+                  "optimizer.lr=1e30", "checkpoint.nan_check_every=1", "epochs=1",
+                  f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=300)
+    lines = error_lines(out.stderr)
+    assert out.returncode == EXIT_DIVERGED, out.stderr[-3000:]
+    assert lines[-1].startswith("error: loss became ") and "at epoch 1, step " in lines[-1]
+    assert "no backup was written before it" in lines[-1] and "backup is in" not in lines[-1]

@@ -12,7 +12,12 @@ import sys
 from typing import Any
 
 import hydra
-from hydra.errors import ConfigCompositionException, MissingConfigException
+from hydra.errors import (
+    ConfigCompositionException,
+    MissingConfigException,
+    OverrideParseException,
+    SearchPathException,
+)
 from omegaconf import DictConfig, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
@@ -43,6 +48,9 @@ def _hydra_main(cfg: DictConfig) -> Any:
         validate(cfg)
         if _in_sweep() and not os.environ.get(CHILD_ENV):
             return _run_job_in_subprocess()
+        from trainer.quiet import tensorflow_started
+
+        tensorflow_started()
         from trainer.train import train
 
         return train(cfg)
@@ -106,6 +114,12 @@ def one_line(error: BaseException) -> str:
         group, _, name = error.missing_cfg_file.rpartition("/")
         if group and error.options is not None:
             return f"unknown {group} {name!r}; available: {', '.join(error.options)}"
+    if isinstance(error, OverrideParseException):
+        lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+        text = "; ".join(lines[:2]) or "cannot parse"
+        if error.override and error.override not in text:
+            text = f"cannot parse the override {error.override!r}: {text}"
+        return f"{text} (overrides are key=value, e.g. epochs=3 devices=[0,1])"
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     cause = error.__cause__
     if cause is not None and str(cause).strip():
@@ -114,7 +128,10 @@ def one_line(error: BaseException) -> str:
 
 
 _USER_FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR") == "1"
-KNOWN_ERRORS = (ConfigError, ConfigCompositionException, OmegaConfBaseException)
+KNOWN_ERRORS = (ConfigError, ConfigCompositionException, OverrideParseException,
+                SearchPathException, OmegaConfBaseException)
+# The shell's convention for a process ended by Ctrl-C.
+EXIT_CTRL_C = 130
 
 
 def main() -> None:
@@ -127,10 +144,19 @@ def main() -> None:
         sys.path.insert(0, os.getcwd())
     try:
         _refuse_finished_run_dir(sys.argv[1:])
-        _check_resume(sys.argv[1:])
+        _precheck(sys.argv[1:])
         _hydra_main()
     except KNOWN_ERRORS as error:
         _exit_config_error(error)
+    except KeyboardInterrupt:
+        # Ctrl-C outside the training steps (start-up, the final evaluation), where no
+        # stop request is listened for.
+        if _USER_FULL_ERROR:
+            raise
+        print("interrupted: Ctrl-C outside the training steps; rerun the same command to "
+              "start again, or to finish from the last backup", file=sys.stderr, flush=True)
+        _remove_fresh_run_dir()
+        sys.exit(EXIT_CTRL_C)
 
 
 def _refuse_finished_run_dir(args: list[str]) -> None:
@@ -168,17 +194,30 @@ def compose_from_args(args: list[str]) -> DictConfig | None:
         hydra_app = Hydra.create_main_hydra2(task_name="trainer", config_search_path=search)
         return hydra_app.compose_config(parsed.config_name or "config", parsed.overrides,
                                         run_mode=RunMode.RUN)
+    except ValueError as error:  # Hydra's own for some malformed overrides, e.g. `=5`
+        if isinstance(error, KNOWN_ERRORS):
+            raise
+        raise ConfigError(f"cannot use the overrides {' '.join(parsed.overrides)}: "
+                          f"{str(error).strip().splitlines()[0]} (overrides are key=value, "
+                          "e.g. epochs=3)") from None
     finally:
         GlobalHydra.instance().clear()
 
 
-def _check_resume(args: list[str]) -> None:
-    """Before Hydra writes `.hydra/` and its log into the run directory: refuses a directory
-    another run holds, a `resume=` that is not a run, and a resume with a changed config."""
+# The run directory this process's Hydra run will create, when it does not exist yet: a run
+# that fails on its configuration removes it again, so a config error leaves nothing behind.
+_fresh_run_dir: list = []
+
+
+def _precheck(args: list[str]) -> None:
+    """Before Hydra writes `.hydra/` and its log into the run directory: validates the
+    config, and refuses a directory another run holds, a `resume=` that is not a run, and a
+    resume with a changed config."""
     from pathlib import Path
 
     from omegaconf import OmegaConf
 
+    from trainer.cluster import resolve_cluster
     from trainer.lock import check_unlocked
     from trainer.resume import check_resume, check_resume_target, latest_state
 
@@ -188,14 +227,21 @@ def _check_resume(args: list[str]) -> None:
     if cfg is None:
         return
     logs = OmegaConf.select(cfg, "hydra.run.dir")
+    if logs is not None and not Path(logs).exists():
+        _fresh_run_dir.append(Path(logs))
+    with open_dict(cfg):
+        del cfg["hydra"]
+    validate(cfg)
+    cluster = resolve_cluster(list(cfg.cluster.workers), cfg.cluster.task_index,
+                              os.environ.get("TF_CONFIG"))
+    if cluster is not None and not cluster.is_chief:
+        return  # the chief checks and writes the run directory
     check_resume_target(cfg.get("resume"), logs)
     run_dir = Path(cfg.resume if cfg.get("resume") else logs)
     check_unlocked(run_dir)
     state = latest_state(run_dir)
     if state is None:
         return
-    with open_dict(cfg):
-        del cfg["hydra"]
     try:
         new = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException:  # an interpolation only a running job resolves
@@ -203,10 +249,23 @@ def _check_resume(args: list[str]) -> None:
     check_resume(run_dir, state, new)
 
 
+def _remove_fresh_run_dir() -> None:
+    """Removes the run directory this run created (Hydra's `.hydra/` and log only)."""
+    import logging
+    import shutil
+
+    for path in _fresh_run_dir:
+        if path.is_dir() and not any((path / name).exists()
+                                     for name in ("backup", "checkpoints", "summary.json")):
+            logging.shutdown()
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def _exit_config_error(error: BaseException) -> None:
     if _USER_FULL_ERROR:
         raise error
     print(f"error: {one_line(error)}", file=sys.stderr, flush=True)
+    _remove_fresh_run_dir()
     sys.exit(EXIT_CONFIG)
 
 

@@ -224,6 +224,7 @@ class Backup(keras.callbacks.Callback):
         loss = float((logs or {}).get("loss", 0.0))
         if not math.isfinite(loss):
             where = f"epoch {self.epoch + 1}" + (f", step {step}" if step else " end")
-            raise Diverged(f"loss became {loss} at {where}; the last good backup is in "
-                           f"{self.store.directory} and checkpoints are kept; lower "
-                           "optimizer.lr or add warm-up")
+            kept = (f"the last good backup is in {self.store.directory} and checkpoints are "
+                    "kept" if self.store.backups() else "no backup was written before it")
+            raise Diverged(f"loss became {loss} at {where}; {kept}; lower optimizer.lr or add "
+                           "warm-up")

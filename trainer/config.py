@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, ListConfig
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from trainer.errors import ConfigError
 
@@ -206,12 +206,18 @@ def _require(ok: bool, message: str) -> None:
 
 
 def _one_of(name: str, value: Any, options: tuple[str, ...]) -> None:
-    _require(value in options, f"{name} must be one of {', '.join(options)}; received: {value!r}")
+    _require(value in options,
+             f"{name} must be one of {', '.join(map(str, options))}; received: {value!r}")
+
+
+# Counts past this overflow TensorFlow's int32 shapes and indices.
+INT_LIMIT = 2**31 - 1
 
 
 def _positive_int(name: str, value: Any) -> None:
     ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
     _require(ok, f"{name} must be a positive integer; received: {value!r}")
+    _require(value <= INT_LIMIT, f"{name} must be at most {INT_LIMIT}; received: {value!r}")
 
 
 # Seeds every library takes as they are: TensorFlow treats a global seed of 0 specially (a
@@ -278,8 +284,12 @@ def validate(cfg: DictConfig) -> None:
     Raises:
         ConfigError: naming the bad value and what would be valid.
     """
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    _require(not missing, f"{', '.join(missing)} must be set (no default); e.g. "
+             f"{missing[0] if missing else ''}=VALUE on the command line")
     _positive_int("epochs", cfg.epochs)
     _one_of("loop", cfg.loop, LOOPS)
+    _validate_speed(cfg)
     _one_of("accelerator", cfg.accelerator, ACCELERATORS)
     parse_devices(cfg.devices)
     _one_of("strategy.name", cfg.strategy.name, STRATEGIES)
@@ -310,6 +320,43 @@ def validate(cfg: DictConfig) -> None:
         node = cfg.get(group)
         _require(isinstance(node, DictConfig) and "_target_" in node,
                  f"{group} must name a builder with _target_; received: {node!r}")
+    _validate_builders(cfg.model, cfg.dataset)
+
+
+def _validate_speed(cfg: DictConfig) -> None:
+    from trainer.speed import PRECISIONS
+
+    _one_of("precision", cfg.precision, PRECISIONS)
+    jit = cfg.jit_compile
+    _require(jit == "auto" or isinstance(jit, bool),
+             f"jit_compile must be auto, true or false; received: {jit!r}")
+    steps = cfg.steps_per_execution
+    if steps != "auto":
+        _require(isinstance(steps, int) and not isinstance(steps, bool) and steps > 0,
+                 f"steps_per_execution must be auto or a positive integer; received: {steps!r}")
+
+
+def _validate_builders(model: DictConfig, dataset: DictConfig) -> None:
+    """Ranges of the arguments the built-in models and datasets share, by name."""
+    for key in ("image_size", "channels", "train_examples", "validation_examples",
+                "shuffle_buffer"):
+        if dataset.get(key) is not None:
+            _positive_int(f"dataset.{key}", dataset[key])
+    if dataset.get("channels") is not None and "image" in str(dataset._target_):
+        _one_of("dataset.channels", dataset.channels, (1, 3, 4))
+    if dataset.get("num_classes") is not None:
+        _positive_int("dataset.num_classes", dataset.num_classes)
+        _require(dataset.num_classes >= 2, "dataset.num_classes must be at least 2 for a "
+                 f"classifier; received: {dataset.num_classes!r}")
+    fraction = dataset.get("validation_fraction")
+    if fraction is not None:
+        _require(isinstance(fraction, (int, float)) and 0 < fraction < 1,
+                 "dataset.validation_fraction must be between 0 and 1 (exclusive); received: "
+                 f"{fraction!r}")
+    dropout = model.get("dropout")
+    if dropout is not None:
+        _require(isinstance(dropout, (int, float)) and 0 <= dropout < 1,
+                 f"model.dropout must be in [0, 1); received: {dropout!r}")
 
 
 def _validate_optimizer(opt: Any) -> None:

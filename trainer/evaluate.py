@@ -122,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sys.path.insert(0, os.getcwd())  # the user's own modules, as for training
     try:
+        from trainer.quiet import tensorflow_started
+
+        tensorflow_started()
         result = evaluate_run(args[0], args[1:])
     except (ConfigError, HydraException, OmegaConfBaseException) as error:
         print(f"error: {one_line(error)}", file=sys.stderr)

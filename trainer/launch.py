@@ -263,9 +263,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             launcher.join()  # the workers' last lines (their "interrupted: ..." included)
             signal.signal(signal.SIGTERM, previous)
     if code:
-        launcher.say(f"[launch] failed ({describe_exit(code) if code < 128 else code}); "
-                     f"to resume, launch again with hydra.run.dir={run_dir}")
+        launcher.say(ending(code, run_dir))
     return code
+
+
+def ending(code: int, run_dir: str) -> str:
+    """The launcher's last line for a run that did not finish."""
+    if code == EXIT_CONFIG:
+        return "[launch] failed (a configuration error, above); fix it and launch again"
+    if code == EXIT_SIGINT:
+        return f"[launch] interrupted; to resume, launch again with hydra.run.dir={run_dir}"
+    return (f"[launch] failed ({describe_exit(code) if code < 128 else code}); "
+            f"to resume, launch again with hydra.run.dir={run_dir}")
 
 
 if __name__ == "__main__":

@@ -108,6 +108,9 @@ def scaled_learning_rate(lr: float, global_batch: int, reference_batch: int, rul
 
 def steps_per_epoch(examples: int, global_batch: int, drop_remainder: bool = False) -> int:
     """Training steps in one pass over `examples` (a last partial batch counts unless dropped)."""
+    if examples < 1:
+        raise ConfigError("the dataset has no training examples; check the dataset's size "
+                          "options and files")
     steps = examples // global_batch if drop_remainder else math.ceil(examples / global_batch)
     if steps < 1:
         raise ConfigError(f"the global batch {global_batch} is larger than the {examples} "

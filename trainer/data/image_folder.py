@@ -50,6 +50,9 @@ def _classes(root: Path, path: str) -> list[str]:
     classes = sorted(d.name for d in root.iterdir() if d.is_dir() and _has_images(d))
     if not classes:
         raise DataError(f"dataset=image_folder: dataset.path={path} holds no images; {LAYOUT}")
+    if len(classes) < 2:
+        raise DataError(f"dataset=image_folder: dataset.path={path} holds one class folder "
+                        f"({classes[0]}); a classifier needs at least 2, {LAYOUT}")
     return classes
 
 
