@@ -37,9 +37,9 @@ def parse_args() -> argparse.Namespace:
 
 def run(args, accumulate: int) -> float:
     """Steady examples/s of one training run."""
+    from bench_overhead import make_probe, steady_rate
     from hydra import compose, initialize_config_dir
 
-    from bench_overhead import make_probe, steady_rate
     from trainer.config import config_dir
     from trainer.train import train
 

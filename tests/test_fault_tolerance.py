@@ -208,3 +208,89 @@ def test_a_nan_before_any_backup_does_not_point_to_one(tmp_path):
     assert out.returncode == EXIT_DIVERGED, out.stderr[-3000:]
     assert lines[-1].startswith("error: loss became ") and "at epoch 1, step " in lines[-1]
     assert "no backup was written before it" in lines[-1] and "backup is in" not in lines[-1]
+
+
+def _damage_the_middle(path: Path) -> None:
+    """Garbage bytes in the middle of a file, its size unchanged: HDF5 still opens it."""
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.seek(size // 2)
+        f.write(b"\xff" * 64)
+
+
+def test_garbage_in_the_middle_of_a_backup_is_caught_by_its_checksum(tmp_path, caplog):
+    store = BackupStore(tmp_path / "backup")
+    model = small_model()
+    model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0)
+    store.save(model, 0, 10)
+    first = model.get_weights()
+    model.fit(np.ones((4, 3)), np.zeros((4, 2)), verbose=0)
+    latest = store.save(model, 0, 20)
+    _damage_the_middle(latest / "model.weights.h5")
+    restored = small_model()
+    point = store.restore(restored)
+    assert (point.epoch, point.step) == (0, 10)
+    assert f"{latest / 'model.weights.h5'} is damaged" in caplog.text
+    for a, b in zip(first, restored.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_damaged_checkpoint_is_named_on_load(tmp_path, tiny_config):
+    from trainer.errors import ConfigError
+
+    train(tiny_config(), run_dir=tmp_path)
+    last = tmp_path / "checkpoints" / "last.keras"
+    assert (tmp_path / "checkpoints" / "last.keras.sha256").is_file()
+    load_checkpoint(last)
+    _damage_the_middle(last)
+    with pytest.raises(ConfigError, match=f"{last} is damaged"):
+        load_checkpoint(last)
+
+
+def test_a_backup_directory_removed_during_a_write_is_made_again(tmp_path, monkeypatch):
+    store = BackupStore(tmp_path / "backup")
+    model = small_model()
+    model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0)
+    save_weights, calls = model.save_weights, []
+
+    def removed_once(path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == 1:
+            import shutil
+
+            shutil.rmtree(store.directory)
+        return save_weights(path, *args, **kwargs)
+
+    monkeypatch.setattr(model, "save_weights", removed_once)
+    path = store.save(model, 0, 5)
+    assert len(calls) == 2 and path.is_dir() and store.backups() == [path]
+
+
+def test_leftovers_are_cleaned_and_a_finished_run_keeps_one_backup(tmp_path, tiny_config):
+    run_dir = tmp_path / "run"
+    train(tiny_config("epochs=2"), run_dir=run_dir)
+    assert [p.name for p in (run_dir / "backup").iterdir()] == ["ckpt-000002-000000000"]
+    # What a kill in the middle of writes would leave:
+    (run_dir / "backup" / ".tmp-abc123").mkdir()
+    (run_dir / "backup" / ".tmp-abc123" / "model.weights.h5").write_bytes(b"half")
+    (run_dir / "checkpoints" / ".tmp-last.keras").write_bytes(b"half")
+    summary = train(tiny_config("epochs=3", f"resume={run_dir}"))
+    assert summary["resumed_from"]["epoch"] == 3
+    assert not list(run_dir.rglob(".tmp-*"))
+    assert [p.name for p in (run_dir / "backup").iterdir()] == ["ckpt-000003-000000000"]
+
+
+def test_progress_of_a_resumed_run_counts_in_the_whole_run(capsys):
+    from trainer.callbacks import RunProgress
+
+    progress = RunProgress(epochs=3, steps=23, start=(1, 5))
+    # The rest of epoch 2 as its own fit call: Keras passes that call's epochs and steps.
+    progress.set_params({"verbose": 1, "epochs": 2, "steps": 18})
+    progress.on_train_begin()
+    progress.on_epoch_begin(1)
+    progress.on_train_batch_end(0, {"loss": 1.0})
+    assert "Epoch 2/3" in capsys.readouterr().out
+    assert (progress.progbar.target, progress.progbar._seen_so_far) == (23, 6)
+    progress.on_epoch_begin(2)  # later epochs count from their start
+    progress.on_train_batch_end(0, {"loss": 1.0})
+    assert (progress.progbar.target, progress.progbar._seen_so_far) == (23, 1)

@@ -30,14 +30,18 @@ ELASTIC = ["optimizer=sgd", "optimizer.lr=0.05", "model.dropout=0.0", "determini
 
 
 class SigtermAt(keras.callbacks.Callback):
-    """Sends this process SIGTERM after a given step of a given epoch, as a scheduler would."""
+    """Sends this process SIGTERM after a given step of a given epoch, as a scheduler would;
+    records the epochs whose validation ran."""
 
     def __init__(self, epoch: int, step: int) -> None:
         super().__init__()
-        self.at, self.epoch = (epoch, step), 0
+        self.at, self.epoch, self.validated = (epoch, step), 0, []
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
+
+    def on_test_begin(self, logs=None):
+        self.validated.append(self.epoch)
 
     def on_train_batch_end(self, batch, logs=None):
         if (self.epoch, batch + 1) == self.at:
@@ -49,8 +53,10 @@ def test_stopped_on_four_replicas_resumed_on_two_equals_an_uninterrupted_run(tin
     reference = tmp_path / "reference"
     train(tiny_config(*ELASTIC, "devices=4"), run_dir=reference)
     run_dir = tmp_path / "run"
+    signal_at = SigtermAt(1, 5)
     with pytest.raises(Interrupted, match="at epoch 2"):
-        train(tiny_config(*ELASTIC, "devices=4"), run_dir=run_dir, callbacks=[SigtermAt(1, 5)])
+        train(tiny_config(*ELASTIC, "devices=4"), run_dir=run_dir, callbacks=[signal_at])
+    assert signal_at.validated == [0]  # stopped at once: no validation of the cut epoch
     newest = sorted(p.name for p in (run_dir / "backup").glob("ckpt-*"))[-1]
     assert newest == "ckpt-000001-000000006"  # mid-epoch: the step after the signal
 
@@ -259,3 +265,11 @@ def test_a_second_run_in_a_busy_run_directory_is_refused(tmp_path):
     from trainer.lock import check_unlocked
 
     check_unlocked(run_dir)
+
+
+def test_a_signal_stops_fit_at_once_without_validating_the_cut_epoch(tiny_config, tmp_path):
+    signal_at = SigtermAt(0, 3)
+    with pytest.raises(Interrupted, match="stopped by signal 15 at epoch 1"):
+        train(tiny_config("epochs=2"), run_dir=tmp_path, callbacks=[signal_at])
+    assert signal_at.validated == []
+    assert [p.name for p in (tmp_path / "backup").iterdir()] == ["ckpt-000000-000000004"]

@@ -26,6 +26,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from trainer.checksum import sha256, verify
 from trainer.errors import ConfigError, Diverged
 
 log = logging.getLogger(__name__)
@@ -77,13 +78,25 @@ class BackupStore:
         self.meta = dict(meta or {})
 
     def save(self, model: keras.Model, epoch: int, step: int) -> Path:
-        """Writes a backup of `model` at `epoch` (0-based) after `step` steps of it."""
+        """Writes a backup of `model` at `epoch` (0-based) after `step` steps of it.
+
+        A `backup/` directory removed meanwhile is made again (once).
+        """
+        try:
+            return self._save(model, epoch, step)
+        except FileNotFoundError:
+            log.warning("%s vanished while a backup was written; writing it again",
+                        self.directory)
+            return self._save(model, epoch, step)
+
+    def _save(self, model: keras.Model, epoch: int, step: int) -> Path:
         self.directory.mkdir(parents=True, exist_ok=True)
         final = self.directory / f"ckpt-{epoch:06d}-{step:09d}"
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.directory))
         model.save_weights(tmp / WEIGHTS)
         np.savez(tmp / RNG, *[v.numpy() for v in _rng_states(model)])
-        state = {"epoch": epoch, "step": step, **self.meta}
+        sums = {name: sha256(tmp / name) for name in (WEIGHTS, RNG)}
+        state = {"epoch": epoch, "step": step, "sha256": sums, **self.meta}
         (tmp / "state.json").write_text(json.dumps(state))
         if final.exists():
             shutil.rmtree(final)
@@ -91,6 +104,11 @@ class BackupStore:
         for old in self.backups()[self.keep:]:
             shutil.rmtree(old, ignore_errors=True)
         return final
+
+    def prune(self, keep: int) -> None:
+        """Removes all but the newest `keep` backups."""
+        for old in self.backups()[keep:]:
+            shutil.rmtree(old, ignore_errors=True)
 
     def backups(self) -> list[Path]:
         """Complete backups, newest first."""
@@ -111,6 +129,8 @@ class BackupStore:
         for path in self.backups():
             try:
                 state = json.loads((path / "state.json").read_text())
+                for name, expected in state.get("sha256", {}).items():
+                    verify(path / name, expected)
                 model.load_weights(path / WEIGHTS)
                 _load_rng_states(model, path / RNG)
             except Exception as error:  # noqa: BLE001 - any unreadable backup falls back
@@ -124,6 +144,24 @@ class BackupStore:
                               f"{'; '.join(failures)}); starting afresh would replace that run: "
                               "move the directory away, or choose a new run directory")
         return None
+
+
+def tidy(run_dir: Path) -> None:
+    """Removes what a kill in the middle of a write left in a run directory: temporary
+    backups (`backup/.tmp-*`), checkpoints (`checkpoints/.tmp-*`) and summary; never a
+    complete file."""
+    run_dir = Path(run_dir)
+    leftovers = [*run_dir.glob("backup/.tmp-*"), *run_dir.glob("checkpoints/.tmp-*"),
+                 *run_dir.glob(".summary.json.tmp")]
+    for path in leftovers:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+class StopNow(Exception):  # noqa: N818 - a control-flow signal, caught by trainer.train
+    """Raised by `Backup` once a stop request's backup is written, to leave fit at once."""
 
 
 class StopRequest:
@@ -209,6 +247,9 @@ class Backup(keras.callbacks.Callback):
             self.store.save(self.model, self.epoch, step)
             self.interrupted = True
             self.model.stop_training = True
+            # Out of fit at once: `stop_training` alone would still run the epoch's whole
+            # validation (and other workers may be gone).
+            raise StopNow(f"stopped at epoch {self.epoch + 1}, step {step}")
         elif self.every and step % self.every == 0:
             self._check(logs, step)
             self.store.save(self.model, self.epoch, step)

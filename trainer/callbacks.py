@@ -64,10 +64,42 @@ class Throughput(keras.callbacks.Callback):
         return examples / seconds if seconds > 0 and examples > 0 else None
 
 
+class RunProgress(keras.callbacks.ProgbarLogger):
+    """Keras's progress bar, numbered in the whole run.
+
+    A run resumed mid-epoch trains that epoch's rest as a `fit` call of its own; Keras would
+    show it as "Epoch 1/1" with a short bar. This shows the epoch of the run's total and the
+    steps from where it resumed.
+
+    Args:
+        epochs: the run's epochs.
+        steps: steps in a whole epoch.
+        start: (epoch, step) the run resumed from.
+    """
+
+    def __init__(self, epochs: int, steps: int, start: tuple[int, int]) -> None:
+        super().__init__()
+        self.total_epochs, self.total_steps = epochs, steps
+        self.start_epoch, self.start_step = start
+        self.offset = 0
+
+    def set_params(self, params):
+        super().set_params(params)
+        self.epochs, self.target = self.total_epochs, self.total_steps
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.offset = self.start_step if epoch == self.start_epoch else 0
+        super().on_epoch_begin(epoch, logs)
+
+    def _update_progbar(self, batch, logs=None):
+        super()._update_progbar(batch + self.offset, logs)
+
+
 class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
     """Keras's ModelCheckpoint, writing to a temporary name then renaming.
 
-    A crash while saving leaves the previous checkpoint whole instead of a truncated file.
+    A crash while saving leaves the previous checkpoint whole instead of a truncated file;
+    a `NAME.sha256` beside it lets `trainer.evaluate.load_checkpoint` find a damaged one.
     """
 
     def _get_file_path(self, epoch, batch, logs):
@@ -81,7 +113,10 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
         self._pending = None
         super()._save_model(epoch, batch, logs)
         if self._pending and os.path.exists(self._pending[0]):
+            from trainer.checksum import write_beside
+
             os.replace(*self._pending)
+            write_beside(self._pending[1])
 
 
 class StepWatchdog(keras.callbacks.Callback):

@@ -64,9 +64,20 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
 
 
 def load_checkpoint(path: str | Path):
-    """Loads a `.keras` checkpoint written by trainer, with the custom objects it may hold."""
+    """Loads a `.keras` checkpoint written by trainer, with the custom objects it may hold.
+
+    Raises:
+        ConfigError: the file does not match the checksum written with it.
+    """
     import keras
 
+    from trainer.checksum import verify_beside
+
+    try:
+        verify_beside(Path(path))
+    except ValueError as error:
+        raise ConfigError(f"{error}; use the other checkpoint (checkpoint=best|last) or "
+                          "retrain") from None
     import trainer.models.cifar10_cnn  # noqa: F401 - registers LocalResponseNormalization
     import trainer.schedule  # noqa: F401 - registers WarmupSchedule
 

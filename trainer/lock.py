@@ -53,6 +53,7 @@ def run_lock(run_dir: Path) -> Iterator[None]:
         ConfigError: another process holds it, naming that process's pid.
     """
     run_dir = Path(run_dir)
+    created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -64,5 +65,11 @@ def run_lock(run_dir: Path) -> Iterator[None]:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
+    except BaseException:
+        # A run that failed before writing anything leaves no directory it created.
+        if created and [p.name for p in run_dir.iterdir()] == [LOCK]:
+            path.unlink(missing_ok=True)
+            run_dir.rmdir()
+        raise
     finally:
         os.close(fd)

@@ -13,8 +13,8 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
-COLUMNS = ("devices", "replicas", "micro-batch", "accumulate", "global batch", "scaled lr", "time (s)", "first step (s)",
-           "examples/s", "speed-up", "efficiency", "val accuracy")
+COLUMNS = ("devices", "replicas", "micro-batch", "accumulate", "global batch", "scaled lr",
+           "time (s)", "first step (s)", "examples/s", "speed-up", "efficiency", "val accuracy")
 
 
 def collect(sweep_dir: Path) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from trainer.assemble import Callbacks, Run, assemble, build_callbacks
-from trainer.backup import BackupStore, StopRequest, stop_on_signals
+from trainer.backup import BackupStore, StopNow, StopRequest, stop_on_signals, tidy
 from trainer.cluster import Cluster, resolve_cluster
 from trainer.config import validate
 from trainer.devices import DevicePlan, configure_devices, memory_option, plan_devices
@@ -77,10 +77,7 @@ def _train(cfg: DictConfig, run_dir: Path, extra: Sequence[Any], started: float,
                         cfg.soft_placement)
     configure_devices(plan, memory_option(cfg.gpu.memory_growth, cfg.gpu.memory_limit_mb),
                       cfg.soft_placement, cfg.log_device_placement)
-    if cfg.deterministic:
-        import tensorflow as tf
-
-        tf.config.experimental.enable_op_determinism()
+    _set_determinism(cfg.deterministic)
     wired: list[Callbacks] = []
     try:
         return _run(cfg, plan, run_dir, extra, started, cluster, wired)
@@ -156,6 +153,8 @@ def _resume_point(cfg: DictConfig, run: Run, run_dir: Path) -> tuple[tuple[int, 
         changes = check_resume(run_dir, state, OmegaConf.to_container(cfg, resolve=True))
         check_global_batch(run_dir, state, run.batch.global_size, run.batch.replicas,
                            run.batch.accumulate)
+    if run.is_chief:
+        tidy(run_dir)
     model = run.model
     with run.strategy.scope():  # the optimizer's slots are distributed variables
         if not model.optimizer.built:
@@ -202,14 +201,24 @@ def _fit(cfg: DictConfig, run: Run, callbacks: Callbacks, start: tuple[int, int]
                           jit_compile=run.speed.jit_compile is True, loss=run.loss,
                           metrics=run.metrics, accumulate=run.batch.accumulate)
     backup, stopped_early = callbacks.backup, False
+    progress = []
+    if cfg.verbose != 0:
+        from trainer.callbacks import RunProgress
+
+        progress = [RunProgress(cfg.epochs, run.steps, start)]
     for first, end, steps, dataset in _segments(cfg, run, start):
         kwargs = dict(initial_epoch=first, epochs=end, steps_per_epoch=steps,
-                      validation_data=run.data.validation, callbacks=callbacks.all(),
-                      verbose=cfg.verbose)
-        if loop is not None:
-            part = loop.fit(dataset, **kwargs)
-        else:
-            part = model.fit(dataset, shuffle=False, **kwargs)  # already shuffled
+                      validation_data=run.data.validation,
+                      callbacks=[*callbacks.all(), *progress], verbose=cfg.verbose)
+        try:
+            if loop is not None:
+                part = loop.fit(dataset, **kwargs)
+            else:
+                part = model.fit(dataset, shuffle=False, **kwargs)  # already shuffled
+        except StopNow:
+            if cfg.verbose in (1, "auto"):
+                print(flush=True)  # end the progress bar's line
+            break
         for key, values in part.history.items():
             history.setdefault(key, []).extend(values)
         # A callback (early stopping) ended training before the last epoch.
@@ -225,6 +234,18 @@ def _fit(cfg: DictConfig, run: Run, callbacks: Callbacks, start: tuple[int, int]
         final = model.evaluate(run.data.validation, return_dict=True, verbose=0)
     return Outcome(history, {k: float(v) for k, v in final.items()}, epochs_done,
                    stopped_early and epochs_done < cfg.epochs)
+
+
+def _set_determinism(on: bool) -> None:
+    """TensorFlow's op determinism is process-wide: set it either way, so a second run in one
+    process (a notebook, a test session) gets what its own config says."""
+    import tensorflow as tf
+    from tensorflow.python.framework import config as tf_config
+
+    if on:
+        tf.config.experimental.enable_op_determinism()
+    elif tf_config.is_op_determinism_enabled():
+        tf_config.disable_op_determinism()
 
 
 def visible_gpu_count() -> int:
@@ -246,4 +267,7 @@ def _finish(summary: dict[str, Any], run_dir: Path) -> None:
     from trainer.summary import format_summary, write_json
 
     write_json(run_dir / "summary.json", summary)
+    # A good finish keeps the newest backup only: what `resume=DIR` extends the run from.
+    BackupStore(run_dir / "backup").prune(keep=1)
+    tidy(run_dir)
     print(format_summary(summary), flush=True)
