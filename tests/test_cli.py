@@ -159,3 +159,24 @@ def test_unknown_experiment_is_one_line_and_trains_nothing(tmp_path):
         "error: unknown experiment 'nope'; available: cats_vs_dogs_mobilenet, "
         "cifar10_multi_gpu, mnist_towers"]
     assert not (tmp_path / "run").exists()
+
+
+def test_a_normal_run_prints_nothing_on_stderr(tmp_path):
+    """No TensorFlow start-up notices (CUDA, cuInit, CPU features), no C++ warnings."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HYDRA_FULL_ERROR", "TF_CPP_MIN_LOG_LEVEL", "TRAINER_TF_LOGS")}
+    args = [sys.executable, "-m", "trainer", "epochs=2", "dataset.image_size=8",
+            f"hydra.run.dir={tmp_path / 'run'}"]
+    out = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stderr == "", out.stderr[-3000:]
+    assert "Summary" in out.stdout and "Epoch 2/2" in out.stdout
+    # The switch brings TensorFlow's own lines back.
+    shown = subprocess.run([*args[:-1], f"hydra.run.dir={tmp_path / 'shown'}"], cwd=tmp_path,
+                           env={**env, "TRAINER_TF_LOGS": "1"}, capture_output=True, text=True,
+                           timeout=300)
+    assert shown.returncode == 0 and shown.stderr.strip(), shown.stderr[-3000:]

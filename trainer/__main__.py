@@ -35,8 +35,11 @@ from trainer.errors import (
 
 # Set when a sweep job re-runs itself in a fresh process (see `_run_job_in_subprocess`).
 CHILD_ENV = "TRAINER_SWEEP_CHILD"
-# TensorFlow's C++ INFO lines (oneDNN, CUDA stubs) drown the progress; warnings still show.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+# TensorFlow's C++ INFO and WARNING lines (tf.distribute's notes on its own datasets, an
+# abandoned prefetch) drown the progress and ask nothing of the user; errors still show, and
+# TRAINER_TF_LOGS=1 shows everything (see trainer/quiet.py).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if os.environ.get("TRAINER_TF_LOGS") == "1"
+                      else "2")
 
 register_configs()
 

@@ -22,7 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 from trainer.config import register_configs, validate
 from trainer.errors import ConfigError
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if os.environ.get("TRAINER_TF_LOGS") == "1"
+                      else "2")
 CHECKPOINTS = ("best", "last")
 
 
