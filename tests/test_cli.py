@@ -180,3 +180,38 @@ def test_a_normal_run_prints_nothing_on_stderr(tmp_path):
                            env={**env, "TRAINER_TF_LOGS": "1"}, capture_output=True, text=True,
                            timeout=300)
     assert shown.returncode == 0 and shown.stderr.strip(), shown.stderr[-3000:]
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda p: p.write_bytes(b""), "is empty (0 bytes)"),
+    (lambda p: p.write_text("hello, not an image"), "is not a JPG image"),
+    (lambda p: p.write_bytes(p.read_bytes()[:200]), "is truncated (no end-of-image marker)"),
+])
+def test_a_bad_image_file_is_named_before_training(tmp_path, bad, message):
+    from PIL import Image
+
+    for name in ("cat", "dog"):
+        folder = tmp_path / "images" / name
+        folder.mkdir(parents=True)
+        for i in range(3):
+            Image.new("RGB", (32, 32), (i * 60, 20, 200)).save(folder / f"{i}.jpg")
+    broken = tmp_path / "images" / "dog" / "1.jpg"
+    bad(broken)
+    run_dir = tmp_path / "run"
+    out = run_cli("dataset=image_folder", f"dataset.path={tmp_path / 'images'}",
+                  f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=120)
+    lines = error_lines(out.stderr)
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
+    assert lines[0] == f"error: dataset=image_folder: {broken} {message}" + lines[0].split(
+        message, 1)[1]
+    assert not run_dir.exists()
+
+
+def test_a_run_directory_that_is_a_file_is_one_line(tmp_path):
+    target = tmp_path / "taken"
+    target.write_text("a file")
+    out = run_cli(f"hydra.run.dir={target}", cwd=tmp_path, timeout=60)
+    assert out.returncode == 2
+    assert error_lines(out.stderr) == [f"error: run directory {target} is a file, not a "
+                                       "directory; choose another hydra.run.dir"]
+    assert target.read_text() == "a file"

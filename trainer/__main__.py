@@ -221,7 +221,7 @@ def _precheck(args: list[str]) -> None:
     from omegaconf import OmegaConf
 
     from trainer.cluster import resolve_cluster
-    from trainer.lock import check_unlocked
+    from trainer.lock import check_unlocked, check_writable
     from trainer.resume import check_resume, check_resume_target, latest_state
 
     if os.environ.get(CHILD_ENV) is not None:
@@ -230,8 +230,10 @@ def _precheck(args: list[str]) -> None:
     if cfg is None:
         return
     logs = OmegaConf.select(cfg, "hydra.run.dir")
-    if logs is not None and not Path(logs).exists():
-        _fresh_run_dir.append(Path(logs))
+    if logs is not None:
+        check_writable(Path(logs))
+        if not Path(logs).exists():
+            _fresh_run_dir.append(Path(logs))
     with open_dict(cfg):
         del cfg["hydra"]
     validate(cfg)

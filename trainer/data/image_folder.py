@@ -30,6 +30,7 @@ def load(path: str, image_size: int = 64, channels: int = 3, validation_fraction
     del seed
     root = Path(path).expanduser()
     classes = _classes(root, path)
+    _check_files(root, classes)
     color = {1: "grayscale", 3: "rgb", 4: "rgba"}[channels]
     train, validation = keras.utils.image_dataset_from_directory(
         str(root), labels="inferred", label_mode="int", class_names=classes,
@@ -54,6 +55,44 @@ def _classes(root: Path, path: str) -> list[str]:
         raise DataError(f"dataset=image_folder: dataset.path={path} holds one class folder "
                         f"({classes[0]}); a classifier needs at least 2, {LAYOUT}")
     return classes
+
+
+# The first bytes of each format TensorFlow decodes here.
+SIGNATURES = {".jpg": (b"\xff\xd8\xff",), ".jpeg": (b"\xff\xd8\xff",),
+              ".png": (b"\x89PNG\r\n\x1a\n",), ".gif": (b"GIF87a", b"GIF89a"),
+              ".bmp": (b"BM",)}
+
+
+# ... and the marker their last bytes hold (JPEG's end of image, PNG's IEND chunk).
+ENDINGS = {".jpg": b"\xff\xd9", ".jpeg": b"\xff\xd9", ".png": b"IEND"}
+
+
+def _check_files(root: Path, classes: list[str]) -> None:
+    """Refuses an empty, non-image or truncated file before training, naming it.
+
+    Decoding happens inside tf.data once training has started, where a bad file is a long
+    traceback that does not name it; reading each file's first bytes here is cheap (a few
+    milliseconds per thousand files).
+    """
+    for name in classes:
+        for file in sorted((root / name).rglob("*")):
+            suffix = file.suffix.lower()
+            if suffix not in SIGNATURES or not file.is_file():
+                continue
+            with open(file, "rb") as f:
+                head = f.read(8)
+                f.seek(max(file.stat().st_size - 1024, 0))
+                tail = f.read()
+            if not head:
+                raise DataError(f"dataset=image_folder: {file} is empty (0 bytes); remove it "
+                                "or replace it with the image")
+            if not head.startswith(SIGNATURES[suffix]):
+                raise DataError(f"dataset=image_folder: {file} is not a {suffix[1:].upper()} "
+                                "image (its first bytes say otherwise); remove or fix it")
+            end = ENDINGS.get(suffix)
+            if end is not None and end not in tail:
+                raise DataError(f"dataset=image_folder: {file} is truncated (no end-of-image "
+                                "marker); remove it or copy it again")
 
 
 def _has_images(folder: Path) -> bool:
