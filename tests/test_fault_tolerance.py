@@ -294,3 +294,49 @@ def test_progress_of_a_resumed_run_counts_in_the_whole_run(capsys):
     progress.on_epoch_begin(2)  # later epochs count from their start
     progress.on_train_batch_end(0, {"loss": 1.0})
     assert (progress.progbar.target, progress.progbar._seen_so_far) == (23, 1)
+
+
+def test_too_little_disk_space_is_refused_before_training(tmp_path, tiny_config, monkeypatch):
+    from collections import namedtuple
+
+    from trainer.errors import ConfigError
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr("trainer.space.shutil.disk_usage",
+                        lambda path: usage(10**6, 10**6 - 1000, 1000))
+    run_dir = tmp_path / "run"
+    with pytest.raises(ConfigError, match=rf"the disk of {run_dir} has 1,000 bytes free; this "
+                                          r"run's backups and checkpoints need about [\d,]+;"):
+        train(tiny_config(), run_dir=run_dir)
+    assert not run_dir.exists()
+
+
+def test_a_disk_that_fills_mid_run_is_one_error_and_keeps_the_last_backup(tmp_path, tiny_config,
+                                                                           monkeypatch):
+    import errno
+
+    from trainer.errors import ConfigError
+
+    original, calls = BackupStore._save, []
+
+    def full_at_the_second(self, model, epoch, step):
+        calls.append((epoch, step))
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.directory))
+        return original(self, model, epoch, step)
+
+    monkeypatch.setattr(BackupStore, "_save", full_at_the_second)
+    run_dir = tmp_path / "run"
+    with pytest.raises(ConfigError, match=rf"the disk of {run_dir} filled up while the run wrote "
+                                          r"a backup or checkpoint; it needs about [\d,]+ bytes "
+                                          r"free; the last good backup is kept"):
+        train(tiny_config("epochs=3"), run_dir=run_dir)
+    monkeypatch.setattr(BackupStore, "_save", original)
+    point = BackupStore(run_dir / "backup").restore(small_model_like(run_dir))
+    assert (point.epoch, point.step) == (1, 0)
+
+
+def small_model_like(run_dir: Path):
+    """The run's model, freshly built, to load its backup into."""
+    model = load_checkpoint(run_dir / "checkpoints" / "last.keras")
+    return model

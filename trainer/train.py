@@ -95,7 +95,23 @@ def _train(cfg: DictConfig, run_dir: Path, extra: Sequence[Any], started: float,
 def _run(cfg: DictConfig, plan: DevicePlan, run_dir: Path, extra: Sequence[Any],
          started: float, cluster: Cluster | None, wired: list) -> dict[str, Any]:
     """Builds, trains, evaluates and reports; `wired` receives the callbacks once built."""
+    from trainer.space import check_free_space, disk_full, full_message, needed_bytes
+
     run = assemble(cfg, plan, cluster)
+    needed = needed_bytes(run.model)
+    if run.is_chief:
+        check_free_space(run_dir, needed)
+    try:
+        return _train_and_report(cfg, plan, run, run_dir, extra, started, wired)
+    except Exception as error:
+        if run.is_chief and not isinstance(error, ConfigError) and disk_full(error):
+            raise ConfigError(full_message(run_dir, needed)) from error
+        raise
+
+
+def _train_and_report(cfg: DictConfig, plan: DevicePlan, run: Run, run_dir: Path,
+                      extra: Sequence[Any], started: float, wired: list) -> dict[str, Any]:
+    cluster = run.cluster
     start, changes = _resume_point(cfg, run, run_dir)
     request = StopRequest()
     callbacks = build_callbacks(cfg, run, run_dir, started, start, request, tuple(extra))
