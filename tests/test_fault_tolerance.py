@@ -340,3 +340,24 @@ def small_model_like(run_dir: Path):
     """The run's model, freshly built, to load its backup into."""
     model = load_checkpoint(run_dir / "checkpoints" / "last.keras")
     return model
+
+
+def test_damaged_newer_backups_are_set_aside_so_new_ones_are_kept(tmp_path):
+    store = BackupStore(tmp_path / "backup", keep=3)
+    model = small_model()
+    model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0)
+    store.save(model, 0, 10)
+    for step in (20, 30):  # two newer backups, both damaged
+        _damage_the_middle(store.save(model, 0, step) / "model.weights.h5")
+    assert [p.name for p in store.backups()][:1] == ["ckpt-000000-000000030"]
+    point = store.restore(small_model())
+    assert (point.epoch, point.step) == (0, 10)
+    assert sorted(p.name for p in store.directory.iterdir()) == [
+        "ckpt-000000-000000010", "damaged-ckpt-000000-000000020",
+        "damaged-ckpt-000000-000000030"]
+    # The resumed run's next backups (older names than the damaged ones) survive rotation.
+    for step in (15, 16, 17):
+        store.save(model, 0, step)
+    assert [p.name for p in store.backups()] == ["ckpt-000000-000000017",
+                                                 "ckpt-000000-000000016",
+                                                 "ckpt-000000-000000015"]

@@ -218,11 +218,20 @@ def test_resume_into_another_finished_run_directory_is_refused(tmp_path, finishe
     assert _digest(other) == before
 
 
-def test_unloadable_backups_are_refused_not_replaced(tmp_path, finished_run):
+def _garbage_in_the_middle(path: Path) -> None:
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.seek(size // 2)
+        f.write(b"\xff" * 64)
+
+
+@pytest.mark.parametrize("damage", [lambda p: p.write_bytes(b"not an h5 file"),
+                                    _garbage_in_the_middle])
+def test_unloadable_backups_are_refused_not_replaced(tmp_path, finished_run, damage):
     run_dir = tmp_path / "run"
     shutil.copytree(finished_run, run_dir)
     for weights in (run_dir / "backup").glob("ckpt-*/model.weights.h5"):
-        weights.write_bytes(b"not an h5 file")
+        damage(weights)
     before = _digest(run_dir)
     out = run_cli(*BASE, "epochs=2", f"resume={run_dir}", f"hydra.run.dir={tmp_path / 'logs'}",
                   cwd=tmp_path, timeout=300)

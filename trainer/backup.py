@@ -102,7 +102,8 @@ class BackupStore:
             shutil.rmtree(final)
         os.replace(tmp, final)
         for old in self.backups()[self.keep:]:
-            shutil.rmtree(old, ignore_errors=True)
+            if old != final:  # never the one just written
+                shutil.rmtree(old, ignore_errors=True)
         return final
 
     def prune(self, keep: int) -> None:
@@ -125,7 +126,7 @@ class BackupStore:
         """
         if model.optimizer is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
-        failures = []
+        failures, damaged = [], []
         for path in self.backups():
             try:
                 state = json.loads((path / "state.json").read_text())
@@ -137,13 +138,25 @@ class BackupStore:
                 why = str(error).splitlines()[0] if str(error) else type(error).__name__
                 log.warning("backup %s does not load (%s); trying the one before", path, why)
                 failures.append(f"{path.name}: {why}")
+                damaged.append(path)
                 continue
+            _set_aside(damaged)
             return ResumePoint(int(state["epoch"]), int(state["step"]), path, state)
         if failures:
             raise ConfigError(f"no backup in {self.directory} loads into this model ("
                               f"{'; '.join(failures)}); starting afresh would replace that run: "
                               "move the directory away, or choose a new run directory")
         return None
+
+
+def _set_aside(damaged: list[Path]) -> None:
+    """Renames backups that did not load to `damaged-*`, out of the rotation: their names are
+    newer than the resumed run's new backups, which they would otherwise push out."""
+    for path in damaged:
+        aside = path.with_name(f"damaged-{path.name}")
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(path, aside)
+        log.warning("set %s aside as %s (it does not load)", path.name, aside.name)
 
 
 def tidy(run_dir: Path) -> None:
