@@ -163,6 +163,7 @@ CONFIG = ["optimizer=sgd", "optimizer.lr=0.05", "model.dropout=0.0", "determinis
           "batch.per_replica=null", "batch.global_size=128", "accelerator=cpu", "epochs=2"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_a_configured_run_on_any_split_ends_with_the_same_weights(tiny_config, tmp_path, loop):
     """Through the whole wiring: data order, the schedule and the summary use the global batch."""

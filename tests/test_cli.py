@@ -11,6 +11,7 @@ import pytest
 from tests.conftest import TINY, error_lines, run_cli
 
 
+@pytest.mark.slow
 def test_mobilenet_on_two_replicas(tmp_path):
     out = run_cli("model=mobilenet", "accelerator=cpu", "devices=2", "epochs=1", "verbose=0",
                   f"hydra.run.dir={tmp_path}", cwd=tmp_path, timeout=400)
@@ -26,6 +27,7 @@ def test_mobilenet_on_two_replicas(tmp_path):
     assert (tmp_path / ".hydra" / "config.yaml").is_file()
 
 
+@pytest.mark.slow
 def test_sweep_over_devices_gives_each_job_its_devices(tmp_path):
     """Devices are fixed once per process, so each job must run in a fresh one."""
     sweep = tmp_path / "sweep"
@@ -161,6 +163,7 @@ def test_unknown_experiment_is_one_line_and_trains_nothing(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_normal_run_prints_nothing_on_stderr(tmp_path):
     """No TensorFlow start-up notices (CUDA, cuInit, CPU features), no C++ warnings."""
     import os

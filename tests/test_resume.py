@@ -282,3 +282,12 @@ def test_a_signal_stops_fit_at_once_without_validating_the_cut_epoch(tiny_config
         train(tiny_config("epochs=2"), run_dir=tmp_path, callbacks=[signal_at])
     assert signal_at.validated == []
     assert [p.name for p in (tmp_path / "backup").iterdir()] == ["ckpt-000000-000000004"]
+
+
+def test_rerunning_with_fewer_epochs_than_reached_is_refused(tiny_config, tmp_path):
+    train(tiny_config("epochs=2"), run_dir=tmp_path)
+    before = _digest(tmp_path)
+    with pytest.raises(ConfigError, match="it has reached epoch 2, and epochs=1 is fewer; pass "
+                                          "epochs>=2"):
+        train(tiny_config("epochs=1", f"resume={tmp_path}"))
+    assert _digest(tmp_path) == before
