@@ -218,3 +218,14 @@ def test_a_run_directory_that_is_a_file_is_one_line(tmp_path):
     assert error_lines(out.stderr) == [f"error: run directory {target} is a file, not a "
                                        "directory; choose another hydra.run.dir"]
     assert target.read_text() == "a file"
+
+
+def test_a_config_reading_hydra_at_run_time_still_runs(tmp_path):
+    """`${hydra:...}` resolves only inside the job: the early checks leave such a config to it."""
+    run_dir = tmp_path / "run"
+    out = run_cli("epochs=1", "dataset.image_size=8", "verbose=0", "tensorboard=false",
+                  "+callbacks.csv._target_=keras.callbacks.CSVLogger",
+                  "+callbacks.csv.filename=${hydra:runtime.output_dir}/epochs.csv",
+                  f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (run_dir / "epochs.csv").is_file()

@@ -136,22 +136,32 @@ def small_model() -> keras.Model:
     return model
 
 
-def test_corrupt_latest_backup_falls_back_to_the_previous(tmp_path, caplog):
+def two_backups(tmp_path: Path):
+    """A store with backups at steps 10 and 20 of different weights; (store, weights at 10,
+    the newest backup's directory)."""
     store = BackupStore(tmp_path / "backup")
     model = small_model()
     model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0)
     store.save(model, 0, 10)
     first = model.get_weights()
     model.fit(np.ones((4, 3)), np.zeros((4, 2)), verbose=0)
-    latest = store.save(model, 0, 20)
-    with open(latest / "model.weights.h5", "r+b") as f:
-        f.truncate(100)
+    return store, first, store.save(model, 0, 20)
+
+
+def assert_restores_the_first(store: BackupStore, first) -> None:
     restored = small_model()
     point = store.restore(restored)
     assert (point.epoch, point.step) == (0, 10)
-    assert "does not load" in caplog.text
     for a, b in zip(first, restored.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_corrupt_latest_backup_falls_back_to_the_previous(tmp_path, caplog):
+    store, first, latest = two_backups(tmp_path)
+    with open(latest / "model.weights.h5", "r+b") as f:
+        f.truncate(100)
+    assert_restores_the_first(store, first)
+    assert "does not load" in caplog.text
 
 
 def test_backups_are_complete_and_only_two_kept(tmp_path):
@@ -219,20 +229,10 @@ def _damage_the_middle(path: Path) -> None:
 
 
 def test_garbage_in_the_middle_of_a_backup_is_caught_by_its_checksum(tmp_path, caplog):
-    store = BackupStore(tmp_path / "backup")
-    model = small_model()
-    model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0)
-    store.save(model, 0, 10)
-    first = model.get_weights()
-    model.fit(np.ones((4, 3)), np.zeros((4, 2)), verbose=0)
-    latest = store.save(model, 0, 20)
+    store, first, latest = two_backups(tmp_path)
     _damage_the_middle(latest / "model.weights.h5")
-    restored = small_model()
-    point = store.restore(restored)
-    assert (point.epoch, point.step) == (0, 10)
+    assert_restores_the_first(store, first)
     assert f"{latest / 'model.weights.h5'} is damaged" in caplog.text
-    for a, b in zip(first, restored.get_weights(), strict=True):
-        np.testing.assert_array_equal(a, b)
 
 
 def test_a_damaged_checkpoint_is_named_on_load(tmp_path, tiny_config):

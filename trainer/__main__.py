@@ -19,7 +19,7 @@ from hydra.errors import (
     SearchPathException,
 )
 from omegaconf import DictConfig, open_dict
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
 from trainer.config import config_dir, register_configs, validate
 from trainer.errors import (
@@ -236,7 +236,10 @@ def _precheck(args: list[str]) -> None:
             _fresh_run_dir.append(Path(logs))
     with open_dict(cfg):
         del cfg["hydra"]
-    validate(cfg)
+    try:
+        validate(cfg)
+    except InterpolationResolutionError:
+        return  # it needs a running job (`${hydra:...}`): the job validates it
     cluster = resolve_cluster(list(cfg.cluster.workers), cfg.cluster.task_index,
                               os.environ.get("TF_CONFIG"))
     if cluster is not None and not cluster.is_chief:

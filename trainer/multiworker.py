@@ -50,7 +50,8 @@ def share_from_chief(strategy: Any, model: keras.Model,
     for variable, value in zip(variables, values, strict=True):
         variable.assign(tf.cast(value, variable.dtype))
     return ResumePoint(int(shared[1]), int(shared[2]),
-                       point.path if point is not None else Path("the chief's backup"))
+                       point.path if point is not None else Path("the chief's backup"),
+                       point.state if point is not None else {})
 
 
 def replica_sum(strategy: Any, replica_zero_only: bool = False):
