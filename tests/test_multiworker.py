@@ -276,7 +276,9 @@ def test_ctrl_c_stops_every_worker(tmp_path, launches):
     launch.proc.send_signal(signal.SIGINT)
     assert launch.wait(timeout=90) == 130, launch.output[-3000:]
     assert "[launch] interrupted: stopping every worker" in launch.output
-    assert f"launch again with hydra.run.dir={run_dir}" in launch.output
+    assert f"[launch] interrupted; to resume, launch again with hydra.run.dir={run_dir}" in (
+        launch.output)
+    assert "crashed" not in launch.output and "Traceback" not in launch.output
     assert not processes_with(str(tmp_path))
     assert list((tmp_path / "tmp").iterdir()) == []
 
