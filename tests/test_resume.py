@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import error_lines, run_cli
+from tests.test_fault_tolerance import _damage_the_middle
 from trainer.errors import ConfigError, Interrupted
 from trainer.evaluate import load_checkpoint
 from trainer.resume import check_global_batch, check_resume, flatten
@@ -218,15 +219,8 @@ def test_resume_into_another_finished_run_directory_is_refused(tmp_path, finishe
     assert _digest(other) == before
 
 
-def _garbage_in_the_middle(path: Path) -> None:
-    size = path.stat().st_size
-    with open(path, "r+b") as f:
-        f.seek(size // 2)
-        f.write(b"\xff" * 64)
-
-
 @pytest.mark.parametrize("damage", [lambda p: p.write_bytes(b"not an h5 file"),
-                                    _garbage_in_the_middle])
+                                    _damage_the_middle])
 def test_unloadable_backups_are_refused_not_replaced(tmp_path, finished_run, damage):
     run_dir = tmp_path / "run"
     shutil.copytree(finished_run, run_dir)

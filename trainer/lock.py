@@ -28,15 +28,21 @@ def _refuse(run_dir: Path, fd: int) -> None:
                       "for it to end, or choose another hydra.run.dir")
 
 
+def nearest_existing(path: Path) -> Path:
+    """`path` itself, or its closest ancestor that exists (where it would be created)."""
+    place = Path(path)
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    return place
+
+
 def check_writable(run_dir: Path) -> None:
     """Refuses a run directory that is a file, or that cannot be written."""
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run directory {run_dir} is a file, not a directory; choose another "
                           "hydra.run.dir")
-    place = run_dir
-    while not place.exists() and place != place.parent:
-        place = place.parent
+    place = nearest_existing(run_dir)
     if not os.access(place, os.W_OK | os.X_OK):
         raise ConfigError(f"run directory {run_dir} cannot be written ({place} is read-only "
                           "for this user); choose another hydra.run.dir")

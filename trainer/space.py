@@ -49,10 +49,9 @@ def needed_bytes(model: Any) -> int:
 
 def check_free_space(run_dir: Path, needed: int) -> None:
     """Refuses to start when the run directory's disk has less than `needed` bytes free."""
-    place = Path(run_dir)
-    while not place.exists() and place != place.parent:
-        place = place.parent
-    free = shutil.disk_usage(place).free
+    from trainer.lock import nearest_existing
+
+    free = shutil.disk_usage(nearest_existing(run_dir)).free
     if free < needed:
         raise ConfigError(f"the disk of {run_dir} has {free:,} bytes free; this run's backups "
                           f"and checkpoints need about {needed:,}; free some space or choose "

@@ -169,7 +169,6 @@ def _resume_point(cfg: DictConfig, run: Run, run_dir: Path) -> tuple[tuple[int, 
         changes = check_resume(run_dir, state, OmegaConf.to_container(cfg, resolve=True))
         check_global_batch(run_dir, state, run.batch.global_size, run.batch.replicas,
                            run.batch.accumulate)
-    if run.is_chief:
         tidy(run_dir)
     model = run.model
     with run.strategy.scope():  # the optimizer's slots are distributed variables
