@@ -274,20 +274,20 @@ class Callbacks:
     throughput: Any
     backup: Any
     checkpoints: tuple
-    tensorboard: Any
+    trackers: tuple
     watchdog: Any
     user: tuple
 
     def all(self) -> list:
         """Built-in ones first (the watchdog last of them), then the user's."""
-        found = [self.throughput, self.backup, *self.checkpoints, self.tensorboard,
+        found = [self.throughput, self.backup, *self.checkpoints, *self.trackers,
                  self.watchdog, *self.user]
         return [c for c in found if c is not None]
 
 
 def build_callbacks(cfg: DictConfig, run: Run, run_dir: Path, started: float,
                     start: tuple[int, int], request: Any, extra: tuple = ()) -> Callbacks:
-    """Throughput, backup, checkpoints, TensorBoard, the watchdog, then the user's callbacks.
+    """Throughput, backup, checkpoints, trackers, the watchdog, then the user's callbacks.
 
     Args:
         cfg: the config.
@@ -298,12 +298,11 @@ def build_callbacks(cfg: DictConfig, run: Run, run_dir: Path, started: float,
         request: the stop request signals set.
         extra: callbacks passed to `train()` in code, after the configured ones.
     """
-    import keras
-
     from trainer.backup import Backup, BackupStore
     from trainer.callbacks import AtomicModelCheckpoint, StepWatchdog, Throughput
     from trainer.multiworker import on_stuck, stop_agreement
     from trainer.task import build_callbacks as build_user_callbacks
+    from trainer.trackers import build_trackers
 
     best_mode = (run.monitor_mode(cfg.checkpoint.monitor, cfg.checkpoint.mode)
                  if cfg.checkpoint.save_best else None)
@@ -329,6 +328,6 @@ def build_callbacks(cfg: DictConfig, run: Run, run_dir: Path, started: float,
     return Callbacks(
         throughput=Throughput(run.data.source.train_size, run.batch.global_size, started),
         backup=backup, checkpoints=tuple(saved),
-        tensorboard=keras.callbacks.TensorBoard(str(run_dir / "tensorboard"))
-        if cfg.tensorboard else None,
+        trackers=tuple(build_trackers(cfg.logger, run_dir, meta["config"], run.is_chief,
+                                      cfg.profile)),
         watchdog=watchdog, user=(*user, *extra))

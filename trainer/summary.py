@@ -161,6 +161,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     ]
     rows += [(f"train {k}", v) for k, v in summary["train_metrics"].items()]
     rows += [(f"validation {k}", v) for k, v in summary["validation_metrics"].items()]
+    rows += [(f"logged to {k}", v) for k, v in (summary.get("loggers") or {}).items()]
     width = max(len(name) for name, _ in rows)
     lines = [f"  {name:<{width}}  {_fmt(value)}" for name, value in rows]
     return "\n".join(["Summary", *lines])

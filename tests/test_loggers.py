@@ -1,0 +1,129 @@
+"""Trackers (`logger=[...]`): what each one writes, read back with its own tools, and the
+one-line refusals of a tracker that cannot start."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import socket
+
+import pytest
+from conftest import error_lines, run_cli
+
+from trainer.config import ConfigError
+from trainer.loggers import check_loggers
+from trainer.train import train
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unknown_logger_lists_the_available_ones():
+    with pytest.raises(ConfigError, match="unknown logger 'mlflw'; available: tensorboard, "
+                                          "csv, mlflow, wandb"):
+        check_loggers({"mlflw": {}})
+
+
+def test_a_missing_package_names_the_logger_and_how_to_install_or_drop_it(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "mlflow" else real(name, *a))
+    with pytest.raises(ConfigError) as error:
+        check_loggers({"tensorboard": {}, "mlflow": {}})
+    assert str(error.value) == ("logger mlflow needs the mlflow package, which is not "
+                                "installed: pip install 'trainer[mlflow]' (or drop it: "
+                                "logger=[tensorboard])")
+
+
+def test_an_unreachable_tracking_server_is_one_line_before_tensorflow_starts(tmp_path):
+    uri = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(ConfigError, match="cannot reach its tracking server"):
+        check_loggers({"mlflow": {"tracking_uri": uri}}, reach=True)
+    run_dir = tmp_path / "run"
+    out = run_cli("logger=[mlflow]", f"logger.mlflow.tracking_uri={uri}",
+                  f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=60)
+    assert out.returncode == 2
+    lines = error_lines(out.stderr)
+    assert len(lines) == 1 and lines[0].startswith(
+        f"error: logger mlflow cannot reach its tracking server {uri} ("), out.stderr
+    assert "logger.mlflow.tracking_uri=null" in lines[0] and "logger=[]" in lines[0]
+    assert not run_dir.exists()  # nothing written
+
+
+def test_csv_and_mlflow_log_config_epochs_summary_and_checkpoint(tiny_config, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    run_dir = tmp_path / "run"
+    summary = train(tiny_config("accelerator=cpu", "devices=2", "epochs=2",
+                                "logger=[csv,mlflow]"), run_dir=run_dir)
+    with open(run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["epoch"] for r in rows] == ["0", "1"] and "val_accuracy" in rows[0]
+
+    # MLflow's own client, on the local store next to the run directory.
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert summary["loggers"]["mlflow"].startswith(f"mlflow ui --backend-store-uri {store}")
+    client = MlflowClient(store)
+    run_id = json.loads((run_dir / "mlflow_run.json").read_text())["run_id"]
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == "run"
+    params = run.data.params
+    assert params["devices"] == "2" and params["optimizer.lr"] == "0.001"
+    assert params["model._target_"] == "trainer.models.cnn.build"
+    assert params["batch.per_replica"] == "64" and params["epochs"] == "2"
+    history = client.get_metric_history(run_id, "val_accuracy")
+    assert [m.step for m in history] == [0, 1]
+    assert [m.value for m in history] == pytest.approx([float(r["val_accuracy"]) for r in rows])
+    assert run.data.metrics["final_accuracy"] == pytest.approx(
+        summary["validation_metrics"]["accuracy"])
+    artifacts = {a.path for a in client.list_artifacts(run_id)}
+    assert artifacts == {"summary.json", "checkpoints"}
+    assert [a.path for a in client.list_artifacts(run_id, "checkpoints")] == [
+        "checkpoints/best.keras"]
+
+
+@pytest.mark.slow
+def test_a_resumed_run_continues_its_mlflow_run_and_csv(tiny_config, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    run_dir = tmp_path / "run"
+    train(tiny_config("epochs=1", "logger=[csv,mlflow]"), run_dir=run_dir)
+    train(tiny_config("epochs=2", "logger=[csv,mlflow]", f"resume={run_dir}"))
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("trainer").experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "loss")] == [0, 1]
+    assert len((run_dir / "metrics.csv").read_text().splitlines()) == 1 + 2
+
+
+def test_wandb_writes_an_offline_run_into_the_run_directory(tiny_config, tmp_path):
+    pytest.importorskip("wandb", reason="the wandb extra: pip install 'trainer[wandb]'")
+    run_dir = tmp_path / "run"
+    summary = train(tiny_config("epochs=2", "logger=[wandb]"), run_dir=run_dir)
+    runs = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and summary["loggers"]["wandb"].startswith(str(runs[0]))
+    data = next(runs[0].glob("*.wandb")).read_bytes()
+    assert b"val_accuracy" in data and b"optimizer" in data  # epochs and the config
+
+
+@pytest.mark.parametrize("loop", ["fit", pytest.param("custom", marks=pytest.mark.slow)])
+def test_profile_writes_a_tensorboard_profile_of_the_chosen_steps(tiny_config, tmp_path, loop):
+    run_dir = tmp_path / "run"
+    train(tiny_config("epochs=1", f"loop={loop}", "profile=[5,8]", "logger=[]",
+                      "steps_per_execution=1"), run_dir=run_dir)
+    profiles = list((run_dir / "tensorboard").rglob("plugins/profile/*/*.xplane.pb"))
+    assert len(profiles) == 1 and profiles[0].stat().st_size > 0
+
+
+@pytest.mark.parametrize("value", ["[8,5]", "[0,3]", "5", "[1,2,3]"])
+def test_a_bad_profile_range_is_one_line(tmp_path, value):
+    out = run_cli(f"profile={value}", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
+                  timeout=60)
+    assert out.returncode == 2
+    assert error_lines(out.stderr) == [
+        "error: profile must be [first_step, last_step] with 1 <= first <= last, e.g. "
+        f"profile=[5,8], or null; received: {value.replace(',', ', ')}"], out.stderr
