@@ -48,7 +48,7 @@ def run(args, accumulate: int) -> float:
                  f"devices={args.devices}", f"epochs={args.epochs}", "verbose=0",
                  f"loop={args.loop}", f"batch.per_replica={args.per_replica}",
                  f"batch.accumulate={accumulate}", "batch.drop_remainder=true",
-                 "tensorboard=false"]
+                 "logger=[]"]
     probe = make_probe()
     with initialize_config_dir(str(config_dir()), version_base="1.3"):
         cfg = compose("config", overrides=overrides)

@@ -35,7 +35,7 @@ def run(args, overrides: list[str]) -> tuple[float, float]:
         cfg = compose("config", overrides=[
             f"model={args.model}", "dataset=synthetic", f"dataset.train_examples={args.examples}",
             "dataset.validation_examples=256", "accelerator=cpu", "devices=1",
-            f"epochs={args.epochs}", "verbose=0", "tensorboard=false",
+            f"epochs={args.epochs}", "verbose=0", "logger=[]",
             f"batch.per_replica={args.batch}", *overrides])
     with tempfile.TemporaryDirectory() as run_dir:
         summary = train(cfg, run_dir=run_dir)

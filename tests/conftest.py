@@ -26,7 +26,7 @@ register_configs()
 
 REPO = Path(__file__).resolve().parent.parent
 # Small and fast: 8x8 digits (no resize), one epoch, no progress bar.
-TINY = ["epochs=1", "verbose=0", "dataset.image_size=8", "tensorboard=false"]
+TINY = ["epochs=1", "verbose=0", "dataset.image_size=8", "logger=[]"]
 
 
 def make_config(*overrides: str):

@@ -223,7 +223,7 @@ def test_a_run_directory_that_is_a_file_is_one_line(tmp_path):
 def test_a_config_reading_hydra_at_run_time_still_runs(tmp_path):
     """`${hydra:...}` resolves only inside the job: the early checks leave such a config to it."""
     run_dir = tmp_path / "run"
-    out = run_cli("epochs=1", "dataset.image_size=8", "verbose=0", "tensorboard=false",
+    out = run_cli("epochs=1", "dataset.image_size=8", "verbose=0", "logger=[]",
                   "+callbacks.csv._target_=keras.callbacks.CSVLogger",
                   "+callbacks.csv.filename=${hydra:runtime.output_dir}/epochs.csv",
                   f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=300)

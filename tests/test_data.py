@@ -12,7 +12,7 @@ from trainer.data import image_folder, synthetic
 from trainer.data.pipeline import DataError, build_pipeline
 from trainer.train import train
 
-FAST = ["epochs=1", "verbose=0", "tensorboard=false", "accelerator=cpu", "devices=2"]
+FAST = ["epochs=1", "verbose=0", "logger=[]", "accelerator=cpu", "devices=2"]
 
 
 @pytest.mark.parametrize("name, extra", [
@@ -150,7 +150,7 @@ def test_reported_validation_accuracy_counts_every_example_once(make_run, tmp_pa
 
     cfg = make_run("dataset=synthetic", "dataset.train_examples=50",
                    "dataset.validation_examples=50", "dataset.image_size=8",
-                   "epochs=1", "verbose=0", "tensorboard=false", "accelerator=cpu",
+                   "epochs=1", "verbose=0", "logger=[]", "accelerator=cpu",
                    f"devices={replicas}", "batch.per_replica=8")
     summary = train(cfg, run_dir=tmp_path)
     model = keras.models.load_model(tmp_path / "checkpoints" / "last.keras")

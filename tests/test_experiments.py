@@ -11,7 +11,7 @@ from trainer.config import config_dir
 from trainer.train import train
 
 EXPERIMENTS = sorted(p.stem for p in (config_dir() / "experiment").glob("*.yaml"))
-SHORT = ["accelerator=cpu", "devices=2", "epochs=1", "verbose=0", "tensorboard=false"]
+SHORT = ["accelerator=cpu", "devices=2", "epochs=1", "verbose=0", "logger=[]"]
 
 
 def test_the_classic_examples_are_there():

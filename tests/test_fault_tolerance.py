@@ -22,7 +22,7 @@ from trainer.evaluate import evaluate_run, load_checkpoint
 from trainer.train import train
 
 # 8x8 digits, 8 per step: 180 steps an epoch, long enough to stop in the middle of one.
-RESUMABLE = ["dataset.image_size=8", "tensorboard=false", "verbose=0", "epochs=2",
+RESUMABLE = ["dataset.image_size=8", "logger=[]", "verbose=0", "epochs=2",
              "batch.per_replica=8", "deterministic=true", "checkpoint.backup_every=20"]
 
 
@@ -116,7 +116,7 @@ class BlowUp(keras.callbacks.Callback):
 def test_diverging_learning_rate_stops_with_the_nan_error(tmp_path):
     run_dir = tmp_path / "run"
     (tmp_path / "blowup.py").write_text(BLOW_UP)
-    out = run_cli("dataset.image_size=8", "tensorboard=false", "verbose=0", "optimizer=sgd",
+    out = run_cli("dataset.image_size=8", "logger=[]", "verbose=0", "optimizer=sgd",
                   "checkpoint.nan_check_every=1", "epochs=2", "+callbacks.blowup._target_="
                   "blowup.BlowUp", f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=300)
     lines = error_lines(out.stderr)
@@ -176,7 +176,7 @@ def test_backups_are_complete_and_only_two_kept(tmp_path):
 
 def test_finished_run_is_not_overwritten_unless_resumed(tmp_path, tiny_config):
     run_dir = tmp_path / "run"
-    first = run_cli("dataset.image_size=8", "epochs=1", "verbose=0", "tensorboard=false",
+    first = run_cli("dataset.image_size=8", "epochs=1", "verbose=0", "logger=[]",
                     f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
     config = (run_dir / ".hydra" / "config.yaml").read_text()
@@ -211,7 +211,7 @@ def test_export_and_evaluate_a_finished_run(tmp_path, tiny_config):
 
 
 def test_a_nan_before_any_backup_does_not_point_to_one(tmp_path):
-    out = run_cli("dataset.image_size=8", "tensorboard=false", "verbose=0", "optimizer=sgd",
+    out = run_cli("dataset.image_size=8", "logger=[]", "verbose=0", "optimizer=sgd",
                   "optimizer.lr=1e30", "checkpoint.nan_check_every=1", "epochs=1",
                   f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=300)
     lines = error_lines(out.stderr)

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.multiworker
 # SGD: the sums of per-replica gradients differ from one replica's in the last bits, and
 # Adam's first steps (about lr * sign(gradient)) turn that into 1e-2 where a gradient is near
 # zero; with SGD 2 workers and 1 agree to 2e-7.
-COMMON = ["dataset.image_size=8", "tensorboard=false", "model.dropout=0", "seed=42",
+COMMON = ["dataset.image_size=8", "logger=[]", "model.dropout=0", "seed=42",
           "optimizer=sgd", "optimizer.lr=0.05"]
 
 
@@ -327,3 +327,100 @@ def test_two_processes_started_by_hand(tmp_path, how):
     # The other worker's own Hydra directory keeps only its config and log.
     assert sorted(p.name for p in (tmp_path / "run1").iterdir()) == [".hydra", "__main__.log"]
     assert "worker 1 of 2 finished" in logs[1]
+
+
+def consecutive_free_ports(count: int) -> int:
+    """A port p with p .. p + count - 1 all free on 127.0.0.1 (SLURM's port_base layout)."""
+    import random
+    import socket
+
+    for _ in range(200):
+        base = random.randint(20000, 60000)
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise RuntimeError("no consecutive free ports")
+
+
+def run_slurm_step(tmp_path: Path, *args: str, tasks: int = 2) -> list[str]:
+    """Runs `python -m trainer ARGS` as the tasks of a faked one-node SLURM step on
+    127.0.0.1 (ports from a free base); `{i}` in an argument becomes the task's index.
+
+    Returns:
+        Each task's output; fails unless every task exits 0.
+    """
+    base = consecutive_free_ports(tasks)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HYDRA_FULL_ERROR", "TF_CONFIG") and not k.startswith("SLURM")}
+    env.update(PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", SLURM_JOB_NODELIST="127.0.0.1",
+               SLURM_STEP_NODELIST="127.0.0.1", SLURM_NTASKS=str(tasks),
+               SLURM_STEP_NUM_TASKS=str(tasks), SLURM_STEP_TASKS_PER_NODE=str(tasks),
+               SLURMD_NODENAME="127.0.0.1")
+    procs = []
+    try:
+        for index in range(tasks):
+            log = open(tmp_path / f"task{index}.log", "w")  # noqa: SIM115 - closed below
+            procs.append((subprocess.Popen(
+                [sys.executable, "-m", "trainer", *(a.replace("{i}", str(index)) for a in args),
+                 f"cluster.port_base={base}"],
+                cwd=tmp_path, env={**env, "SLURM_PROCID": str(index),
+                                   "SLURM_LOCALID": str(index)},
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log))
+        codes = [proc.wait(timeout=300) for proc, _ in procs]
+    finally:
+        for proc, log in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            log.close()
+    logs = [(tmp_path / f"task{i}.log").read_text() for i in range(tasks)]
+    assert codes == [0] * tasks, [log[-3000:] for log in logs]
+    return logs
+
+
+def test_a_faked_slurm_step_trains_as_two_workers_like_one_and_only_the_chief_logs(
+        tmp_path, tiny_config):
+    from mlflow.tracking import MlflowClient
+
+    batch = ["batch.per_replica=null", "batch.global_size=64", "epochs=2", "optimizer.lr=0.01"]
+    run_slurm_step(tmp_path, *COMMON, *batch, "verbose=0", "logger=[csv,mlflow]",
+                   f"hydra.run.dir={tmp_path / 'run{i}'}")
+    summary = json.loads((tmp_path / "run0" / "summary.json").read_text())
+    assert summary["workers"] == 2 and summary["strategy"] == "multi_worker"
+    assert summary["cluster"]["source"] == "SLURM"
+    base = int(summary["cluster"]["tasks"][0].rpartition(":")[2])
+    assert summary["cluster"]["tasks"] == [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"]
+    expected = reference(tmp_path, tiny_config, "one", *batch)
+    assert_same_weights(tmp_path / "run0", expected, atol=1e-5)
+
+    # Only the chief logged: one CSV (a row per epoch), one MLflow run; task 1 wrote nothing.
+    assert len((tmp_path / "run0" / "metrics.csv").read_text().splitlines()) == 1 + 2
+    assert sorted(p.name for p in (tmp_path / "run1").iterdir()) == [".hydra", "__main__.log"]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("trainer").experiment_id])
+    assert len(runs) == 1 and runs[0].info.run_name == "run0"
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "val_loss")] == [0, 1]
+
+
+def test_a_sweep_job_of_several_slurm_tasks_is_one_trial_written_by_the_chief(tmp_path):
+    # What Hydra's submitit SLURM launcher does with tasks_per_node=2: every task runs the
+    # sweep's job; each becomes a worker of one cluster, and only task 0 reports.
+    sweep = tmp_path / "sweep"
+    logs = run_slurm_step(tmp_path, "-m", *COMMON, "epochs=1", "verbose=0",
+                          "optimized_metric=val_accuracy", f"hydra.sweep.dir={sweep}")
+    summary = json.loads((sweep / "0" / "summary.json").read_text())
+    assert summary["workers"] == 2 and summary["cluster"]["source"] == "SLURM"
+    assert "worker 1 of 2 finished" in logs[1]
+    trial = json.loads((sweep / "0" / "trial.json").read_text())
+    assert trial["status"] == "completed"
+    assert trial["value"] == summary["validation_metrics"]["accuracy"]
+    assert (sweep / "trials.md").read_text().startswith("# Trials: 1 (1 completed, 0 failed)")

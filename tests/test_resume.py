@@ -128,6 +128,19 @@ def test_what_may_change_on_resume():
         "batch.per_replica", "batch.global_size", "devices", "batch.accumulate"}
 
 
+def test_trackers_sweep_and_network_keys_may_change_on_resume():
+    # Keys a backup from before the logger group lacks, and ones that only say where a run
+    # logs, what a sweep reads from it, or which ports its workers use.
+    state, config = _state()
+    new = _with(config, **{"logger.csv.filename": "metrics.csv",
+                           "logger.tensorboard.update_freq": "epoch",
+                           "optimized_metric": "val_accuracy", "profile": [5, 8],
+                           "cluster.port_base": 9000})
+    assert set(check_resume(Path("r"), state, new)) == {
+        "logger.csv.filename", "logger.tensorboard.update_freq", "optimized_metric", "profile",
+        "cluster.port_base"}
+
+
 @pytest.mark.parametrize("changes, named", [
     ({"model._target_": "other.build"}, "model._target_ from 'm.build' to 'other.build'"),
     ({"model.dropout": 0.2}, "model.dropout from 0.1 to 0.2"),
@@ -159,7 +172,7 @@ def _digest(run_dir: Path) -> dict[str, str]:
             for p in files}
 
 
-BASE = ["dataset.image_size=8", "tensorboard=false", "verbose=0", "epochs=1"]
+BASE = ["dataset.image_size=8", "logger=[]", "verbose=0", "epochs=1"]
 
 
 @pytest.mark.parametrize("change, key", [

@@ -23,7 +23,7 @@ from trainer.errors import ConfigError
 from trainer.evaluate import evaluate_run
 from trainer.train import train
 
-QUIET = ["verbose=0", "tensorboard=false"]
+QUIET = ["verbose=0", "logger=[]"]
 
 
 def readme_project() -> tuple[dict[str, str], str]:

@@ -63,7 +63,7 @@ def test_schedule_is_applied_to_the_optimizer(tiny_config, tmp_path):
 
 
 def test_tensorboard_logs_are_written(tiny_config, tmp_path):
-    train(tiny_config("accelerator=cpu", "devices=1", "tensorboard=true"), run_dir=tmp_path)
+    train(tiny_config("accelerator=cpu", "devices=1", "logger=[tensorboard]"), run_dir=tmp_path)
     events = list((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))
     assert {p.parent.name for p in events} >= {"train", "validation"}
 
@@ -93,7 +93,7 @@ def test_config_errors_leave_nothing_behind(tiny_config, tmp_path):
 @pytest.mark.parametrize("loop, steps", [("fit", 1), ("custom", 4)])
 def test_loops_write_the_same_run_directory(tiny_config, tmp_path, loop, steps):
     cfg = tiny_config("accelerator=cpu", "devices=2", f"loop={loop}",
-                      f"steps_per_execution={steps}", "epochs=2", "tensorboard=true")
+                      f"steps_per_execution={steps}", "epochs=2", "logger=[tensorboard]")
     summary = train(cfg, run_dir=tmp_path)
     assert summary["loop"] == loop and summary["steps_per_execution"] == steps
     assert set(summary["train_metrics"]) == {"loss", "accuracy"}

@@ -32,6 +32,7 @@ from trainer.errors import (
     Interrupted,
     WorkerLost,
 )
+from trainer.sweep import TrialFailed
 
 # Set when a sweep job re-runs itself in a fresh process (see `_run_job_in_subprocess`).
 CHILD_ENV = "TRAINER_SWEEP_CHILD"
@@ -46,11 +47,12 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
 def _hydra_main(cfg: DictConfig) -> Any:
+    if _in_sweep() and not os.environ.get(CHILD_ENV):
+        # The job's own process validates and trains; a failure there fails this trial only.
+        return _run_job_in_subprocess(cfg)
     # Handled here, not after Hydra returns: Hydra would add its own "Error executing job" line.
     try:
         validate(cfg)
-        if _in_sweep() and not os.environ.get(CHILD_ENV):
-            return _run_job_in_subprocess()
         from trainer.quiet import tensorflow_started
 
         tensorflow_started()
@@ -83,32 +85,88 @@ def _in_sweep() -> bool:
     return HydraConfig.get().mode == RunMode.MULTIRUN
 
 
-def _run_job_in_subprocess() -> dict[str, Any]:
+# A job stopped by a signal (Ctrl-C, SIGTERM) stops the sweep; any other failure fails its
+# trial only.
+_STOPS_SWEEP = (EXIT_INTERRUPTED, 130, -2, -15)
+
+
+def _run_job_in_subprocess(cfg: DictConfig) -> Any:
     """Runs one sweep job as `python -m trainer` in a fresh process.
 
     TensorFlow's devices can be set once per process, before its runtime starts, and Hydra's
     basic launcher runs every job of a sweep in this one process; so each job re-executes
-    itself with its own overrides, writing into the job's own directory.
+    itself with its own overrides, writing into the job's own directory. The job's stderr is
+    passed through, its last line kept as the reason of a failed trial.
+
+    Returns:
+        The value of `optimized_metric` where it is set (what an optimizing sweeper needs),
+        else the job's summary.
+
+    Raises:
+        TrialFailed: the job failed; the trial table records it.
     """
     import json
+    from pathlib import Path
 
     from hydra.core.hydra_config import HydraConfig
 
+    from trainer.cluster import resolve_cluster
+    from trainer.sweep import direction, metric_value, record_trial
+
     hc = HydraConfig.get()
-    out = hc.runtime.output_dir
-    command = [sys.executable, "-m", "trainer", *hc.overrides.task,
+    out = Path(hc.runtime.output_dir)
+    command = [sys.executable, "-m", "trainer", *hc.overrides.task, "hydra.mode=RUN",
                f"hydra.run.dir={out}", f"hydra.job.name={hc.job.name}"]
+    # A job of several tasks (a SLURM launcher's nodes x tasks): each task is a worker;
+    # the chief writes the job's directory and reports, the others only train.
+    cluster = resolve_cluster(list(cfg.cluster.workers), cfg.cluster.task_index,
+                              os.environ.get("TF_CONFIG"), os.environ, cfg.cluster.port_base)
+    chief = cluster is None or cluster.is_chief
+    if not chief:
+        command.append("hydra.output_subdir=null")
     env = {**os.environ, CHILD_ENV: "1"}
     if not _USER_FULL_ERROR:
         env.pop("HYDRA_FULL_ERROR", None)
-    code = subprocess.call(command, env=env)
-    if code in (EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_DIVERGED, EXIT_WORKER_LOST):
-        sys.exit(code)  # the job has printed its one-line message
-    if code:
-        raise RuntimeError(f"sweep job {hc.job.num} failed with exit code {code}: "
-                           f"{' '.join(hc.overrides.task)}")
-    with open(os.path.join(out, "summary.json")) as f:
-        return json.load(f)
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True,
+                               errors="replace")
+    last = ""
+    for line in process.stderr:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        last = line.strip() or last
+    code = process.wait()
+    if not chief:
+        if code:
+            raise TrialFailed(f"sweep job {hc.job.num}, worker {cluster.task_id}: "
+                              f"{last.removeprefix('error: ') or f'exit code {code}'}", code)
+        return None
+    optimized = cfg.get("optimized_metric")
+    metric = optimized or cfg.checkpoint.monitor
+    mode = direction(metric, hc.sweeper if optimized else None)
+    trial = {"job": hc.job.num, "overrides": list(hc.overrides.task), "metric": metric,
+             "value": None, "status": "failed", "exit_code": code, "error": None}
+    summary = None
+    try:
+        if code in _STOPS_SWEEP:
+            sys.exit(EXIT_INTERRUPTED if code < 0 else code)  # the job said why
+        if code:
+            trial["error"] = last.removeprefix("error: ") or f"exit code {code}"
+            raise TrialFailed(f"sweep job {hc.job.num} ({' '.join(hc.overrides.task)}) "
+                              f"failed: {trial['error']}", code)
+        summary = json.loads((out / "summary.json").read_text())
+        try:
+            trial["value"] = metric_value(summary, metric)
+        except ConfigError as error:
+            if optimized:
+                trial["error"] = str(error)
+                raise TrialFailed(f"sweep job {hc.job.num}: {error}", EXIT_CONFIG) from None
+        trial["status"] = "completed"
+    finally:
+        if trial["status"] == "completed" or trial["error"]:
+            table = record_trial(out, Path(hc.sweep.dir), trial, mode)
+            print(f"[sweep] job {hc.job.num} {trial['status']}; all trials: {table}",
+                  file=sys.stderr, flush=True)
+    return trial["value"] if optimized else summary
 
 
 def one_line(error: BaseException) -> str:
@@ -151,6 +209,24 @@ def main() -> None:
         _hydra_main()
     except KNOWN_ERRORS as error:
         _exit_config_error(error)
+    except TrialFailed as error:
+        # A sweeper that stops at a failed job (Hydra's grid sweeper, after its batch; Optuna's
+        # past max_failure_rate): the first failure, and where every job's outcome is.
+        if _USER_FULL_ERROR:
+            raise
+        print(f"error: {error}; every job's outcome is in trials.md in the sweep directory",
+              file=sys.stderr, flush=True)
+        sys.exit(error.code)
+    except ValueError as error:
+        if _USER_FULL_ERROR:
+            raise
+        if "No trials are completed yet" in str(error):  # Optuna's, when every trial failed
+            print("error: every trial of the sweep failed; trials.md in the sweep directory "
+                  "lists each one's error", file=sys.stderr, flush=True)
+            sys.exit(1)
+        if not _raised_by_hydra(error):
+            raise
+        _exit_config_error(error)  # e.g. "Only one of --run, --multirun, --cfg ..."
     except KeyboardInterrupt:
         # Ctrl-C outside the training steps (start-up, the final evaluation), where no
         # stop request is listened for.
@@ -160,6 +236,14 @@ def main() -> None:
               "start again, or to finish from the last backup", file=sys.stderr, flush=True)
         _remove_fresh_run_dir()
         sys.exit(EXIT_CTRL_C)
+
+
+def _raised_by_hydra(error: BaseException) -> bool:
+    """Whether Hydra's own code raised it (its command-line checks), not the training."""
+    import traceback
+
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and f"{os.sep}hydra{os.sep}" in frames[-1].filename
 
 
 def _refuse_finished_run_dir(args: list[str]) -> None:
@@ -241,9 +325,13 @@ def _precheck(args: list[str]) -> None:
     except InterpolationResolutionError:
         return  # it needs a running job (`${hydra:...}`): the job validates it
     cluster = resolve_cluster(list(cfg.cluster.workers), cfg.cluster.task_index,
-                              os.environ.get("TF_CONFIG"))
+                              os.environ.get("TF_CONFIG"), os.environ,
+                              cfg.cluster.port_base)
     if cluster is not None and not cluster.is_chief:
         return  # the chief checks and writes the run directory
+    from trainer.loggers import check_loggers
+
+    check_loggers(cfg.logger, reach=True)
     check_resume_target(cfg.get("resume"), logs)
     run_dir = Path(cfg.resume if cfg.get("resume") else logs)
     check_unlocked(run_dir)

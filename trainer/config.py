@@ -55,6 +55,8 @@ class StrategyConfig:
 class ClusterConfig:
     workers: list[str] = field(default_factory=list)
     task_index: int = 0
+    # SLURM job steps: the tasks on a node listen on port_base, port_base + 1, ...
+    port_base: int = 8888
 
 
 # The optimizer node is open: `_target_` names any Keras optimizer class (or the user's), its
@@ -161,7 +163,10 @@ class Config:
     gpu: GpuConfig = field(default_factory=GpuConfig)
     batch: BatchConfig = field(default_factory=BatchConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    tensorboard: bool = True
+    # Trackers by name (`conf/logger/`), several at once.
+    logger: Any = field(default_factory=dict)
+    optimized_metric: str | None = None
+    profile: Any = None
     verbose: Any = "auto"
     resume: str | None = None
     export: bool = False
@@ -275,6 +280,17 @@ def parse_devices(value: Any) -> str | int | tuple[int, ...]:
                       f"received: {value!r}")
 
 
+def _validate_profile(profile: Any) -> None:
+    if profile is None:
+        return
+    steps = list(profile) if isinstance(profile, (list, tuple, ListConfig)) else None
+    ok = (steps is not None and len(steps) == 2
+          and all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in steps)
+          and steps[0] <= steps[1])
+    _require(ok, "profile must be [first_step, last_step] with 1 <= first <= last, e.g. "
+             f"profile=[5,8], or null; received: {profile!r}")
+
+
 def validate(cfg: DictConfig) -> None:
     """Checks the values the schema cannot express, before TensorFlow is imported.
 
@@ -288,6 +304,13 @@ def validate(cfg: DictConfig) -> None:
     _require(not missing, f"{', '.join(missing)} must be set (no default); e.g. "
              f"{missing[0] if missing else ''}=VALUE on the command line")
     _positive_int("epochs", cfg.epochs)
+    from trainer.loggers import check_loggers
+
+    check_loggers(cfg.logger)
+    _validate_profile(cfg.profile)
+    metric = cfg.optimized_metric
+    _require(metric is None or (isinstance(metric, str) and metric), "optimized_metric must be "
+             f"a metric name such as val_accuracy, or null; received: {metric!r}")
     _one_of("loop", cfg.loop, LOOPS)
     _validate_speed(cfg)
     _one_of("accelerator", cfg.accelerator, ACCELERATORS)

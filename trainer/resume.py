@@ -24,7 +24,9 @@ from trainer.errors import ConfigError
 # Keys (and key prefixes) that may change on any resume.
 FREE = ("epochs", "verbose", "tensorboard", "export", "resume", "checkpoint", "callbacks",
         "metrics", "strategy.timeout_s", "log_device_placement", "soft_placement", "gpu",
-        "steps_per_execution", "jit_compile", "deterministic", "cluster.task_index")
+        "steps_per_execution", "jit_compile", "deterministic", "cluster.task_index",
+        "cluster.port_base", "logger",
+        "optimized_metric", "profile")
 # Keys that only decide how the global batch is split over devices: free when the global
 # batch is fixed by batch.global_size.
 ELASTIC = ("devices", "accelerator", "cluster", "strategy", "batch.accumulate",

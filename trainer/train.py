@@ -52,7 +52,8 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None,
     started = time.perf_counter()
     validate(cfg)
     cluster = resolve_cluster(list(cfg.cluster.workers), cfg.cluster.task_index,
-                              os.environ.get("TF_CONFIG"))
+                              os.environ.get("TF_CONFIG"), os.environ,
+                              cfg.cluster.port_base)
     if cluster is None or cluster.is_chief:
         from trainer.lock import run_lock
 
@@ -72,8 +73,14 @@ def _train(cfg: DictConfig, run_dir: Path, extra: Sequence[Any], started: float,
            cluster: Cluster | None) -> dict[str, Any]:
     chief = cluster is None or cluster.is_chief
     if chief:
+        from trainer.loggers import check_loggers
+
         refuse_finished_run(run_dir, resume=cfg.resume is not None)
-    plan = plan_devices(cfg.accelerator, cfg.devices, visible_gpu_count(),
+        check_loggers(cfg.logger, reach=True)
+    from trainer.cluster import slurm_devices
+
+    gpus = visible_gpu_count()
+    plan = plan_devices(cfg.accelerator, slurm_devices(cfg.devices, cluster, gpus), gpus,
                         cfg.soft_placement)
     configure_devices(plan, memory_option(cfg.gpu.memory_growth, cfg.gpu.memory_limit_mb),
                       cfg.soft_placement, cfg.log_device_placement)
@@ -111,14 +118,23 @@ def _run(cfg: DictConfig, plan: DevicePlan, run_dir: Path, extra: Sequence[Any],
 
 def _train_and_report(cfg: DictConfig, plan: DevicePlan, run: Run, run_dir: Path,
                       extra: Sequence[Any], started: float, wired: list) -> dict[str, Any]:
+    from trainer.sweep import check_metric_name
+    from trainer.trackers import finish_trackers
+
     cluster = run.cluster
+    check_metric_name(cfg.optimized_metric, run.logged)
     start, changes = _resume_point(cfg, run, run_dir)
     request = StopRequest()
     callbacks = build_callbacks(cfg, run, run_dir, started, start, request, tuple(extra))
     wired.append(callbacks)
-    with stop_on_signals(request):
-        outcome = _fit(cfg, run, callbacks, start)
+    try:
+        with stop_on_signals(request):
+            outcome = _fit(cfg, run, callbacks, start)
+    except BaseException:
+        finish_trackers(list(callbacks.trackers), None, "FAILED")
+        raise
     if callbacks.backup.interrupted:
+        finish_trackers(list(callbacks.trackers), None, "KILLED")
         why = ("another worker was asked to stop" if callbacks.backup.stopped_by_peer
                else f"stopped by signal {request.signal}")
         who = "; every worker stopped" if run.workers > 1 else ""
@@ -126,14 +142,17 @@ def _train_and_report(cfg: DictConfig, plan: DevicePlan, run: Run, run_dir: Path
                           f"{backup_place(run_dir, run.is_chief)}; rerun the same command to "
                           "resume")
     from trainer.summary import build_summary
+    from trainer.trackers import logged_to
 
     summary = build_summary(cfg, run, plan, run_dir, outcome, callbacks, started, start,
                             changes)
     if cfg.export:
         run.model.export(str(run_dir / "saved_model"), verbose=False)
         summary["saved_model"] = str(run_dir / "saved_model")
+    summary["loggers"] = logged_to(callbacks.trackers, run_dir)
     if run.is_chief:
         _finish(summary, run_dir)
+        finish_trackers(list(callbacks.trackers), summary, "FINISHED")
     else:
         print(f"worker {cluster.task_id} of {cluster.num_workers} finished; the chief "
               f"({cluster.addresses[0]}) wrote the checkpoints and summary", flush=True)
