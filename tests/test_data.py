@@ -74,7 +74,8 @@ def test_image_folder_trains(make_run, tmp_path):
     cfg = make_run("dataset=image_folder", f"dataset.path={tmp_path / 'images'}",
                    "dataset.image_size=32", *FAST, "batch.per_replica=4")
     summary = train(cfg, run_dir=tmp_path / "run")
-    assert summary["train_examples"] == 16 and summary["validation_examples"] == 4
+    assert summary["train_examples"] == 16 and summary["validation_examples"] == 2
+    assert summary["test_examples"] == 2 and summary["test_metrics"] is not None
     assert summary["dataset"] == "image_folder"
 
 

@@ -19,6 +19,6 @@ def test_default_run_reaches_95_percent(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["model"] == "cnn" and summary["dataset"] == "digits"
     assert summary["validation_metrics"]["accuracy"] >= 0.95
-    assert summary["validation_examples"] == 360
+    assert summary["validation_examples"] == 180 and summary["test_examples"] == 180
     print(f"default run: {elapsed:.1f} s, validation accuracy "
           f"{summary['validation_metrics']['accuracy']:.4f}")

@@ -11,7 +11,7 @@ import pytest
 from trainer.config import ConfigError
 from trainer.train import train
 
-DIGITS_TRAIN, DIGITS_VAL = 1437, 360
+DIGITS_TRAIN, DIGITS_VAL = 1437, 180
 
 
 @pytest.mark.parametrize("replicas", [1, 2, 4])

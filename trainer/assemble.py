@@ -60,7 +60,8 @@ class LearningRate:
 
 @dataclass(frozen=True)
 class Data:
-    """A run's data: the source, a maker of training epochs, and the validation batches.
+    """A run's data: the source, a maker of training epochs, the validation batches, and the
+    test batches (None without a test split).
 
     `make_train(first_epoch, end_epoch, skip_steps)` returns the training batches of those
     epochs as one dataset, skipping the steps a resumed run already did.
@@ -69,6 +70,7 @@ class Data:
     source: Any
     make_train: Callable[[int, int, int], Any]
     validation: Any
+    test: Any = None
 
 
 @dataclass(frozen=True)
@@ -246,10 +248,17 @@ def build_data(cfg: DictConfig, global_batch: int, shards: int,
                                      drop_remainder=cfg.batch.drop_remainder,
                                      examples=source.train_size, replicas=shards, **common)
 
-    validation = build_pipeline(source.validation, eval_batch or global_batch, training=False,
-                                examples=source.validation_size,
-                                replicas=shards if eval_batch is None else replicas, **common)
-    return Data(source=source, make_train=make_train, validation=validation)
+    def evaluation(dataset, examples, cache=None):
+        options = common if cache is None else {**common, "cache": cache}
+        return build_pipeline(dataset, eval_batch or global_batch, training=False,
+                              examples=examples,
+                              replicas=shards if eval_batch is None else replicas, **options)
+
+    # The test split is read once, at the end: no cache holding it through the run.
+    test = (evaluation(source.test, source.test_size, cache=False)
+            if source.test is not None and source.test_size > 0 else None)
+    return Data(source=source, make_train=make_train,
+                validation=evaluation(source.validation, source.validation_size), test=test)
 
 
 def learning_rate(opt: DictConfig, global_batch: int, steps: int, epochs: int) -> LearningRate:

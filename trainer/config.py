@@ -71,6 +71,8 @@ class CheckpointConfig:
     monitor: str = "val_accuracy"
     mode: str = "auto"
     save_best: bool = True
+    # the checkpoint the test split is evaluated with at the end: best | last
+    test_with: str = "best"
     backup_every: int = 0
     nan_check_every: int = 10
 
@@ -97,7 +99,8 @@ class Cifar10CnnConfig:
 class DigitsConfig:
     _target_: str = "trainer.data.digits.load"
     image_size: int = 32
-    validation_fraction: float = 0.2
+    validation_fraction: float = 0.1
+    test_fraction: float = 0.1
     cache: bool = True
     shuffle_buffer: int = 2048
 
@@ -119,7 +122,9 @@ class TfdsConfig:
     _target_: str = "trainer.data.tfds.load"
     name: str = MISSING
     train_split: str = "train"
-    validation_split: str = "test"
+    validation_split: str = "auto"
+    test_split: str | None = "auto"
+    validation_fraction: float = 0.1
     data_dir: str | None = None
     download: bool = True
     image_size: int | None = None
@@ -133,7 +138,8 @@ class ImageFolderConfig:
     path: str = MISSING
     image_size: int = 64
     channels: int = 3
-    validation_fraction: float = 0.2
+    validation_fraction: float = 0.1
+    test_fraction: float = 0.1
     cache: bool = True
     shuffle_buffer: int = 10000
 
@@ -308,6 +314,7 @@ def validate(cfg: DictConfig) -> None:
 
     check_loggers(cfg.logger)
     _validate_profile(cfg.profile)
+    _one_of("checkpoint.test_with", cfg.checkpoint.test_with, ("best", "last"))
     metric = cfg.optimized_metric
     _require(metric is None or (isinstance(metric, str) and metric), "optimized_metric must be "
              f"a metric name such as val_accuracy, or null; received: {metric!r}")
@@ -376,6 +383,13 @@ def _validate_builders(model: DictConfig, dataset: DictConfig) -> None:
         _require(isinstance(fraction, (int, float)) and 0 < fraction < 1,
                  "dataset.validation_fraction must be between 0 and 1 (exclusive); received: "
                  f"{fraction!r}")
+    test = dataset.get("test_fraction")
+    if test is not None:
+        _require(isinstance(test, (int, float)) and 0 <= test < 1,
+                 f"dataset.test_fraction must be in [0, 1); received: {test!r}")
+        _require(test + (fraction or 0) < 1, "dataset.validation_fraction + "
+                 f"dataset.test_fraction must leave examples to train on; received: "
+                 f"{fraction!r} + {test!r}")
     dropout = model.get("dropout")
     if dropout is not None:
         _require(isinstance(dropout, (int, float)) and 0 <= dropout < 1,

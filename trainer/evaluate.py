@@ -1,11 +1,12 @@
 """`python -m trainer.evaluate RUN_DIR [overrides]`: evaluate a finished run's checkpoint.
 
 The run's saved config (`RUN_DIR/.hydra/config.yaml`) is composed again by Hydra over the
-schema, with the overrides (for example `accelerator=cpu devices=2`, or `checkpoint=last`),
-so a typo or a wrong type fails as it does for training. The run is then assembled as
-training assembles it (strategy for those devices, data, model, loss, metrics, loop),
-`checkpoints/best.keras` (or `last.keras`) is loaded into it, and every validation example
-is evaluated once. Prints the metrics as JSON; exit code 2 on bad input.
+schema, with the overrides (for example `accelerator=cpu devices=2`, `checkpoint=last`, or
+`split=test`), so a typo or a wrong type fails as it does for training. The run is then
+assembled as training assembles it (strategy for those devices, data, model, loss, metrics,
+loop), `checkpoints/best.keras` (or `last.keras`) is loaded into it, and every example of
+the validation split (or, with `split=test`, the test split) is evaluated once. Prints the
+metrics as JSON; exit code 2 on bad input.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from trainer.errors import ConfigError
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if os.environ.get("TRAINER_TF_LOGS") == "1"
                       else "2")
 CHECKPOINTS = ("best", "last")
+SPLITS = ("validation", "test")
 
 
 def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, Any]:
@@ -38,7 +40,16 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
         `{"checkpoint": path, "replicas": n, "metrics": {...}}`.
     """
     run_dir = Path(run_dir)
-    cfg, which = compose_run_config(run_dir, list(overrides))
+    split = "validation"
+    rest = []
+    for item in overrides:
+        if item.startswith("split="):
+            split = item.split("=", 1)[1]
+        else:
+            rest.append(item)
+    if split not in SPLITS:
+        raise ConfigError(f"split must be validation or test; received: {split!r}")
+    cfg, which = compose_run_config(run_dir, rest)
     checkpoint = run_dir / "checkpoints" / f"{which}.keras"
     if not checkpoint.is_file():
         raise ConfigError(f"no checkpoint {checkpoint}; valid: checkpoint=best or "
@@ -52,15 +63,26 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
     configure_devices(plan, memory_option(cfg.gpu.memory_growth, cfg.gpu.memory_limit_mb),
                       cfg.soft_placement)
     run = assemble(cfg, plan)
+    data = run.data.validation if split == "validation" else run.data.test
+    if data is None:
+        raise ConfigError(f"the dataset of {run_dir} has no test split; valid: "
+                          "split=validation")
     run.model.load_weights(checkpoint)
-    if run.loop == "custom":
+    if split == "test":
+        from trainer.train import test_metrics
+
+        metrics = test_metrics(run)
+    elif run.loop == "custom":
         from trainer.loop import CustomLoop
 
         metrics = CustomLoop(run.model, run.strategy, loss=run.loss,
-                             metrics=run.metrics).evaluate(run.data.validation)
+                             metrics=run.metrics).evaluate(data)
     else:
-        metrics = run.model.evaluate(run.data.validation, return_dict=True, verbose=0)
-    return {"checkpoint": str(checkpoint), "replicas": run.strategy.num_replicas_in_sync,
+        metrics = run.model.evaluate(data, return_dict=True, verbose=0)
+    examples = (run.data.source.validation_size if split == "validation"
+                else run.data.source.test_size)
+    return {"checkpoint": str(checkpoint), "split": split, "examples": examples,
+            "replicas": run.strategy.num_replicas_in_sync,
             "metrics": {k: float(v) for k, v in metrics.items()}}
 
 
@@ -112,6 +134,8 @@ def compose_run_config(run_dir: Path, overrides: list[str]) -> tuple[DictConfig,
     if primary.strategy.name == "multi_worker":
         primary.strategy.name = "auto"
     primary.cluster = {"workers": [], "task_index": 0}
+    # Runs from before the logger group had `tensorboard: bool`; evaluation logs nothing.
+    primary.pop("tensorboard", None)
     with tempfile.TemporaryDirectory(prefix="trainer-evaluate-") as folder:
         OmegaConf.save(primary, Path(folder) / "run.yaml")
         with initialize_config_dir(folder, version_base="1.3"):

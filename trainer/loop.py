@@ -13,11 +13,16 @@ before the one all-reduce of the step; the loss is still divided by the whole st
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import keras
 import tensorflow as tf
+
+# tf.distribute's input code reads dataset options in graph mode when a dataset is
+# distributed, which warns on every run; nothing for a user to act on.
+warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data")
 
 
 class CustomLoop:

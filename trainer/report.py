@@ -14,7 +14,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 
 COLUMNS = ("devices", "replicas", "micro-batch", "accumulate", "global batch", "scaled lr",
-           "time (s)", "first step (s)", "examples/s", "speed-up", "efficiency", "val accuracy")
+           "time (s)", "first step (s)", "examples/s", "speed-up", "efficiency", "val accuracy",
+           "test accuracy")
 
 
 def collect(sweep_dir: Path) -> list[dict[str, Any]]:
@@ -43,6 +44,7 @@ def scaling_rows(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "examples/s": rate, "speed-up": speedup,
             "efficiency": speedup / (s["replicas"] / base["replicas"]) if speedup else None,
             "val accuracy": s["validation_metrics"].get("accuracy"),
+            "test accuracy": (s.get("test_metrics") or {}).get("accuracy"),
         })
     return rows
 

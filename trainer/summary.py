@@ -103,6 +103,10 @@ def build_summary(cfg: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, ca
         "epoch_examples_per_sec": throughput.epoch_rates,
         "train_metrics": train_metrics,
         "validation_metrics": dict(outcome.validation),
+        "splits": run.data.source.splits,
+        "test_examples": run.data.source.test_size,
+        "test_metrics": None if outcome.test is None else dict(outcome.test),
+        "test_checkpoint": outcome.test_checkpoint,
         "seed": cfg.seed,
         "warnings": list(plan.warnings),
         "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
@@ -161,6 +165,10 @@ def format_summary(summary: dict[str, Any]) -> str:
     ]
     rows += [(f"train {k}", v) for k, v in summary["train_metrics"].items()]
     rows += [(f"validation {k}", v) for k, v in summary["validation_metrics"].items()]
+    if summary.get("test_metrics") is not None:
+        rows += [(f"test {k}", v) for k, v in summary["test_metrics"].items()]
+        rows.append(("test checkpoint", f"{Path(summary['test_checkpoint']).name} "
+                     f"({summary['test_examples']} examples, evaluated once)"))
     rows += [(f"logged to {k}", v) for k, v in (summary.get("loggers") or {}).items()]
     width = max(len(name) for name, _ in rows)
     lines = [f"  {name:<{width}}  {_fmt(value)}" for name, value in rows]

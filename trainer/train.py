@@ -34,6 +34,8 @@ class Outcome:
     validation: dict[str, float]
     epochs_done: int
     stopped_early: bool
+    test: dict[str, float] | None = None
+    test_checkpoint: str | None = None
 
 
 def train(cfg: DictConfig, run_dir: str | Path | None = None,
@@ -262,12 +264,42 @@ def _fit(cfg: DictConfig, run: Run, callbacks: Callbacks, start: tuple[int, int]
     epochs_done = backup.epoch + 1 if history else start[0]
     if backup.interrupted:  # a stopped run is not evaluated (other workers may be gone)
         return Outcome(history, {}, epochs_done, False)
-    if loop is not None:
-        final = loop.evaluate(run.data.validation)
-    else:
-        final = model.evaluate(run.data.validation, return_dict=True, verbose=0)
-    return Outcome(history, {k: float(v) for k, v in final.items()}, epochs_done,
-                   stopped_early and epochs_done < cfg.epochs)
+    def evaluate(dataset) -> dict[str, float]:
+        found = (loop.evaluate(dataset) if loop is not None
+                 else model.evaluate(dataset, return_dict=True, verbose=0))
+        return {k: float(v) for k, v in found.items()}
+
+    final = evaluate(run.data.validation)
+    test, checkpoint = None, None
+    if run.data.test is not None:
+        # Once, at the end, with the checkpoint validation chose: nothing before read it.
+        checkpoint = test_checkpoint(cfg, callbacks)
+        if checkpoint.is_file():  # else (no epoch ended in this run): the weights as they are
+            model.load_weights(checkpoint)
+        else:
+            checkpoint = None
+        test = test_metrics(run, loop)
+    return Outcome(history, final, epochs_done, stopped_early and epochs_done < cfg.epochs,
+                   test, None if checkpoint is None else str(checkpoint))
+
+
+def test_metrics(run: Run, loop: Any = None) -> dict[str, float]:
+    """Every test example evaluated once, by the custom loop's evaluation (whatever the
+    training loop): Keras's `evaluate` under a strategy takes a batch from a first iterator
+    to build the model and starts another, so its prefetching reads the data twice."""
+    from trainer.loop import CustomLoop
+
+    if loop is None:
+        loop = CustomLoop(run.model, run.strategy, loss=run.loss, metrics=run.metrics)
+    return {k: float(v) for k, v in loop.evaluate(run.data.test).items()}
+
+
+def test_checkpoint(cfg: DictConfig, callbacks: Callbacks) -> Path:
+    """The checkpoint the test split is evaluated with: `checkpoint.test_with` (best, or
+    last where no best is kept)."""
+    saved = {Path(c.filepath).stem: Path(c.filepath) for c in callbacks.checkpoints}
+    which = cfg.checkpoint.test_with if cfg.checkpoint.test_with in saved else "last"
+    return saved[which]
 
 
 def _set_determinism(on: bool) -> None:

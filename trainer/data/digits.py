@@ -11,12 +11,14 @@ from trainer.data.pipeline import Source
 SPLIT_SEED = 0
 
 
-def load(image_size: int = 32, validation_fraction: float = 0.2, seed: int | None = None) -> Source:
-    """Loads the digits, split into train and validation, resized to `image_size`.
+def load(image_size: int = 32, validation_fraction: float = 0.1, test_fraction: float = 0.1,
+         seed: int | None = None) -> Source:
+    """Loads the digits, split into train, validation and test, resized to `image_size`.
 
     Args:
         image_size: side of the square images the model sees (the originals are 8x8).
-        validation_fraction: share of the examples held out for validation, per class.
+        validation_fraction: share of the examples for validation, per class.
+        test_fraction: share of the examples for the test split, per class; 0: none.
         seed: unused; the split is fixed so runs compare.
 
     Returns:
@@ -28,15 +30,21 @@ def load(image_size: int = 32, validation_fraction: float = 0.2, seed: int | Non
     del seed
     digits = load_digits()
     images = digits.images.astype(np.uint8)[..., None]  # values 0..16
-    x_train, x_val, y_train, y_val = train_test_split(
-        images, digits.target.astype(np.int32), test_size=validation_fraction,
-        random_state=SPLIT_SEED, stratify=digits.target)
-    return Source(
-        train=tf.data.Dataset.from_tensor_slices((x_train, y_train)),
-        validation=tf.data.Dataset.from_tensor_slices((x_val, y_val)),
-        train_size=len(x_train), validation_size=len(x_val),
-        input_shape=(image_size, image_size, 1), num_classes=10,
-        preprocess=_resize(image_size), scale=1.0 / 16.0)
+    labels = digits.target.astype(np.int32)
+    held = validation_fraction + test_fraction
+    # Held-out examples first (the training examples do not depend on the test share), then
+    # they are divided into validation and test, both stratified and fixed.
+    x_train, x_held, y_train, y_held = train_test_split(
+        images, labels, test_size=held, random_state=SPLIT_SEED, stratify=labels)
+    x_test = y_test = None
+    x_val, y_val = x_held, y_held
+    if test_fraction > 0:
+        x_val, x_test, y_val, y_test = train_test_split(
+            x_held, y_held, test_size=test_fraction / held, random_state=SPLIT_SEED,
+            stratify=y_held)
+    return Source.from_arrays(x_train, y_train, x_val, y_val, num_classes=10, x_test=x_test,
+                              y_test=y_test, preprocess=_resize(image_size), scale=1.0 / 16.0,
+                              input_shape=(image_size, image_size, 1))
 
 
 def _resize(image_size: int):

@@ -1,47 +1,126 @@
-"""A folder of images with one sub-folder per class, JPEG, PNG, GIF or BMP."""
+"""A folder of images, one sub-folder per class (JPEG, PNG, GIF or BMP), in three roles.
+
+Either `DIR/train/<class>/...`, `DIR/val/<class>/...` (or `validation/`) and, optionally,
+`DIR/test/<class>/...`: each role from its own folder (without a validation folder, the
+validation share of `train/` is held out); or one folder `DIR/<class>/...` split per class by
+fixed fractions, the same files on every run whatever the seed. No file is in two roles.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import keras
+import numpy as np
+import tensorflow as tf
 
 from trainer.data.pipeline import DataError, Source
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
-SPLIT_SEED = 0  # the validation split is the same for every run, whatever its seed
-LAYOUT = "expected one sub-folder per class holding JPEG/PNG files"
+SPLIT_SEED = 0  # the split is the same for every run, whatever its seed
+LAYOUT = ("expected one sub-folder per class holding JPEG/PNG files, or train/, val/ and "
+          "test/ folders each holding them")
+VALIDATION_FOLDERS = ("val", "validation")
 
 
-def load(path: str, image_size: int = 64, channels: int = 3, validation_fraction: float = 0.2,
-         seed: int | None = None) -> Source:
-    """Reads `path/<class>/<image>` files, decoding and resizing them in parallel.
+def load(path: str, image_size: int = 64, channels: int = 3, validation_fraction: float = 0.1,
+         test_fraction: float = 0.1, seed: int | None = None) -> Source:
+    """Reads the images of each role, decoding and resizing them in parallel.
 
     Args:
-        path: the folder; class names are its sub-folders, in sorted order.
+        path: the folder: `train/`, `val/` (or `validation/`), `test/` role folders, or
+            class folders directly.
         image_size: side of the square images the model sees.
         channels: 1 (grey), 3 (RGB) or 4 (RGBA).
-        validation_fraction: share of the files held out, the same files on every run.
+        validation_fraction: share of each class held out for validation where there is
+            no validation folder.
+        test_fraction: share of each class held out for the test split of a single folder
+            (role folders: `test/`, if present, is the test split).
         seed: unused; the split is fixed so runs compare.
 
     Returns:
-        A `Source`; class indices follow the sorted sub-folder names.
+        A `Source`; class indices follow the sorted class folder names (of `train/`).
     """
     del seed
     root = Path(path).expanduser()
-    classes = _classes(root, path)
-    _check_files(root, classes)
-    color = {1: "grayscale", 3: "rgb", 4: "rgba"}[channels]
-    train, validation = keras.utils.image_dataset_from_directory(
-        str(root), labels="inferred", label_mode="int", class_names=classes,
-        color_mode=color, batch_size=None, image_size=(image_size, image_size),
-        shuffle=True, seed=SPLIT_SEED, validation_split=validation_fraction, subset="both",
-        verbose=False)
-    return Source(train=train, validation=validation,
-                  train_size=int(train.cardinality()),
-                  validation_size=int(validation.cardinality()),
+    roles = _role_folders(root)
+    if roles:
+        classes = _classes(roles["train"], str(roles["train"]))
+        files = {"train": _files(roles["train"], classes)}
+        for role in ("validation", "test"):
+            if roles.get(role) is not None:
+                files[role] = _files(roles[role], classes, check_classes=True)
+        if "validation" not in files:
+            files["train"], files["validation"], _ = _split(files["train"],
+                                                            validation_fraction, 0.0)
+    else:
+        classes = _classes(root, path)
+        files = dict(zip(("train", "validation", "test"),
+                         _split(_files(root, classes), validation_fraction, test_fraction),
+                         strict=True))
+    for role in ("train", "validation"):
+        if not files[role]:
+            raise DataError(f"dataset=image_folder: {path} leaves no {role} images; add "
+                            "images or change dataset.validation_fraction")
+    _check_files([name for role_files in files.values() for name, _ in role_files or []])
+    datasets = {role: _dataset(items) for role, items in files.items() if items}
+    return Source(train=datasets["train"], validation=datasets["validation"],
+                  train_size=len(files["train"]), validation_size=len(files["validation"]),
+                  test=datasets.get("test"), test_size=len(files.get("test") or []),
                   input_shape=(image_size, image_size, channels), num_classes=len(classes),
-                  scale=1.0 / 255.0)
+                  preprocess=_decoder(image_size, channels), scale=1.0 / 255.0)
+
+
+def _role_folders(root: Path) -> dict[str, Path | None] | None:
+    """`train/`, the validation and test folders where `root` has a `train/` folder."""
+    if not (root / "train").is_dir():
+        return None
+    found = [root / name for name in VALIDATION_FOLDERS if (root / name).is_dir()]
+    return {"train": root / "train", "validation": found[0] if found else None,
+            "test": root / "test" if (root / "test").is_dir() else None}
+
+
+def _files(folder: Path, classes: list[str], check_classes: bool = False) -> list[tuple]:
+    """`(path, class index)` of every image under `folder/<class>/`, in sorted order."""
+    if check_classes:
+        extra = sorted(d.name for d in folder.iterdir() if d.is_dir() and _has_images(d)
+                       and d.name not in classes)
+        if extra:
+            raise DataError(f"dataset=image_folder: {folder} has classes train/ lacks: "
+                            f"{', '.join(extra)}; train/ has {', '.join(classes)}")
+    return [(str(f), index) for index, name in enumerate(classes) if (folder / name).is_dir()
+            for f in sorted((folder / name).rglob("*"))
+            if f.suffix.lower() in EXTENSIONS and f.is_file()]
+
+
+def _split(files: list[tuple], validation: float, test: float) -> tuple[list, list, list]:
+    """Splits each class's files by the fractions, the same way on every run."""
+    rng = np.random.default_rng(SPLIT_SEED)
+    roles: tuple[list, list, list] = ([], [], [])
+    for label in sorted({label for _, label in files}):
+        mine = [item for item in files if item[1] == label]
+        order = rng.permutation(len(mine))
+        n_val, n_test = round(len(mine) * validation), round(len(mine) * test)
+        for rank, i in enumerate(order):
+            role = 1 if rank < n_val else 2 if rank < n_val + n_test else 0
+            roles[role].append(mine[i])
+    return tuple(sorted(r) for r in roles)
+
+
+def _dataset(items: list[tuple]) -> tf.data.Dataset:
+    paths, labels = zip(*items, strict=True)
+    return tf.data.Dataset.from_tensor_slices((list(paths), np.asarray(labels, np.int32)))
+
+
+def _decoder(image_size: int, channels: int):
+    """Reads, decodes (any of the formats, first frame of a GIF) and resizes one image."""
+    def decode(path, label):
+        image = tf.io.decode_image(tf.io.read_file(path), channels=channels,
+                                   expand_animations=False)
+        image = tf.image.resize(image, (image_size, image_size))
+        image.set_shape((image_size, image_size, channels))
+        return image, label
+
+    return decode
 
 
 def _classes(root: Path, path: str) -> list[str]:
@@ -67,32 +146,32 @@ SIGNATURES = {".jpg": (b"\xff\xd8\xff",), ".jpeg": (b"\xff\xd8\xff",),
 ENDINGS = {".jpg": b"\xff\xd9", ".jpeg": b"\xff\xd9", ".png": b"IEND"}
 
 
-def _check_files(root: Path, classes: list[str]) -> None:
+def _check_files(files: list[str]) -> None:
     """Refuses an empty, non-image or truncated file before training, naming it.
 
     Decoding happens inside tf.data once training has started, where a bad file is a long
     traceback that does not name it; reading each file's first bytes here is cheap (a few
     milliseconds per thousand files).
     """
-    for name in classes:
-        for file in sorted((root / name).rglob("*")):
-            suffix = file.suffix.lower()
-            if suffix not in SIGNATURES or not file.is_file():
-                continue
-            with open(file, "rb") as f:
-                head = f.read(8)
-                f.seek(max(file.stat().st_size - 1024, 0))
-                tail = f.read()
-            if not head:
-                raise DataError(f"dataset=image_folder: {file} is empty (0 bytes); remove it "
-                                "or replace it with the image")
-            if not head.startswith(SIGNATURES[suffix]):
-                raise DataError(f"dataset=image_folder: {file} is not a {suffix[1:].upper()} "
-                                "image (its first bytes say otherwise); remove or fix it")
-            end = ENDINGS.get(suffix)
-            if end is not None and end not in tail:
-                raise DataError(f"dataset=image_folder: {file} is truncated (no end-of-image "
-                                "marker); remove it or copy it again")
+    for name in files:
+        file = Path(name)
+        suffix = file.suffix.lower()
+        if suffix not in SIGNATURES:
+            continue
+        with open(file, "rb") as f:
+            head = f.read(8)
+            f.seek(max(file.stat().st_size - 1024, 0))
+            tail = f.read()
+        if not head:
+            raise DataError(f"dataset=image_folder: {file} is empty (0 bytes); remove it "
+                            "or replace it with the image")
+        if not head.startswith(SIGNATURES[suffix]):
+            raise DataError(f"dataset=image_folder: {file} is not a {suffix[1:].upper()} "
+                            "image (its first bytes say otherwise); remove or fix it")
+        end = ENDINGS.get(suffix)
+        if end is not None and end not in tail:
+            raise DataError(f"dataset=image_folder: {file} is truncated (no end-of-image "
+                            "marker); remove it or copy it again")
 
 
 def _has_images(folder: Path) -> bool:

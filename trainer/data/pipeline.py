@@ -19,9 +19,13 @@ class Source:
     Elements are `(features, target)` pairs: images and class indices, or any tensors (a
     row of tabular features and a regression target, say); nothing here assumes images.
 
+    Three roles: `train` is trained on, `validation` chooses (best checkpoint, early
+    stopping, learning-rate plateaus), `test` is read once, at the end, to evaluate the
+    chosen checkpoint; a source without a test split leaves it None.
+
     Attributes:
         train: unbatched `(features, target)` elements for training.
-        validation: unbatched `(features, target)` elements for evaluation.
+        validation: unbatched `(features, target)` elements for model selection.
         train_size: number of training examples.
         validation_size: number of validation examples.
         input_shape: shape of one preprocessed input, e.g. `(32, 32, 1)` or `(10,)`.
@@ -33,6 +37,9 @@ class Source:
         scale: inputs are cast to float32 and multiplied by it per batch, after the cache,
             so the cache holds the compact raw values (uint8 where the source has them);
             None leaves the inputs as they are.
+        test: unbatched elements evaluated once at the end, or None.
+        test_size: number of test examples (0 without a test split).
+        splits: where each role comes from, for the summary (e.g. TFDS's split strings).
     """
 
     train: tf.data.Dataset
@@ -44,6 +51,9 @@ class Source:
     num_outputs: int | None = None
     preprocess: Callable[[Any, Any], tuple[Any, Any]] | None = None
     scale: float | None = None
+    test: tf.data.Dataset | None = None
+    test_size: int = 0
+    splits: dict[str, str | None] | None = None
 
     def __post_init__(self) -> None:
         if self.num_outputs is None:
@@ -51,7 +61,8 @@ class Source:
 
     @classmethod
     def from_arrays(cls, x_train: Any, y_train: Any, x_validation: Any, y_validation: Any,
-                    num_classes: int | None = None, **kwargs: Any) -> Source:
+                    num_classes: int | None = None, x_test: Any = None, y_test: Any = None,
+                    **kwargs: Any) -> Source:
         """A source from in-memory arrays (NumPy or anything `from_tensor_slices` takes).
 
         Args:
@@ -59,17 +70,23 @@ class Source:
             x_validation, y_validation: the same for validation.
             num_classes: for class targets; None for regression, where the number of
                 outputs is the size of a target (1 for scalar targets).
-            **kwargs: other `Source` fields (`preprocess`, `scale`).
+            x_test, y_test: the same for the test split, or None for none.
+            **kwargs: other `Source` fields (`preprocess`, `scale`, `input_shape` where the
+                preprocessing changes it).
         """
         import numpy as np
 
         y = np.asarray(y_train)
         outputs = None if num_classes is not None else (int(np.prod(y.shape[1:])) or 1)
+        test = (None if x_test is None
+                else tf.data.Dataset.from_tensor_slices((x_test, y_test)))
         return cls(train=tf.data.Dataset.from_tensor_slices((x_train, y_train)),
                    validation=tf.data.Dataset.from_tensor_slices((x_validation, y_validation)),
                    train_size=len(x_train), validation_size=len(x_validation),
-                   input_shape=tuple(np.asarray(x_train).shape[1:]), num_classes=num_classes,
-                   num_outputs=outputs, **kwargs)
+                   input_shape=kwargs.pop("input_shape", tuple(np.asarray(x_train).shape[1:])),
+                   num_classes=num_classes,
+                   num_outputs=outputs, test=test,
+                   test_size=0 if x_test is None else len(x_test), **kwargs)
 
 
 class DataError(ConfigError):

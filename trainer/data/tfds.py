@@ -10,7 +10,8 @@ from trainer.data.pipeline import DataError, Source
 from trainer.errors import ConfigError
 
 
-def load(name: str, train_split: str = "train", validation_split: str = "test",
+def load(name: str, train_split: str = "train", validation_split: str = "auto",
+         test_split: str | None = "auto", validation_fraction: float = 0.1,
          data_dir: str | None = None, download: bool = True, image_size: int | None = None,
          seed: int | None = None) -> Source:
     """Loads a TFDS dataset with `(image, label)` features as a `Source`.
@@ -18,7 +19,12 @@ def load(name: str, train_split: str = "train", validation_split: str = "test",
     Args:
         name: the TFDS name, e.g. `mnist` or `cats_vs_dogs`.
         train_split: split (or slice, e.g. `train[:80%]`) to train on.
-        validation_split: split (or slice, e.g. `train[80%:]`) to validate on.
+        validation_split: split or slice for model selection; `auto`: the dataset's
+            `validation` split, else the last `validation_fraction` of `train_split`
+            (`train[90%:]`, the same examples on every run), trained on no more.
+        test_split: split or slice evaluated once at the end; `auto`: the dataset's `test`
+            split where it has one; null: none.
+        validation_fraction: the share of `train_split` an `auto` validation carves off.
         data_dir: where TFDS keeps prepared data; None for TFDS's own default.
         download: download and prepare when missing; False never touches the network.
         image_size: resize images to this square side (needed where sizes vary).
@@ -37,16 +43,63 @@ def load(name: str, train_split: str = "train", validation_split: str = "test",
                 "dataset.download=false; prepare it with `tfds build "
                 f"{name} --data_dir {builder.data_dir_root}` or set dataset.download=true")
         builder.download_and_prepare()
-    train, validation = builder.as_dataset(
-        split=[train_split, validation_split], as_supervised=True, shuffle_files=True,
+    train_split, validation_split, test_split = resolve_splits(
+        name, list(builder.info.splits.keys()), train_split, validation_split, test_split,
+        validation_fraction)
+    splits = [train_split, validation_split] + ([test_split] if test_split else [])
+    datasets = builder.as_dataset(
+        split=splits, as_supervised=True, shuffle_files=True,
         read_config=tfds.ReadConfig(shuffle_seed=seed))
     shape = _input_shape(name, builder.info.features["image"].shape, image_size)
+    test = datasets[2] if test_split else None
     return Source(
-        train=train, validation=validation,
-        train_size=_size(builder.info, train_split, train),
-        validation_size=_size(builder.info, validation_split, validation),
+        train=datasets[0], validation=datasets[1],
+        train_size=_size(builder.info, train_split, datasets[0]),
+        validation_size=_size(builder.info, validation_split, datasets[1]),
         input_shape=shape, num_classes=builder.info.features["label"].num_classes,
-        preprocess=_resize(image_size) if image_size else None, scale=1.0 / 255.0)
+        preprocess=_resize(image_size) if image_size else None, scale=1.0 / 255.0,
+        test=test, test_size=_size(builder.info, test_split, test) if test_split else 0,
+        splits={"train": train_split, "validation": validation_split, "test": test_split})
+
+
+def resolve_splits(name: str, available: list[str], train: str, validation: str,
+                   test: str | None, fraction: float) -> tuple[str, str, str | None]:
+    """The train, validation and test splits a config asks for, with `auto` decided.
+
+    `auto` validation is the dataset's `validation` split, else the last `fraction` of the
+    training split (TFDS slices are fixed: the same examples whatever the seed, and the
+    two slices never share one); `auto` test is the `test` split where one exists and
+    nothing else uses it.
+
+    Raises:
+        ConfigError: an `auto` carve of a training split that is already a slice, or a split
+            that is not in the dataset.
+    """
+    def base(split: str) -> str:
+        return split.split("[", 1)[0].strip()
+
+    known = bool(available)  # empty: the builder does not list its splits (TFDS's mocks)
+    if not known:
+        available = ["train", "test"]  # what most image datasets have; TFDS names a wrong one
+    for role, split in (("train_split", train), ("validation_split", validation),
+                        ("test_split", test)):
+        if known and split and split != "auto" and base(split) not in available:
+            raise ConfigError(f"dataset.{role}={split!r}: {name} has no split "
+                              f"{base(split)!r}; its splits: {', '.join(available)}")
+    if validation == "auto":
+        if "validation" in available and base(train) != "validation":
+            validation = "validation"
+        else:
+            if "[" in train:
+                raise ConfigError(f"dataset.validation_split=auto cannot carve from the slice "
+                                  f"{train!r}; set dataset.validation_split (e.g. "
+                                  f"{base(train)}[90%:]) and slice train_split to match")
+            percent = round(100 * (1 - fraction))
+            train, validation = f"{train}[:{percent}%]", f"{train}[{percent}%:]"
+    if test == "auto":
+        used = {base(train), base(validation)}
+        test = "test" if "test" in available and "test" not in used else None
+    return train, validation, test or None
 
 
 def _builder(tfds: Any, name: str, data_dir: str | None) -> Any:
