@@ -35,6 +35,9 @@ def test_a_metric_name_reads_the_summary():
 def test_an_unreported_metric_is_refused_before_training(tiny_config, tmp_path):
     check_metric_name("val_accuracy", ("loss", "accuracy", "val_loss", "val_accuracy"))
     check_metric_name("time.wall_s", ("loss",))
+    check_metric_name("test_accuracy", ("accuracy", "val_accuracy"), tested=True)
+    with pytest.raises(ConfigError, match="valid: accuracy, val_accuracy, examples_per_sec"):
+        check_metric_name("test_accuracy", ("accuracy", "val_accuracy"), tested=False)
     with pytest.raises(ConfigError, match="optimized_metric='val_acc' is not reported by this "
                                           "run; valid: loss, accuracy, val_loss, val_accuracy"):
         train(tiny_config("optimized_metric=val_acc"), run_dir=tmp_path / "run")

@@ -96,6 +96,16 @@ class Cifar10CnnConfig:
 
 
 @dataclass
+class KerasAppConfig:
+    _target_: str = "trainer.models.keras_app.build"
+    name: str = "MobileNetV2"
+    weights: str | None = None
+    input_size: int | None = None
+    pooling: str = "avg"
+    dropout: float = 0.2
+
+
+@dataclass
 class DigitsConfig:
     _target_: str = "trainer.data.digits.load"
     image_size: int = 32
@@ -184,7 +194,7 @@ class Config:
 # a user's own model or dataset YAML can skip this and stays untyped.
 SCHEMAS = {
     "schema/model": {"cnn": CnnConfig, "mobilenet": MobileNetConfig,
-                     "cifar10_cnn": Cifar10CnnConfig},
+                     "cifar10_cnn": Cifar10CnnConfig, "keras_app": KerasAppConfig},
     "schema/dataset": {"digits": DigitsConfig, "synthetic": SyntheticConfig,
                        "tfds": TfdsConfig, "image_folder": ImageFolderConfig},
 }
@@ -372,6 +382,8 @@ def _validate_builders(model: DictConfig, dataset: DictConfig) -> None:
                 "shuffle_buffer"):
         if dataset.get(key) is not None:
             _positive_int(f"dataset.{key}", dataset[key])
+    if model.get("input_size") is not None:
+        _positive_int("model.input_size", model.input_size)
     if dataset.get("channels") is not None and "image" in str(dataset._target_):
         _one_of("dataset.channels", dataset.channels, (1, 3, 4))
     if dataset.get("num_classes") is not None:

@@ -102,6 +102,7 @@ def load_checkpoint(path: str | Path):
         raise ConfigError(f"{error}; use the other checkpoint (checkpoint=best|last) or "
                           "retrain") from None
     import trainer.models.cifar10_cnn  # noqa: F401 - registers LocalResponseNormalization
+    import trainer.models.keras_app  # noqa: F401 - registers AppPreprocess
     import trainer.schedule  # noqa: F401 - registers WarmupSchedule
 
     return keras.models.load_model(path)

@@ -40,17 +40,19 @@ class TrialFailed(Exception):
         self.code = code
 
 
-def check_metric_name(name: str | None, logged: tuple[str, ...]) -> None:
+def check_metric_name(name: str | None, logged: tuple[str, ...], tested: bool = False) -> None:
     """Refuses an `optimized_metric` the run will not report, before it trains.
 
     Args:
         name: the config's `optimized_metric`, or None.
         logged: what the run logs per epoch (`loss`, metrics, and their `val_` forms).
+        tested: whether the run has a test split (then `test_` forms are reported too).
     """
-    if name is None or name in logged or name in SUMMARY_KEYS:
+    tests = tuple(f"test_{n}" for n in logged if not n.startswith("val_")) if tested else ()
+    if name is None or name in logged or name in tests or name in SUMMARY_KEYS:
         return
     raise ConfigError(f"optimized_metric={name!r} is not reported by this run; valid: "
-                      f"{', '.join((*logged, *SUMMARY_KEYS))}")
+                      f"{', '.join((*logged, *tests, *SUMMARY_KEYS))}")
 
 
 def metric_value(summary: dict[str, Any], name: str) -> float:

@@ -136,6 +136,11 @@ class WandbTracker(Tracker):
             self.run.summary.update({f"final_{k}": v for k, v in
                                      summary.get("validation_metrics", {}).items()})
         self.run.finish(exit_code=0 if status == "FINISHED" else 1)
+        import wandb
+
+        # Stops wandb's service process, which first writes out everything it holds (once,
+        # under heavy load, an offline run's file held only its header after finish alone).
+        wandb.teardown()
 
 
 def build_trackers(loggers: Mapping | None, run_dir: Path, config: dict[str, Any],

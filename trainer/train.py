@@ -124,7 +124,7 @@ def _train_and_report(cfg: DictConfig, plan: DevicePlan, run: Run, run_dir: Path
     from trainer.trackers import finish_trackers
 
     cluster = run.cluster
-    check_metric_name(cfg.optimized_metric, run.logged)
+    check_metric_name(cfg.optimized_metric, run.logged, tested=run.data.test is not None)
     start, changes = _resume_point(cfg, run, run_dir)
     request = StopRequest()
     callbacks = build_callbacks(cfg, run, run_dir, started, start, request, tuple(extra))
