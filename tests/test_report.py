@@ -27,6 +27,10 @@ def test_speedup_and_efficiency():
     accumulated["batch"] = {"per_replica": 16, "accumulate": 4, "global": 64}
     row = scaling_rows([accumulated])[0]
     assert (row["micro-batch"], row["accumulate"], row["global batch"]) == (16, 4, 64)
+    assert row["test accuracy"] is None  # a run without a test split
+    tested = fake_summary(1, 90.0)
+    tested["test_metrics"] = {"accuracy": 0.87}
+    assert scaling_rows([tested])[0]["test accuracy"] == 0.87
 
 
 def test_report_of_a_real_sweep(tmp_path):
@@ -49,6 +53,8 @@ def test_report_of_a_real_sweep(tmp_path):
         assert float(cells["examples/s"]) == pytest.approx(summary["examples_per_sec"], rel=1e-2)
         assert float(cells["val accuracy"]) == pytest.approx(
             summary["validation_metrics"]["accuracy"], rel=1e-3)
+        assert float(cells["test accuracy"]) == pytest.approx(
+            summary["test_metrics"]["accuracy"], rel=1e-3)
     assert float(dict(zip(COLUMNS, rows[0], strict=True))["speed-up"].strip()) == 1.0
     with Image.open(sweep / "scaling.png") as image:
         image.verify()

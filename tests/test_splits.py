@@ -182,3 +182,24 @@ def test_test_split_evaluated_on_1_3_4_replicas_equals_numpy_over_every_example(
         assert result["replicas"] == replicas
         assert result["metrics"]["accuracy"] == pytest.approx(accuracy, abs=1e-6)
         assert result["metrics"]["loss"] == pytest.approx(loss, rel=1e-4)
+
+
+def test_evaluate_names_a_missing_test_split_and_a_bad_split(make_run, tmp_path):
+    from omegaconf import OmegaConf
+
+    from trainer.evaluate import evaluate_run
+
+    run_dir = tmp_path / "run"
+    cfg = make_run("dataset=synthetic", "dataset.train_examples=32",
+                   "dataset.validation_examples=8", "dataset.image_size=8", "epochs=1",
+                   "verbose=0", "logger=[]")
+    summary = train(cfg, run_dir=run_dir)
+    assert summary["test_metrics"] is None and summary["test_examples"] == 0
+    (run_dir / ".hydra").mkdir()
+    OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
+    with pytest.raises(ConfigError, match="split must be validation or test; received: 'trn'"):
+        evaluate_run(run_dir, ["split=trn"])
+    with pytest.raises(ConfigError, match=f"the dataset of {run_dir} has no test split; valid: "
+                                          "split=validation"):
+        evaluate_run(run_dir, ["split=test"])
+    assert evaluate_run(run_dir, ["split=validation"])["examples"] == 8

@@ -60,11 +60,8 @@ class MlflowTracker(Tracker):
         experiment_id = (experiment.experiment_id if experiment is not None else
                          self.client.create_experiment(name, artifact_location=artifacts))
         kept = self.run_dir / "mlflow_run.json"
-        self.run_id = None
-        if kept.exists():
-            self.run_id = json.loads(kept.read_text()).get("run_id")
-            self.client.update_run(self.run_id, status="RUNNING")
-        else:
+        self.run_id = self._continued(kept)
+        if self.run_id is None:
             run = self.client.create_run(
                 experiment_id, run_name=options.get("run_name") or self.run_dir.name,
                 tags={str(k): str(v) for k, v in (options.get("tags") or {}).items()})
@@ -72,6 +69,19 @@ class MlflowTracker(Tracker):
             kept.write_text(json.dumps({"run_id": self.run_id, "tracking_uri": self.uri}))
             self._log_params(params)
         self.log_checkpoint = bool(options.get("log_checkpoint", True))
+
+    def _continued(self, kept: Path) -> str | None:
+        """The MLflow run a resumed run continues, when this store still has it."""
+        if not kept.exists():
+            return None
+        try:
+            saved = json.loads(kept.read_text())
+            if saved.get("tracking_uri") != self.uri:
+                return None  # logged elsewhere before: a new run in this store
+            self.client.update_run(saved["run_id"], status="RUNNING")
+            return saved["run_id"]
+        except Exception:  # gone from the store, or the file is damaged: start a new run
+            return None
 
     def _log_params(self, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
@@ -89,7 +99,11 @@ class MlflowTracker(Tracker):
             self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
 
     def on_epoch_end(self, epoch, logs=None):
-        self._log_metrics(_numbers(logs), epoch)
+        try:
+            self._log_metrics(_numbers(logs), epoch)
+        except Exception as error:  # a server gone mid-run must not end the training
+            logging.getLogger(__name__).warning("logger mlflow: epoch %d not logged: %s",
+                                                epoch + 1, str(error).splitlines()[0][:200])
 
     def finish(self, summary, status):
         if summary is not None:
