@@ -361,3 +361,20 @@ def test_damaged_newer_backups_are_set_aside_so_new_ones_are_kept(tmp_path):
     assert [p.name for p in store.backups()] == ["ckpt-000000-000000017",
                                                  "ckpt-000000-000000016",
                                                  "ckpt-000000-000000015"]
+
+
+def test_a_resumed_run_keeps_the_best_value_so_far(tmp_path):
+    # Without it, the first epoch after a resume would replace a better best.keras.
+    import json
+
+    from trainer.callbacks import AtomicModelCheckpoint
+
+    path = tmp_path / "best.keras"
+    (tmp_path / "best.keras.best.json").write_text(
+        json.dumps({"monitor": "val_accuracy", "best": 0.93}))
+    resumed = AtomicModelCheckpoint(str(path), monitor="val_accuracy", save_best_only=True,
+                                    mode="max")
+    assert resumed.best == 0.93
+    other = AtomicModelCheckpoint(str(path), monitor="val_loss", save_best_only=True,
+                                  mode="min")
+    assert other.best != 0.93  # another monitor starts afresh

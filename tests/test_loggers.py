@@ -39,6 +39,17 @@ def test_a_missing_package_names_the_logger_and_how_to_install_or_drop_it(monkey
                                 "logger=[tensorboard])")
 
 
+def test_wandb_online_without_an_api_key_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))  # no `wandb login` here
+    check_loggers({"wandb": {"mode": "offline"}})
+    with pytest.raises(ConfigError, match=r"logger.wandb.mode=online needs an API key "
+                                          r"\(WANDB_API_KEY, or `wandb login`\)"):
+        check_loggers({"wandb": {"mode": "online"}})
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    check_loggers({"wandb": {"mode": "online"}})
+
+
 def test_an_unreachable_tracking_server_is_one_line_before_tensorflow_starts(tmp_path):
     uri = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(ConfigError, match="cannot reach its tracking server"):

@@ -141,6 +141,22 @@ def test_trackers_sweep_and_network_keys_may_change_on_resume():
         "cluster.port_base"}
 
 
+def test_a_backup_from_before_test_splits_resumes_with_its_old_data_values():
+    state, config = _state()
+    state["config"]["dataset"] = {"_target_": "trainer.data.digits.load",
+                                  "validation_fraction": 0.2}
+    config = _with(config, **{"dataset._target_": "trainer.data.digits.load",
+                              "dataset.validation_fraction": 0.2, "dataset.test_fraction": 0})
+    assert check_resume(Path("r"), state, config) == {}
+    with pytest.raises(ConfigError, match=r"dataset.test_fraction from None to 0.1"):
+        check_resume(Path("r"), state, _with(config, **{"dataset.test_fraction": 0.1}))
+    tfds_state, tfds = _state()
+    tfds_state["config"]["dataset"] = {"name": "mnist", "validation_split": "test"}
+    tfds = _with(tfds, **{"dataset.name": "mnist", "dataset.validation_split": "test",
+                          "dataset.test_split": None, "dataset.validation_fraction": 0.1})
+    assert check_resume(Path("r"), tfds_state, tfds) == {}
+
+
 @pytest.mark.parametrize("changes, named", [
     ({"model._target_": "other.build"}, "model._target_ from 'm.build' to 'other.build'"),
     ({"model.dropout": 0.2}, "model.dropout from 0.1 to 0.2"),

@@ -121,6 +121,7 @@ def test_tasks_sharing_a_node_take_their_own_gpus():
     assert slurm_devices("auto", cluster, visible_gpus=1) == "auto"  # --gpus-per-task=1
     assert slurm_devices("auto", cluster, visible_gpus=0) == "auto"  # CPU nodes
     assert slurm_devices([0, 1], cluster, visible_gpus=4) == [0, 1]  # the user's choice
+    assert slurm_devices("auto", cluster, visible_gpus=4, accelerator="cpu") == "auto"
     one_per_node = slurm_cluster(step(1, 0, "gpu08", SLURM_STEP_NUM_TASKS="2",
                                       SLURM_STEP_TASKS_PER_NODE="1(x2)"))
     assert slurm_devices("auto", one_per_node, visible_gpus=4) == "auto"  # all four

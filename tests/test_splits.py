@@ -51,6 +51,8 @@ def test_digits_has_a_fixed_test_split_no_example_in_two_roles():
     (["train", "test"], ("train", "test", "auto"), ("train", "test", None)),
     (["train"], ("train[:80%]", "train[80%:90%]", "train[90%:]"),
      ("train[:80%]", "train[80%:90%]", "train[90%:]")),
+    (["train", "validation", "test"], ("train+validation", "test", None),
+     ("train+validation", "test", None)),
 ])
 def test_tfds_split_roles(available, asked, expected):
     assert resolve_splits("d", available, *asked, 0.1) == expected

@@ -44,6 +44,15 @@ def test_an_unreported_metric_is_refused_before_training(tiny_config, tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+def test_a_failed_trial_keeps_its_exit_code_across_processes():
+    import pickle
+
+    from trainer.sweep import TrialFailed
+
+    again = pickle.loads(pickle.dumps(TrialFailed("sweep job 3 failed: loss became nan", 3)))
+    assert (str(again), again.code) == ("sweep job 3 failed: loss became nan", 3)
+
+
 def test_direction_follows_the_sweeper_else_the_name():
     assert direction("val_loss", {"direction": "maximize"}) == "max"
     assert direction("val_accuracy", {"direction": "minimize"}) == "min"

@@ -115,12 +115,16 @@ def _run_job_in_subprocess(cfg: DictConfig) -> Any:
 
     hc = HydraConfig.get()
     out = Path(hc.runtime.output_dir)
-    command = [sys.executable, "-m", "trainer", *hc.overrides.task, "hydra.mode=RUN",
-               f"hydra.run.dir={out}", f"hydra.job.name={hc.job.name}"]
+    command = [sys.executable, "-m", "trainer", *_config_options(), *hc.overrides.task,
+               "hydra.mode=RUN", f"hydra.run.dir={out}", f"hydra.job.name={hc.job.name}"]
     # A job of several tasks (a SLURM launcher's nodes x tasks): each task is a worker;
     # the chief writes the job's directory and reports, the others only train.
-    cluster = resolve_cluster(list(cfg.cluster.workers), cfg.cluster.task_index,
-                              os.environ.get("TF_CONFIG"), os.environ, cfg.cluster.port_base)
+    try:
+        cluster = resolve_cluster(list(cfg.cluster.workers), cfg.cluster.task_index,
+                                  os.environ.get("TF_CONFIG"), os.environ,
+                                  cfg.cluster.port_base)
+    except ConfigError:
+        cluster = None  # the job itself says what is wrong, and fails this trial only
     chief = cluster is None or cluster.is_chief
     if not chief:
         command.append("hydra.output_subdir=null")
@@ -130,10 +134,24 @@ def _run_job_in_subprocess(cfg: DictConfig) -> Any:
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True,
                                errors="replace")
     last = ""
-    for line in process.stderr:
-        sys.stderr.write(line)
-        sys.stderr.flush()
-        last = line.strip() or last
+
+    def relay() -> None:
+        nonlocal last
+        for line in process.stderr:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            last = line.strip() or last
+
+    try:
+        relay()
+    except KeyboardInterrupt:
+        # The job got the same Ctrl-C: it writes its backup and stops; pass its lines on
+        # until it has, then stop the sweep with its exit code.
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        relay()
+        sys.exit(process.wait() or EXIT_INTERRUPTED)
     code = process.wait()
     if not chief:
         if code:
@@ -153,6 +171,9 @@ def _run_job_in_subprocess(cfg: DictConfig) -> Any:
             trial["error"] = last.removeprefix("error: ") or f"exit code {code}"
             raise TrialFailed(f"sweep job {hc.job.num} ({' '.join(hc.overrides.task)}) "
                               f"failed: {trial['error']}", code)
+        if not (out / "summary.json").is_file():
+            trial["error"] = f"the job ended without writing {out / 'summary.json'}"
+            raise TrialFailed(f"sweep job {hc.job.num}: {trial['error']}")
         summary = json.loads((out / "summary.json").read_text())
         try:
             trial["value"] = metric_value(summary, metric)
@@ -167,6 +188,19 @@ def _run_job_in_subprocess(cfg: DictConfig) -> Any:
             print(f"[sweep] job {hc.job.num} {trial['status']}; all trials: {table}",
                   file=sys.stderr, flush=True)
     return trial["value"] if optimized else summary
+
+
+def _config_options() -> list[str]:
+    """The sweep's own --config-name / --config-dir / --config-path, for each job."""
+    from hydra._internal.utils import get_args_parser
+
+    parsed, _ = get_args_parser().parse_known_args(sys.argv[1:])
+    options = []
+    for flag, value in (("--config-name", parsed.config_name), ("--config-dir",
+                        parsed.config_dir), ("--config-path", parsed.config_path)):
+        if value is not None:
+            options += [flag, os.path.abspath(value) if flag == "--config-dir" else value]
+    return options
 
 
 def one_line(error: BaseException) -> str:

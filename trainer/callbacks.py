@@ -100,7 +100,23 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
 
     A crash while saving leaves the previous checkpoint whole instead of a truncated file;
     a `NAME.sha256` beside it lets `trainer.evaluate.load_checkpoint` find a damaged one.
+    With `save_best_only`, the best value so far is kept in `NAME.best.json` and read back
+    by a resumed run, so its first epoch does not replace a better checkpoint.
     """
+
+    def __init__(self, filepath, monitor="val_loss", *args, **kwargs) -> None:
+        kept = f"{filepath}.best.json"
+        if kwargs.get("save_best_only") and os.path.exists(kept):
+            import json
+
+            try:
+                with open(kept) as f:
+                    saved = json.load(f)
+            except (OSError, ValueError):
+                saved = {}
+            if saved.get("monitor") == monitor and saved.get("best") is not None:
+                kwargs["initial_value_threshold"] = float(saved["best"])  # Keras's own way
+        super().__init__(filepath, monitor, *args, **kwargs)
 
     def _get_file_path(self, epoch, batch, logs):
         final = super()._get_file_path(epoch, batch, logs)
@@ -117,6 +133,13 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
 
             os.replace(*self._pending)
             write_beside(self._pending[1])
+            if self.save_best_only:
+                from pathlib import Path
+
+                from trainer.summary import write_json
+
+                write_json(Path(f"{self._pending[1]}.best.json"),
+                           {"monitor": self.monitor, "best": float(self.best)})
 
 
 class StepWatchdog(keras.callbacks.Callback):

@@ -271,7 +271,8 @@ def slurm_cluster(environ: Any, port_base: int = DEFAULT_PORT_BASE) -> Cluster |
                    local_tasks=per_node[hosts.index(host)])
 
 
-def slurm_devices(devices: Any, cluster: Cluster | None, visible_gpus: int) -> Any:
+def slurm_devices(devices: Any, cluster: Cluster | None, visible_gpus: int,
+                  accelerator: str = "auto") -> Any:
     """The devices of one SLURM task where several share a node's GPUs.
 
     With `devices=auto`, `k` tasks on a node with `n` visible GPUs each take their own
@@ -279,7 +280,8 @@ def slurm_devices(devices: Any, cluster: Cluster | None, visible_gpus: int) -> A
     else is left as it is: an explicit `devices`, one task per node (all its GPUs), a task
     that SLURM already gave its own GPU (`--gpus-per-task`: it sees one), or no GPUs.
     """
-    if (devices != "auto" or cluster is None or cluster.source != "SLURM"
+    if (devices != "auto" or accelerator == "cpu" or cluster is None
+            or cluster.source != "SLURM"
             or not cluster.local_tasks or cluster.local_tasks < 2
             or visible_gpus <= 1):
         return devices

@@ -135,14 +135,33 @@ def compose_run_config(run_dir: Path, overrides: list[str]) -> tuple[DictConfig,
     if primary.strategy.name == "multi_worker":
         primary.strategy.name = "auto"
     primary.cluster = {"workers": [], "task_index": 0}
-    # Runs from before the logger group had `tensorboard: bool`; evaluation logs nothing.
-    primary.pop("tensorboard", None)
+    # Evaluation logs nothing (a tracker's package need not be here), and rebuilds the model
+    # only to load the checkpoint into it (no ImageNet download, no earlier weights file).
+    primary.pop("tensorboard", None)  # runs from before the logger group
+    primary.logger = {}
+    if "weights" in primary.model:
+        primary.model.weights = None
+    _same_split_as_trained(primary, run_dir)
     with tempfile.TemporaryDirectory(prefix="trainer-evaluate-") as folder:
         OmegaConf.save(primary, Path(folder) / "run.yaml")
         with initialize_config_dir(folder, version_base="1.3"):
             cfg = compose("run", overrides=rest)
     validate(cfg)
     return cfg, which
+
+
+def _same_split_as_trained(primary: DictConfig, run_dir: Path) -> None:
+    """Keeps the data split a run made before test splits existed trained on."""
+    dataset = primary.dataset
+    if "test_fraction" in dataset or "_target_" not in dataset:
+        return
+    if str(dataset._target_).endswith("digits.load"):
+        dataset.test_fraction = 0  # the held-out share was all validation: the same split
+    elif str(dataset._target_).endswith("image_folder.load"):
+        raise ConfigError(f"{run_dir} was trained before image_folder's own split (Keras's "
+                          "loader chose its validation files); its validation files cannot be "
+                          "listed again, so it cannot be evaluated without the risk of "
+                          "scoring training images")
 
 
 def main(argv: list[str] | None = None) -> int:

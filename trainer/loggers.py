@@ -53,10 +53,29 @@ def check_loggers(loggers: Mapping | None, reach: bool = False) -> None:
     if reach and uri and urlparse(str(uri)).scheme in ("http", "https"):
         _check_server(str(uri), loggers)
     wandb = loggers.get("wandb") or {}
-    if "wandb" in loggers and wandb.get("mode", "offline") not in ("offline", "online",
-                                                                       "disabled"):
+    mode = wandb.get("mode", "offline")
+    if "wandb" in loggers and mode not in ("offline", "online", "disabled"):
         raise ConfigError(f"logger.wandb.mode must be offline, online or disabled; received: "
-                          f"{wandb.get('mode')!r}")
+                          f"{mode!r}")
+    if "wandb" in loggers and mode == "online" and not _wandb_key():
+        raise ConfigError("logger wandb with logger.wandb.mode=online needs an API key "
+                          "(WANDB_API_KEY, or `wandb login`); log offline "
+                          "(logger.wandb.mode=offline, upload later with `wandb sync`) or "
+                          f"drop it: {_drop('wandb', loggers)}")
+
+
+def _wandb_key() -> bool:
+    """Whether W&B would find an API key: the environment, or `wandb login`'s netrc."""
+    import netrc
+    import os
+
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        hosts = netrc.netrc(os.environ.get("NETRC")).hosts
+    except (OSError, netrc.NetrcParseError):
+        return False
+    return any("wandb" in host for host in hosts)
 
 
 def _check_server(uri: str, loggers: Mapping) -> None:

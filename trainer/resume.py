@@ -44,6 +44,22 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+# Keys a backup may predate, with the value that means what the run did before them: a
+# digits or image_folder run had no test share, a TFDS run no test split.
+LEGACY = {"dataset.test_fraction": 0, "dataset.test_split": None}
+
+
+def _predates(key: str, old: dict[str, Any], now: dict[str, Any]) -> bool:
+    """Whether a key missing from an older backup's config leaves the run as it was."""
+    if key in old:
+        return False
+    if key in LEGACY:
+        return now.get(key) == LEGACY[key]
+    # only read when validation_split is auto, which such a run could not have had
+    return key == "dataset.validation_fraction" and "dataset.validation_split" in now \
+        and now.get("dataset.validation_split") != "auto"
+
+
 def _matches(key: str, names: tuple[str, ...]) -> bool:
     return any(key == name or key.startswith(name + ".") for name in names)
 
@@ -92,7 +108,7 @@ def check_resume(run_dir: Path, state: dict[str, Any] | None,
                           "continue it (its checkpoints are kept)")
     old, now = flatten(state["config"]), flatten(new)
     changed = {k: [old.get(k), now.get(k)] for k in sorted(set(old) | set(now))
-               if old.get(k) != now.get(k) and k != "resume"}
+               if old.get(k) != now.get(k) and k != "resume" and not _predates(k, old, now)}
     fixed = now.get("batch.global_size")
     saved = state.get("global_batch")
     refused, elastic = [], []

@@ -167,8 +167,10 @@ def format_summary(summary: dict[str, Any]) -> str:
     rows += [(f"validation {k}", v) for k, v in summary["validation_metrics"].items()]
     if summary.get("test_metrics") is not None:
         rows += [(f"test {k}", v) for k, v in summary["test_metrics"].items()]
-        rows.append(("test checkpoint", f"{Path(summary['test_checkpoint']).name} "
-                     f"({summary['test_examples']} examples, evaluated once)"))
+        used = (Path(summary["test_checkpoint"]).name if summary.get("test_checkpoint")
+                else "the final weights")
+        rows.append(("test checkpoint", f"{used} ({summary['test_examples']} examples, "
+                     "evaluated once)"))
     rows += [(f"logged to {k}", v) for k, v in (summary.get("loggers") or {}).items()]
     width = max(len(name) for name, _ in rows)
     lines = [f"  {name:<{width}}  {_fmt(value)}" for name, value in rows]

@@ -39,6 +39,9 @@ class TrialFailed(Exception):
         super().__init__(message)
         self.code = code
 
+    def __reduce__(self):  # launchers hand it between processes (joblib, submitit)
+        return (TrialFailed, (str(self), self.code))
+
 
 def check_metric_name(name: str | None, logged: tuple[str, ...], tested: bool = False) -> None:
     """Refuses an `optimized_metric` the run will not report, before it trains.
@@ -87,8 +90,9 @@ def direction(metric: str, sweeper: Any = None) -> str:
     """`max` or `min`: the sweeper's own `direction` where it has one, else from the name
     (losses and times down, everything else up)."""
     declared = sweeper.get("direction") if sweeper is not None else None
-    if isinstance(declared, str) and declared.lower() in ("maximize", "minimize"):
-        return "max" if declared.lower() == "maximize" else "min"
+    declared = str(getattr(declared, "name", declared) or "").lower()  # a str or an enum
+    if declared in ("maximize", "minimize"):
+        return "max" if declared == "maximize" else "min"
     lowered = metric.lower()
     return "min" if any(w in lowered for w in ("loss", "error", "time.")) else "max"
 
@@ -111,7 +115,7 @@ def record_trial(job_dir: Path, sweep_dir: Path, trial: dict[str, Any], mode: st
         fcntl.flock(lock, fcntl.LOCK_EX)
         trials = [json.loads(p.read_text()) for p in sweep_dir.glob("*/trial.json")]
         table = sweep_dir / "trials.md"
-        tmp = sweep_dir / ".trials.md.tmp"
+        tmp = sweep_dir / f".trials.md.{os.getpid()}.tmp"
         tmp.write_text(trial_table(trials, mode))
         os.replace(tmp, table)
     return table

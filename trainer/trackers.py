@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -47,18 +49,21 @@ class MlflowTracker(Tracker):
 
         self.run_dir = Path(run_dir)
         uri = options.get("tracking_uri")
+        store = None
         if not uri:
             store = self.run_dir.resolve().parent
             uri = f"sqlite:///{store / 'mlflow.db'}"
-            artifacts = (store / "mlartifacts").as_uri()
-        else:
-            artifacts = None
         self.uri = str(uri)
-        self.client = MlflowClient(self.uri)
-        name = options.get("experiment") or "trainer"
-        experiment = self.client.get_experiment_by_name(name)
-        experiment_id = (experiment.experiment_id if experiment is not None else
-                         self.client.create_experiment(name, artifact_location=artifacts))
+        # A sweep's parallel jobs share the local store: one at a time creates its tables
+        # and the experiment.
+        with _store_lock(store):
+            self.client = MlflowClient(self.uri)
+            name = options.get("experiment") or "trainer"
+            experiment = self.client.get_experiment_by_name(name)
+            experiment_id = (experiment.experiment_id if experiment is not None else
+                             self.client.create_experiment(
+                                 name, artifact_location=None if store is None
+                                 else (store / "mlartifacts").as_uri()))
         kept = self.run_dir / "mlflow_run.json"
         self.run_id = self._continued(kept)
         if self.run_id is None:
@@ -128,6 +133,16 @@ class MlflowTracker(Tracker):
         return f"mlflow ui --backend-store-uri {self.uri}"
 
 
+@contextlib.contextmanager
+def _store_lock(store: Path | None):
+    if store is None:
+        yield
+        return
+    with open(store / ".mlflow.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 class WandbTracker(Tracker):
     """Logs to Weights & Biases (offline by default, into `RUN_DIR/wandb`)."""
 
@@ -183,11 +198,22 @@ def build_trackers(loggers: Mapping | None, run_dir: Path, config: dict[str, Any
         options = loggers.get("csv") or {}
         trackers.append(keras.callbacks.CSVLogger(
             str(run_dir / options.get("filename", "metrics.csv")), append=True))
-    if "mlflow" in loggers:
-        trackers.append(MlflowTracker(loggers.get("mlflow") or {}, run_dir, params))
-    if "wandb" in loggers:
-        os.environ.setdefault("WANDB_SILENT", "true")
-        trackers.append(WandbTracker(loggers.get("wandb") or {}, run_dir, params))
+    for name, kind in (("mlflow", MlflowTracker), ("wandb", WandbTracker)):
+        if name not in loggers:
+            continue
+        if name == "wandb":
+            os.environ.setdefault("WANDB_SILENT", "true")
+        try:
+            trackers.append(kind(loggers.get(name) or {}, run_dir, params))
+        except Exception as error:
+            from trainer.errors import ConfigError
+            from trainer.loggers import _drop
+
+            text = str(error).strip().splitlines()[0] if str(error).strip() else \
+                type(error).__name__
+            raise ConfigError(f"logger {name} could not start ({text[:300]}); fix its "
+                              f"logger.{name} options, or drop it: {_drop(name, loggers)}") \
+                from None
     return trackers
 
 

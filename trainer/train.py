@@ -82,7 +82,8 @@ def _train(cfg: DictConfig, run_dir: Path, extra: Sequence[Any], started: float,
     from trainer.cluster import slurm_devices
 
     gpus = visible_gpu_count()
-    plan = plan_devices(cfg.accelerator, slurm_devices(cfg.devices, cluster, gpus), gpus,
+    plan = plan_devices(cfg.accelerator,
+                        slurm_devices(cfg.devices, cluster, gpus, cfg.accelerator), gpus,
                         cfg.soft_placement)
     configure_devices(plan, memory_option(cfg.gpu.memory_growth, cfg.gpu.memory_limit_mb),
                       cfg.soft_placement, cfg.log_device_placement)
@@ -273,12 +274,16 @@ def _fit(cfg: DictConfig, run: Run, callbacks: Callbacks, start: tuple[int, int]
     test, checkpoint = None, None
     if run.data.test is not None:
         # Once, at the end, with the checkpoint validation chose: nothing before read it.
-        checkpoint = test_checkpoint(cfg, callbacks)
-        if checkpoint.is_file():  # else (no epoch ended in this run): the weights as they are
+        # Every worker decides alike (each has its own copy of the checkpoints); a run that
+        # ended no epoch tests the weights as they are. The last weights come back after,
+        # for the export and anything the caller does with the model.
+        checkpoint = test_checkpoint(cfg, callbacks) if history else None
+        last = model.get_weights() if checkpoint is not None else None
+        if checkpoint is not None:
             model.load_weights(checkpoint)
-        else:
-            checkpoint = None
         test = test_metrics(run, loop)
+        if last is not None:
+            model.set_weights(last)
     return Outcome(history, final, epochs_done, stopped_early and epochs_done < cfg.epochs,
                    test, None if checkpoint is None else str(checkpoint))
 

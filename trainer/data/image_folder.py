@@ -62,6 +62,10 @@ def load(path: str, image_size: int = 64, channels: int = 3, validation_fraction
             raise DataError(f"dataset=image_folder: {path} leaves no {role} images; add "
                             "images or change dataset.validation_fraction")
     _check_files([name for role_files in files.values() for name, _ in role_files or []])
+    # One fixed permutation of the training files: sorted by class, a shuffle buffer smaller
+    # than the folder would give batches of one class.
+    order = np.random.default_rng(SPLIT_SEED).permutation(len(files["train"]))
+    files["train"] = [files["train"][i] for i in order]
     datasets = {role: _dataset(items) for role, items in files.items() if items}
     return Source(train=datasets["train"], validation=datasets["validation"],
                   train_size=len(files["train"]), validation_size=len(files["validation"]),

@@ -58,6 +58,12 @@ class Source:
     def __post_init__(self) -> None:
         if self.num_outputs is None:
             self.num_outputs = self.num_classes if self.num_classes is not None else 1
+        if self.test is not None and not self.test_size:
+            count = int(self.test.cardinality())
+            if count < 0:
+                raise ConfigError("Source(test=...) of unknown length needs test_size (the "
+                                  "number of test examples)")
+            self.test_size = count
 
     @classmethod
     def from_arrays(cls, x_train: Any, y_train: Any, x_validation: Any, y_validation: Any,

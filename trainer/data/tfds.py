@@ -78,14 +78,18 @@ def resolve_splits(name: str, available: list[str], train: str, validation: str,
     def base(split: str) -> str:
         return split.split("[", 1)[0].strip()
 
+    def unknown(split: str) -> list[str]:
+        parts = [base(part) for part in split.split("+")]  # `train+validation` is one split
+        return [p for p in parts if p not in available and p != "all"]
+
     known = bool(available)  # empty: the builder does not list its splits (TFDS's mocks)
     if not known:
         available = ["train", "test"]  # what most image datasets have; TFDS names a wrong one
     for role, split in (("train_split", train), ("validation_split", validation),
                         ("test_split", test)):
-        if known and split and split != "auto" and base(split) not in available:
+        if known and split and split != "auto" and unknown(split):
             raise ConfigError(f"dataset.{role}={split!r}: {name} has no split "
-                              f"{base(split)!r}; its splits: {', '.join(available)}")
+                              f"{unknown(split)[0]!r}; its splits: {', '.join(available)}")
     if validation == "auto":
         if "validation" in available and base(train) != "validation":
             validation = "validation"
@@ -95,6 +99,10 @@ def resolve_splits(name: str, available: list[str], train: str, validation: str,
                                   f"{train!r}; set dataset.validation_split (e.g. "
                                   f"{base(train)}[90%:]) and slice train_split to match")
             percent = round(100 * (1 - fraction))
+            if not 1 <= percent <= 99:
+                raise ConfigError(f"dataset.validation_fraction={fraction} leaves "
+                                  f"{percent}% of {train} to train on; TFDS slices in whole "
+                                  "percents: use 0.01 to 0.99")
             train, validation = f"{train}[:{percent}%]", f"{train}[{percent}%:]"
     if test == "auto":
         used = {base(train), base(validation)}
