@@ -84,8 +84,9 @@ def test_image_folder_source(tmp_path):
     source = image_folder.load(str(tmp_path / "images"), image_size=16, channels=1,
                                validation_fraction=0.2)
     assert source.num_classes == 3 and source.input_shape == (16, 16, 1)
-    assert source.train_size + source.validation_size == 15
-    labels = sorted(int(y) for _, y in source.train.concatenate(source.validation))
+    assert (source.train_size, source.validation_size, source.test_size) == (9, 3, 3)
+    everything = source.train.concatenate(source.validation).concatenate(source.test)
+    labels = sorted(int(y) for _, y in everything)
     assert labels == [0] * 5 + [1] * 5 + [2] * 5
 
 

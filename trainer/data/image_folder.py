@@ -57,11 +57,11 @@ def load(path: str, image_size: int = 64, channels: int = 3, validation_fraction
         files = dict(zip(("train", "validation", "test"),
                          _split(_files(root, classes), validation_fraction, test_fraction),
                          strict=True))
+    _check_files([name for role_files in files.values() for name, _ in role_files or []])
     for role in ("train", "validation"):
         if not files[role]:
             raise DataError(f"dataset=image_folder: {path} leaves no {role} images; add "
                             "images or change dataset.validation_fraction")
-    _check_files([name for role_files in files.values() for name, _ in role_files or []])
     # One fixed permutation of the training files: sorted by class, a shuffle buffer smaller
     # than the folder would give batches of one class.
     order = np.random.default_rng(SPLIT_SEED).permutation(len(files["train"]))
@@ -104,6 +104,11 @@ def _split(files: list[tuple], validation: float, test: float) -> tuple[list, li
         mine = [item for item in files if item[1] == label]
         order = rng.permutation(len(mine))
         n_val, n_test = round(len(mine) * validation), round(len(mine) * test)
+        # a share asked for is at least one file, while a training file is left
+        if validation > 0 and n_val == 0 and len(mine) >= 2:
+            n_val = 1
+        if test > 0 and n_test == 0 and len(mine) - n_val >= 2:
+            n_test = 1
         for rank, i in enumerate(order):
             role = 1 if rank < n_val else 2 if rank < n_val + n_test else 0
             roles[role].append(mine[i])
