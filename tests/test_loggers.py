@@ -138,3 +138,13 @@ def test_a_bad_profile_range_is_one_line(tmp_path, value):
     assert error_lines(out.stderr) == [
         "error: profile must be [first_step, last_step] with 1 <= first <= last, e.g. "
         f"profile=[5,8], or null; received: {value.replace(',', ', ')}"], out.stderr
+
+
+def test_csv_logger_and_the_csv_callback_on_one_file_are_refused(make_run):
+    from trainer.config import validate
+
+    with pytest.raises(ConfigError, match="logger=\\[csv\\] and callbacks.csv_logger would both "
+                                          "append to metrics.csv"):
+        validate(make_run("logger=[csv]", "callbacks=[csv_logger]"))
+    validate(make_run("logger=[csv]", "logger.csv.filename=epochs.csv", "callbacks=[csv_logger]"))
+

@@ -453,6 +453,14 @@ def _validate_task(cfg: DictConfig) -> None:
         _require(node is None or (isinstance(node, DictConfig) and "_target_" in node),
                  f"callbacks.{name} must be a node with _target_ (or null to disable it); "
                  f"received: {node!r}")
+    loggers = cfg.logger or {}
+    if "csv" in loggers:
+        file = (loggers.get("csv") or {}).get("filename", "metrics.csv")
+        for name, node in callbacks.items():
+            _require(node is None or not str(node._target_).endswith("CSVLogger")
+                     or node.get("filename") != file,
+                     f"logger=[csv] and callbacks.{name} would both append to {file}; keep "
+                     f"one of them (e.g. drop {name} from callbacks)")
 
 
 # Words in metric names that say which way is better, for metrics that do not say it
