@@ -146,8 +146,13 @@ def test_a_backup_from_before_test_splits_resumes_with_its_old_data_values():
     state["config"]["dataset"] = {"_target_": "trainer.data.digits.load",
                                   "validation_fraction": 0.2}
     config = _with(config, **{"dataset._target_": "trainer.data.digits.load",
-                              "dataset.validation_fraction": 0.2, "dataset.test_fraction": 0})
+                              "dataset.validation_fraction": 0.2, "dataset.test_fraction": 0,
+                              "finetune.freeze_backbone": False,
+                              "finetune.unfreeze_at_epoch": None,
+                              "finetune.backbone_lr_scale": 1.0})
     assert check_resume(Path("r"), state, config) == {}
+    with pytest.raises(ConfigError, match=r"finetune.freeze_backbone from None to True"):
+        check_resume(Path("r"), state, _with(config, **{"finetune.freeze_backbone": True}))
     with pytest.raises(ConfigError, match=r"dataset.test_fraction from None to 0.1"):
         check_resume(Path("r"), state, _with(config, **{"dataset.test_fraction": 0.1}))
     tfds_state, tfds = _state()

@@ -78,6 +78,14 @@ class CheckpointConfig:
 
 
 @dataclass
+class FinetuneConfig:
+    freeze_backbone: bool = False
+    unfreeze_at_epoch: int | None = None
+    unfreeze_layers: int | None = None
+    backbone_lr_scale: float = 1.0
+
+
+@dataclass
 class CnnConfig:
     _target_: str = "trainer.models.cnn.build"
     dropout: float = 0.25
@@ -179,6 +187,7 @@ class Config:
     gpu: GpuConfig = field(default_factory=GpuConfig)
     batch: BatchConfig = field(default_factory=BatchConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     # Trackers by name (`conf/logger/`), several at once.
     logger: Any = field(default_factory=dict)
     optimized_metric: str | None = None
@@ -325,6 +334,9 @@ def validate(cfg: DictConfig) -> None:
     check_loggers(cfg.logger)
     _validate_profile(cfg.profile)
     _one_of("checkpoint.test_with", cfg.checkpoint.test_with, ("best", "last"))
+    from trainer.finetune import check as check_finetune
+
+    check_finetune(cfg.finetune, str(cfg.optimizer.get("_target_", "")))
     metric = cfg.optimized_metric
     _require(metric is None or (isinstance(metric, str) and metric), "optimized_metric must be "
              f"a metric name such as val_accuracy, or null; received: {metric!r}")

@@ -172,6 +172,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         rows.append(("test checkpoint", f"{used} ({summary['test_examples']} examples, "
                      "evaluated once)"))
     rows += [(f"logged to {k}", v) for k, v in (summary.get("loggers") or {}).items()]
+    for phase in summary.get("finetune") or []:
+        rows.append((f"from epoch {phase['from_epoch']}", f"{phase['trains']}: "
+                     f"{phase['trainable']:,} of {phase['total']:,} parameters trainable"))
     width = max(len(name) for name, _ in rows)
     lines = [f"  {name:<{width}}  {_fmt(value)}" for name, value in rows]
     return "\n".join(["Summary", *lines])

@@ -127,6 +127,12 @@ def _train_and_report(cfg: DictConfig, plan: DevicePlan, run: Run, run_dir: Path
     cluster = run.cluster
     check_metric_name(cfg.optimized_metric, run.logged, tested=run.data.test is not None)
     start, changes = _resume_point(cfg, run, run_dir)
+    from trainer.finetune import phase_report, scale_backbone_gradients
+
+    # after the optimizer is built over every variable (in _resume_point)
+    phases = phase_report(run.model, cfg.finetune, cfg.epochs)
+    if phases is not None:
+        scale_backbone_gradients(run.model, cfg.finetune.backbone_lr_scale)
     request = StopRequest()
     callbacks = build_callbacks(cfg, run, run_dir, started, start, request, tuple(extra))
     wired.append(callbacks)
@@ -153,6 +159,7 @@ def _train_and_report(cfg: DictConfig, plan: DevicePlan, run: Run, run_dir: Path
         run.model.export(str(run_dir / "saved_model"), verbose=False)
         summary["saved_model"] = str(run_dir / "saved_model")
     summary["loggers"] = logged_to(callbacks.trackers, run_dir)
+    summary["finetune"] = phases
     if run.is_chief:
         _finish(summary, run_dir)
         finish_trackers(list(callbacks.trackers), summary, "FINISHED")
@@ -216,27 +223,40 @@ def _segments(cfg: DictConfig, run: Run, start: tuple[int, int]) -> list:
     A run resumed mid-epoch first finishes that epoch's remaining steps, then trains whole
     epochs; each dataset starts exactly where the interrupted run would have been.
     """
+    from trainer.finetune import boundaries
+
     epoch, step = start
     make = run.data.make_train
     segments = []
     if step:
         segments.append((epoch, epoch + 1, run.steps - step, make(epoch, epoch + 1, step)))
         epoch += 1
-    if epoch < cfg.epochs:
-        segments.append((epoch, cfg.epochs, run.steps, make(epoch, cfg.epochs, 0)))
+    # a fine-tuning phase change starts a new segment (its step is compiled anew)
+    ends = sorted({*(b for b in boundaries(cfg.finetune, cfg.epochs) if b > epoch),
+                   cfg.epochs})
+    for end in ends:
+        if epoch < end:
+            segments.append((epoch, end, run.steps, make(epoch, end, 0)))
+            epoch = end
     return segments
 
 
 def _fit(cfg: DictConfig, run: Run, callbacks: Callbacks, start: tuple[int, int]) -> Outcome:
     """Trains with the chosen loop, then evaluates every validation example once."""
+    from trainer.finetune import apply_phase, phase_at
+
     model, history = run.model, {}
-    loop = None
-    if run.loop == "custom":
+    loop, phase = None, None
+
+    def new_loop():
         from trainer.loop import CustomLoop
 
-        loop = CustomLoop(model, run.strategy, run.speed.steps_per_execution,
+        return CustomLoop(model, run.strategy, run.speed.steps_per_execution,
                           jit_compile=run.speed.jit_compile is True, loss=run.loss,
                           metrics=run.metrics, accumulate=run.batch.accumulate)
+
+    if run.loop == "custom":
+        loop = new_loop()
     backup, stopped_early = callbacks.backup, False
     progress = []
     if cfg.verbose != 0:
@@ -244,6 +264,12 @@ def _fit(cfg: DictConfig, run: Run, callbacks: Callbacks, start: tuple[int, int]
 
         progress = [RunProgress(cfg.epochs, run.steps, start)]
     for first, end, steps, dataset in _segments(cfg, run, start):
+        if phase_at(first, cfg.finetune) != phase:
+            if phase is not None:  # the trainable variables change: compile the step anew
+                model.train_function = None
+                loop = new_loop() if loop is not None else None
+            phase = phase_at(first, cfg.finetune)
+            apply_phase(model, phase, cfg.finetune.unfreeze_layers)
         kwargs = dict(initial_epoch=first, epochs=end, steps_per_epoch=steps,
                       validation_data=run.data.validation,
                       callbacks=[*callbacks.all(), *progress], verbose=cfg.verbose)
