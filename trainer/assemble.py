@@ -246,7 +246,8 @@ def build_data(cfg: DictConfig, global_batch: int, shards: int,
         return build_training_epochs(source.train, global_batch, first_epoch=first_epoch,
                                      epochs=epochs, skip_steps=skip_steps,
                                      drop_remainder=cfg.batch.drop_remainder,
-                                     examples=source.train_size, replicas=shards, **common)
+                                     examples=source.train_size, replicas=shards,
+                                     augment=OmegaConf.to_container(cfg.augment), **common)
 
     def evaluation(dataset, examples, cache=None):
         options = common if cache is None else {**common, "cache": cache}

@@ -188,6 +188,7 @@ class Config:
     batch: BatchConfig = field(default_factory=BatchConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    augment: Any = field(default_factory=list)
     # Trackers by name (`conf/logger/`), several at once.
     logger: Any = field(default_factory=dict)
     optimized_metric: str | None = None
@@ -334,7 +335,10 @@ def validate(cfg: DictConfig) -> None:
     check_loggers(cfg.logger)
     _validate_profile(cfg.profile)
     _one_of("checkpoint.test_with", cfg.checkpoint.test_with, ("best", "last"))
+    from trainer.augment import check as check_augment
     from trainer.finetune import check as check_finetune
+
+    check_augment(cfg.augment)
 
     check_finetune(cfg.finetune, str(cfg.optimizer.get("_target_", "")))
     metric = cfg.optimized_metric

@@ -48,7 +48,8 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 # digits or image_folder run had no test share, a TFDS run no test split, no run fine-tuned.
 LEGACY = {"dataset.test_fraction": 0, "dataset.test_split": None,
           "finetune.freeze_backbone": False, "finetune.unfreeze_at_epoch": None,
-          "finetune.unfreeze_layers": None, "finetune.backbone_lr_scale": 1.0}
+          "finetune.unfreeze_layers": None, "finetune.backbone_lr_scale": 1.0,
+          "augment": []}
 
 
 def _predates(key: str, old: dict[str, Any], now: dict[str, Any]) -> bool:

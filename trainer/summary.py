@@ -103,6 +103,7 @@ def build_summary(cfg: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, ca
         "epoch_examples_per_sec": throughput.epoch_rates,
         "train_metrics": train_metrics,
         "validation_metrics": dict(outcome.validation),
+        "augment": _augment(cfg),
         "splits": run.data.source.splits,
         "test_examples": run.data.source.test_size,
         "test_metrics": None if outcome.test is None else dict(outcome.test),
@@ -111,6 +112,14 @@ def build_summary(cfg: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, ca
         "warnings": list(plan.warnings),
         "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
     }
+
+
+def _augment(cfg: Any) -> dict[str, Any] | None:
+    from omegaconf import OmegaConf
+
+    from trainer.augment import describe
+
+    return describe(OmegaConf.to_container(cfg.augment) if cfg.get("augment") else None)
 
 
 def _epochs_row(summary: dict[str, Any]) -> str:
@@ -171,6 +180,9 @@ def format_summary(summary: dict[str, Any]) -> str:
                 else "the final weights")
         rows.append(("test checkpoint", f"{used} ({summary['test_examples']} examples, "
                      "evaluated once)"))
+    if summary.get("augment"):
+        rows.append(("augmentation", f"{', '.join(summary['augment']['applied'])} in the "
+                     f"{summary['augment']['where']}"))
     rows += [(f"logged to {k}", v) for k, v in (summary.get("loggers") or {}).items()]
     for phase in summary.get("finetune") or []:
         rows.append((f"from epoch {phase['from_epoch']}", f"{phase['trains']}: "

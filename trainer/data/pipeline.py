@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from trainer.errors import ConfigError
@@ -134,20 +135,46 @@ def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_
                           epochs: int, skip_steps: int = 0, preprocess: Callable | None = None,
                           scale: float | None = None, seed: int | None = None, cache: bool = True,
                           shuffle_buffer: int = 2048, drop_remainder: bool = False,
-                          replicas: int = 1, examples: int | None = None) -> tf.data.Dataset:
+                          replicas: int = 1, examples: int | None = None,
+                          augment: Any = None) -> tf.data.Dataset:
     """The training batches of epochs `first_epoch`..`epochs - 1` as one dataset.
 
     Each epoch's order comes from the seed and the epoch's number alone, not from how many
     passes the process made before, so a run resumed at epoch e, step k sees exactly the
     batches the interrupted run would have seen (`skip_steps` skips the k done ones).
-    Arguments as `build_pipeline`.
+    `augment` (the config's list, `trainer.augment`) transforms the training images after
+    the cache, each with a seed from (seed, epoch, position). Other arguments as
+    `build_pipeline`.
     """
+    from trainer.augment import batch_layers, check, element_augmenter
+
     prepared = prepare(dataset, preprocess, cache, scale)
+    items = check(augment)
+    presets = [i for i in items if isinstance(i, str)]
+    per_element = element_augmenter(presets) if presets else None
+    layers = batch_layers(items)
+    # an unseeded run still needs seeds for the stateless ops: one drawn for this run
+    base = seed if seed is not None else int(np.random.default_rng().integers(1, 2**31 - 1))
 
     def one_epoch(epoch):
         epoch_seed = None if seed is None else seed * 7919 + epoch
-        return _batches(prepared, global_batch, True, scale, epoch_seed, shuffle_buffer,
-                        drop_remainder, replicas, examples, reshuffle=False)
+        source = prepared
+        if per_element is not None:
+            source = prepared.shuffle(shuffle_buffer, seed=epoch_seed,
+                                      reshuffle_each_iteration=False).enumerate()
+            key = tf.cast(base, tf.int64) * 7919 + epoch
+
+            def augmented(position, element):
+                return per_element(*element, tf.stack([key, position]))
+
+            source = source.map(augmented, num_parallel_calls=tf.data.AUTOTUNE)
+        batches = _batches(source, global_batch, True, scale, epoch_seed,
+                           shuffle_buffer if per_element is None else 0, drop_remainder,
+                           replicas, examples, reshuffle=False)
+        for layer in layers:
+            batches = batches.map(lambda x, y, layer=layer: (layer(x, training=True), y),
+                                  num_parallel_calls=tf.data.AUTOTUNE)
+        return batches
 
     epochs_ds = tf.data.Dataset.range(first_epoch, epochs).flat_map(one_epoch)
     return epochs_ds.skip(skip_steps).prefetch(tf.data.AUTOTUNE).with_options(_options(seed))
@@ -178,7 +205,7 @@ def _to_bytes(images, labels):
 
 def _batches(dataset, global_batch, training, scale, seed, shuffle_buffer, drop_remainder,
              replicas, examples, reshuffle=True) -> tf.data.Dataset:
-    if training:
+    if training and shuffle_buffer:
         dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=reshuffle)
     drop = training and drop_remainder
     dataset = dataset.batch(global_batch, drop_remainder=drop)

@@ -1,0 +1,87 @@
+"""Training-data augmentation: seeded, per epoch, after the cache, never on evaluation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from omegaconf import OmegaConf
+
+from trainer.augment import _affine, check, describe
+from trainer.config import ConfigError
+from trainer.data.pipeline import build_training_epochs
+from trainer.train import train
+
+IMAGES = np.random.default_rng(0).integers(0, 256, (48, 12, 12, 3)).astype(np.uint8)
+LABELS = np.arange(48, dtype=np.int32)  # each label names its image
+
+
+def epochs(augment, seed=7, first=0, count=2):
+    data = tf.data.Dataset.from_tensor_slices((IMAGES, LABELS))
+    batches = build_training_epochs(data, 16, first_epoch=first, epochs=first + count,
+                                    scale=1 / 255, seed=seed, shuffle_buffer=48,
+                                    augment=augment, examples=48)
+    out = [(x.numpy(), y.numpy()) for x, y in batches]
+    return [out[i:i + 3] for i in range(0, len(out), 3)]  # 3 batches per epoch
+
+
+def test_presets_are_checked():
+    assert check(["flip", "crop"]) == ["flip", "crop"]
+    with pytest.raises(ConfigError, match="unknown augment preset 'flop'; available: flip, "
+                                          "crop, rotation, zoom, contrast"):
+        check(["flop"])
+    assert describe([]) is None
+    assert describe(["flip"])["where"].startswith("input pipeline (tf.data, CPU)")
+
+
+def test_same_seed_same_batches_new_variants_each_epoch_same_order():
+    plain = epochs([])
+    first, again = epochs(["flip", "crop", "contrast"]), epochs(["flip", "crop", "contrast"])
+    for a, b in zip(first, again, strict=True):  # the same seed: the same augmented batches
+        for (xa, ya), (xb, yb) in zip(a, b, strict=True):
+            np.testing.assert_array_equal(xa, xb)
+            np.testing.assert_array_equal(ya, yb)
+    for epoch in range(2):  # the seed-determined order is the one without augmentation
+        assert [y.tolist() for _, y in first[epoch]] == [y.tolist() for _, y in plain[epoch]]
+        assert not all(np.allclose(xa, xp) for (xa, _), (xp, _) in
+                       zip(first[epoch], plain[epoch], strict=True))
+    # the same image looks different in epoch 1 and epoch 2
+    seen = [{int(label): image for x, y in epoch for image, label in zip(x, y, strict=True)}
+            for epoch in first]
+    assert sum(not np.allclose(seen[0][i], seen[1][i]) for i in range(48)) > 24
+    # a resumed run's epoch 2 is the uninterrupted run's epoch 2
+    resumed = epochs(["flip", "crop", "contrast"], first=1, count=1)
+    for (xa, _), (xb, _) in zip(first[1], resumed[0], strict=True):
+        np.testing.assert_array_equal(xa, xb)
+
+
+def test_rotation_and_zoom_of_zero_are_the_identity():
+    image = tf.constant(IMAGES[0], tf.float32)
+    np.testing.assert_allclose(_affine(image, tf.constant(0.0), tf.constant(1.0)).numpy(),
+                               IMAGES[0], atol=1e-3)
+    rotated = epochs(["rotation", "zoom"], count=1)[0]
+    assert rotated[0][0].shape == (16, 12, 12, 3) and np.isfinite(rotated[0][0]).all()
+
+
+def test_a_keras_layer_node_runs_on_whole_batches():
+    layer = OmegaConf.create({"_target_": "keras.layers.RandomBrightness", "factor": 0.2,
+                              "value_range": [0, 1], "seed": 3})
+    batches = epochs([layer], count=1)[0]
+    assert all(0 <= x.min() and x.max() <= 1 for x, _ in batches)
+
+
+def test_evaluation_never_sees_augmentation(make_run, tmp_path):
+    from omegaconf import OmegaConf as Conf
+
+    from trainer.evaluate import evaluate_run
+
+    run_dir = tmp_path / "run"
+    cfg = make_run("dataset=synthetic", "dataset.train_examples=64",
+                   "dataset.validation_examples=16", "dataset.image_size=8", "epochs=1",
+                   "verbose=0", "logger=[]", "augment=[flip,crop,rotation,zoom,contrast]")
+    summary = train(cfg, run_dir=run_dir)
+    assert summary["augment"]["applied"] == ["flip", "crop", "rotation", "zoom", "contrast"]
+    (run_dir / ".hydra").mkdir()
+    Conf.save(cfg, run_dir / ".hydra" / "config.yaml")
+    once, twice = evaluate_run(run_dir), evaluate_run(run_dir)
+    assert once["metrics"] == twice["metrics"]
