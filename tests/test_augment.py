@@ -85,3 +85,46 @@ def test_evaluation_never_sees_augmentation(make_run, tmp_path):
     Conf.save(cfg, run_dir / ".hydra" / "config.yaml")
     once, twice = evaluate_run(run_dir), evaluate_run(run_dir)
     assert once["metrics"] == twice["metrics"]
+
+
+def mixed_epoch(name, seed=7):
+    hot = np.eye(48, dtype=np.float32)[LABELS]  # 48 classes: label i is image i
+    data = tf.data.Dataset.from_tensor_slices((IMAGES, hot))
+    batches = build_training_epochs(data, 16, first_epoch=0, epochs=1, scale=1 / 255,
+                                    seed=seed, shuffle_buffer=48, augment=[name], examples=48)
+    return [(x.numpy(), y.numpy()) for x, y in batches]
+
+
+def test_mixup_mixes_images_and_labels_in_one_proportion():
+    originals = IMAGES.astype(np.float32) / 255
+    batches = mixed_epoch("mixup")
+    for images, labels in batches:
+        np.testing.assert_allclose(labels.sum(axis=1), 1, atol=1e-5)
+        for image, label in zip(images, labels, strict=True):
+            sources = np.argsort(label)[::-1][:2]
+            share = label[sources[0]]
+            other = sources[1] if label[sources[1]] > 0 else sources[0]
+            expected = share * originals[sources[0]] + (1 - share) * originals[other]
+            np.testing.assert_allclose(image, expected, atol=1e-5)
+    again = mixed_epoch("mixup")
+    for (xa, ya), (xb, yb) in zip(batches, again, strict=True):
+        np.testing.assert_array_equal(xa, xb)
+        np.testing.assert_array_equal(ya, yb)
+
+
+def test_cutmix_pastes_a_box_whose_area_is_the_label_share():
+    originals = IMAGES.astype(np.float32) / 255
+    for images, labels in mixed_epoch("cutmix"):
+        for image, label in zip(images, labels, strict=True):
+            mine = int(np.argmax(label))
+            pasted = ~np.isclose(image, originals[mine]).all(axis=-1)
+            assert pasted.mean() == pytest.approx(1 - label[mine], abs=1e-6)
+
+
+def test_mixing_makes_every_split_one_hot_and_the_loss_categorical(make_run, tmp_path):
+    summary = train(make_run("dataset=synthetic", "dataset.train_examples=64",
+                             "dataset.validation_examples=16", "dataset.image_size=8",
+                             "epochs=1", "verbose=0", "logger=[]", "augment=[cutmix]"),
+                    run_dir=tmp_path / "run")
+    assert summary["loss"] == "categorical_crossentropy"
+    assert 0 <= summary["validation_metrics"]["accuracy"] <= 1

@@ -164,7 +164,13 @@ def assemble(cfg: DictConfig, plan: DevicePlan, cluster: Cluster | None = None) 
     seed = runtime_seed(cfg.seed)
     if seed is not None:
         keras.utils.set_random_seed(seed)
-    loss = build_loss(cfg.loss)
+    from trainer.augment import check as check_augment
+    from trainer.augment import mixers
+
+    mixing = bool(mixers(check_augment(OmegaConf.to_container(cfg.augment))))
+    # MixUp / CutMix mix labels: one-hot everywhere, and the loss that reads them
+    loss = build_loss("categorical_crossentropy" if mixing
+                      and cfg.loss == "sparse_categorical_crossentropy" else cfg.loss)
     with strategy.scope():
         data = build_data(cfg, batch.global_size, batch.shards,
                           batch.per_replica * batch.replicas, batch.replicas)
@@ -240,6 +246,7 @@ def build_data(cfg: DictConfig, global_batch: int, shards: int,
     if not isinstance(source, Source):
         raise ConfigError(f"dataset {options['_target_']} must return a trainer.data.Source "
                           f"(Source.from_arrays for arrays); received: {type(source).__name__}")
+    source = _one_hot_if_mixing(cfg, source)
     common = dict(preprocess=source.preprocess, scale=source.scale, seed=seed, **pipeline)
 
     def make_train(first_epoch: int, epochs: int, skip_steps: int):
@@ -260,6 +267,32 @@ def build_data(cfg: DictConfig, global_batch: int, shards: int,
             if source.test is not None and source.test_size > 0 else None)
     return Data(source=source, make_train=make_train,
                 validation=evaluation(source.validation, source.validation_size), test=test)
+
+
+def _one_hot_if_mixing(cfg: DictConfig, source: Any) -> Any:
+    """Every split's labels one-hot where MixUp or CutMix mixes them (the same shape for
+    training and evaluation, so the loss and the metrics read both)."""
+    import dataclasses
+
+    import tensorflow as tf
+
+    from trainer.augment import check, mixers
+
+    names = mixers(check(OmegaConf.to_container(cfg.augment)))
+    if not names:
+        return source
+    if source.num_classes is None:
+        raise ConfigError(f"augment {', '.join(names)} mixes class labels; this dataset's "
+                          "targets are not classes")
+    classes = source.num_classes
+
+    def hot(dataset):
+        if dataset is None:
+            return None
+        return dataset.map(lambda x, y: (x, tf.one_hot(tf.cast(y, tf.int32), classes)))
+
+    return dataclasses.replace(source, train=hot(source.train),
+                               validation=hot(source.validation), test=hot(source.test))
 
 
 def learning_rate(opt: DictConfig, global_batch: int, steps: int, epochs: int) -> LearningRate:

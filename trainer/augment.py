@@ -9,6 +9,9 @@ Every random number comes from a stateless op seeded by (run seed, epoch, exampl
 in that epoch's order): the same seed gives the same augmented batches on any run, a resumed
 run sees exactly the images the interrupted one would have, and two epochs differ.
 
+`mixup` and `cutmix` mix each batch with a seeded permutation of itself (images and labels
+in one proportion); with them every split's labels are one-hot (see `trainer.assemble`).
+
 A node with `_target_` (a Keras preprocessing layer, e.g. `{_target_:
 keras.layers.RandAugment, value_range: [0, 1]}`) is applied to whole batches after scaling
 to [0, 1]; such layers draw from their own seed generators, so they are random but not
@@ -23,6 +26,10 @@ from typing import Any
 from trainer.errors import ConfigError
 
 PRESETS = ("flip", "crop", "rotation", "zoom", "contrast")
+# Mix pairs of images and their labels within a batch (labels become one-hot everywhere, and
+# sparse_categorical_crossentropy becomes categorical_crossentropy).
+MIXERS = ("mixup", "cutmix")
+MIXUP_ALPHA, CUTMIX_ALPHA = 0.2, 1.0
 # Strengths: crop pads by 1/8 of the side and crops back; rotation up to 10% of a turn
 # either way; zoom in or out by up to 10%; contrast by a factor in [0.8, 1.2].
 CROP_PAD, ROTATION, ZOOM, CONTRAST = 1 / 8, 0.1, 0.1, 0.2
@@ -35,10 +42,10 @@ def check(augment: Any) -> list:
     items = list(augment) if not isinstance(augment, str) else [augment]
     for item in items:
         if isinstance(item, str):
-            if item not in PRESETS:
+            if item not in (*PRESETS, *MIXERS):
                 raise ConfigError(f"unknown augment preset {item!r}; available: "
-                                  f"{', '.join(PRESETS)}, or a node with _target_ (a Keras "
-                                  "preprocessing layer)")
+                                  f"{', '.join((*PRESETS, *MIXERS))}, or a node with "
+                                  "_target_ (a Keras preprocessing layer)")
         elif not (hasattr(item, "get") and item.get("_target_")):
             raise ConfigError(f"augment takes preset names or nodes with _target_; received: "
                               f"{item!r}")
@@ -131,3 +138,60 @@ def batch_layers(items: list) -> list:
     from trainer.task import build_object
 
     return [build_object(dict(item), "augment") for item in items if not isinstance(item, str)]
+
+
+def mixers(items: list) -> list[str]:
+    """The batch-mixing presets among the config's `augment`."""
+    return [i for i in items if isinstance(i, str) and i in MIXERS]
+
+
+def batch_mixer(names: list[str]):
+    """`(images, one_hot_labels, seed) -> (images, labels)`: MixUp / CutMix on a batch, each
+    image paired with another of the same batch; labels mixed in the same proportion."""
+    import tensorflow as tf
+
+    def mix(images, labels, seed):
+        for i, name in enumerate(names):
+            step = tf.random.experimental.stateless_fold_in(seed, i)
+            order = tf.argsort(tf.random.stateless_uniform(tf.shape(labels)[:1], step))
+            other_images, other_labels = tf.gather(images, order), tf.gather(labels, order)
+            if name == "mixup":
+                share = _beta(step, MIXUP_ALPHA)
+                images = share * images + (1 - share) * other_images
+            else:
+                images, share = _cutmix(images, other_images, step)
+            labels = share * labels + (1 - share) * other_labels
+        return images, labels
+
+    return mix
+
+
+def _beta(seed, alpha):
+    """A Beta(alpha, alpha) draw from two stateless gamma draws."""
+    import tensorflow as tf
+
+    first = tf.random.stateless_gamma([], seed, alpha)
+    second = tf.random.stateless_gamma([], tf.random.experimental.stateless_fold_in(seed, 7),
+                                       alpha)
+    return first / (first + second)
+
+
+def _cutmix(images, other, seed):
+    """Pastes a box of `other` into every image; returns the images and the kept share."""
+    import tensorflow as tf
+
+    height, width = tf.shape(images)[1], tf.shape(images)[2]
+    cut = tf.sqrt(1 - _beta(seed, CUTMIX_ALPHA))
+    box_h = tf.cast(tf.cast(height, tf.float32) * cut, tf.int32)
+    box_w = tf.cast(tf.cast(width, tf.float32) * cut, tf.int32)
+    centre = tf.random.stateless_uniform([2], tf.random.experimental.stateless_fold_in(seed, 3))
+    cy = tf.cast(centre[0] * tf.cast(height, tf.float32), tf.int32)
+    cx = tf.cast(centre[1] * tf.cast(width, tf.float32), tf.int32)
+    top, bottom = tf.maximum(cy - box_h // 2, 0), tf.minimum(cy + box_h // 2, height)
+    left, right = tf.maximum(cx - box_w // 2, 0), tf.minimum(cx + box_w // 2, width)
+    rows = tf.logical_and(tf.range(height) >= top, tf.range(height) < bottom)
+    cols = tf.logical_and(tf.range(width) >= left, tf.range(width) < right)
+    mask = tf.cast(tf.logical_and(rows[:, None], cols[None, :]), images.dtype)[None, :, :, None]
+    kept = 1 - tf.cast((bottom - top) * (right - left), tf.float32) / tf.cast(
+        height * width, tf.float32)
+    return images * (1 - mask) + other * mask, kept

@@ -74,7 +74,7 @@ def build_summary(cfg: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, ca
                   "drop_remainder": cfg.batch.drop_remainder},
         "learning_rate": run.lr.report(),
         "optimizer": type(run.model.optimizer).__name__,
-        "loss": _loss_name(cfg.loss),
+        "loss": getattr(run.loss, "name", None) or _loss_name(cfg.loss),
         "metrics": list(run.metric_names),
         "callbacks": [type(c).__name__ for c in callbacks.user],
         "loop": run.loop,

@@ -146,11 +146,13 @@ def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_
     the cache, each with a seed from (seed, epoch, position). Other arguments as
     `build_pipeline`.
     """
-    from trainer.augment import batch_layers, check, element_augmenter
+    from trainer.augment import PRESETS, batch_layers, batch_mixer, check, element_augmenter
+    from trainer.augment import mixers as mixer_names
 
     prepared = prepare(dataset, preprocess, cache, scale)
     items = check(augment)
-    presets = [i for i in items if isinstance(i, str)]
+    presets = [i for i in items if isinstance(i, str) and i in PRESETS]
+    mix = batch_mixer(mixer_names(items)) if mixer_names(items) else None
     per_element = element_augmenter(presets) if presets else None
     layers = batch_layers(items)
     # an unseeded run still needs seeds for the stateless ops: one drawn for this run
@@ -174,6 +176,13 @@ def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_
         for layer in layers:
             batches = batches.map(lambda x, y, layer=layer: (layer(x, training=True), y),
                                   num_parallel_calls=tf.data.AUTOTUNE)
+        if mix is not None:
+            key = tf.cast(base, tf.int64) * 7919 + epoch + 104729  # apart from the images'
+
+            def mixed(position, batch):
+                return mix(*batch, tf.stack([key, position]))
+
+            batches = batches.enumerate().map(mixed, num_parallel_calls=tf.data.AUTOTUNE)
         return batches
 
     epochs_ds = tf.data.Dataset.range(first_epoch, epochs).flat_map(one_epoch)
