@@ -28,7 +28,8 @@ def epochs(augment, seed=7, first=0, count=2):
 def test_presets_are_checked():
     assert check(["flip", "crop"]) == ["flip", "crop"]
     with pytest.raises(ConfigError, match="unknown augment preset 'flop'; available: flip, "
-                                          "crop, rotation, zoom, contrast"):
+                                          "crop, rotation, zoom, contrast, mixup, cutmix, "
+                                          "randaugment"):
         check(["flop"])
     assert describe([]) is None
     assert describe(["flip"])["where"].startswith("input pipeline (tf.data, CPU)")
@@ -61,6 +62,15 @@ def test_rotation_and_zoom_of_zero_are_the_identity():
                                IMAGES[0], atol=1e-3)
     rotated = epochs(["rotation", "zoom"], count=1)[0]
     assert rotated[0][0].shape == (16, 12, 12, 3) and np.isfinite(rotated[0][0]).all()
+
+
+def test_randaugment_runs_on_whole_batches_and_changes_them():
+    plain, augmented = epochs([], count=1)[0], epochs(["randaugment"], count=1)[0]
+    for (xp, yp), (xa, ya) in zip(plain, augmented, strict=True):
+        np.testing.assert_array_equal(yp, ya)
+        assert xa.shape == xp.shape and 0 <= xa.min() and xa.max() <= 1
+    assert not all(np.allclose(xa, xp) for (xa, _), (xp, _) in zip(augmented, plain,
+                                                                    strict=True))
 
 
 def test_a_keras_layer_node_runs_on_whole_batches():

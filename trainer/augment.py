@@ -1,9 +1,10 @@
 """Training-data augmentation in the input pipeline: seeded, after the cache, training only.
 
-`augment: [flip, crop, rotation, zoom, contrast]` names presets; each is applied to every
-training image with its own probability draw. They run in tf.data on the CPU (beside the
-accelerators, overlapped with training by the prefetch), after the in-memory cache, so every
-epoch sees new variants of the cached images; validation and test never see them.
+`augment: [flip, crop, rotation, zoom, contrast]` names presets (and `randaugment`, `mixup`,
+`cutmix`, below); each is applied to every training image with its own random draw. They
+run in tf.data on the CPU (beside the accelerators, overlapped with training by the
+prefetch), after the in-memory cache, so every epoch sees new variants of the cached images;
+validation and test never see them.
 
 Every random number comes from a stateless op seeded by (run seed, epoch, example's position
 in that epoch's order): the same seed gives the same augmented batches on any run, a resumed
@@ -12,10 +13,10 @@ run sees exactly the images the interrupted one would have, and two epochs diffe
 `mixup` and `cutmix` mix each batch with a seeded permutation of itself (images and labels
 in one proportion); with them every split's labels are one-hot (see `trainer.assemble`).
 
-A node with `_target_` (a Keras preprocessing layer, e.g. `{_target_:
-keras.layers.RandAugment, value_range: [0, 1]}`) is applied to whole batches after scaling
-to [0, 1]; such layers draw from their own seed generators, so they are random but not
-reproduced bit for bit on resume.
+`randaugment` (Keras's RandAugment) and a node with `_target_` (a Keras preprocessing
+layer, e.g. `{_target_: keras.layers.RandomBrightness, factor: 0.2, value_range: [0, 1]}`)
+run on whole batches after scaling to [0, 1]; such layers draw from their own seed
+generators, so they are random but not reproduced bit for bit on resume.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ PRESETS = ("flip", "crop", "rotation", "zoom", "contrast")
 # Mix pairs of images and their labels within a batch (labels become one-hot everywhere, and
 # sparse_categorical_crossentropy becomes categorical_crossentropy).
 MIXERS = ("mixup", "cutmix")
+# Keras's RandAugment on whole batches in [0, 1] (its own seed generator: random, but not
+# reproduced bit for bit on resume).
+LAYERS = ("randaugment",)
 MIXUP_ALPHA, CUTMIX_ALPHA = 0.2, 1.0
 # Strengths: crop pads by 1/8 of the side and crops back; rotation up to 10% of a turn
 # either way; zoom in or out by up to 10%; contrast by a factor in [0.8, 1.2].
@@ -42,10 +46,10 @@ def check(augment: Any) -> list:
     items = list(augment) if not isinstance(augment, str) else [augment]
     for item in items:
         if isinstance(item, str):
-            if item not in (*PRESETS, *MIXERS):
+            if item not in (*PRESETS, *MIXERS, *LAYERS):
                 raise ConfigError(f"unknown augment preset {item!r}; available: "
-                                  f"{', '.join((*PRESETS, *MIXERS))}, or a node with "
-                                  "_target_ (a Keras preprocessing layer)")
+                                  f"{', '.join((*PRESETS, *MIXERS, *LAYERS))}, or a node "
+                                  "with _target_ (a Keras preprocessing layer)")
         elif not (hasattr(item, "get") and item.get("_target_")):
             raise ConfigError(f"augment takes preset names or nodes with _target_; received: "
                               f"{item!r}")
@@ -133,11 +137,19 @@ _PRESET_OPS = {"flip": _flip, "crop": _crop, "rotation": _rotation, "zoom": _zoo
                "contrast": _contrast}
 
 
-def batch_layers(items: list) -> list:
-    """The `_target_` nodes, built (Keras preprocessing layers applied to whole batches)."""
+def batch_layers(items: list, seed: int | None = None) -> list:
+    """The layers applied to whole batches: `randaugment`, and the `_target_` nodes built."""
+    import keras
+
     from trainer.task import build_object
 
-    return [build_object(dict(item), "augment") for item in items if not isinstance(item, str)]
+    layers = []
+    for item in items:
+        if item == "randaugment":
+            layers.append(keras.layers.RandAugment(value_range=(0, 1), seed=seed))
+        elif not isinstance(item, str):
+            layers.append(build_object(dict(item), "augment"))
+    return layers
 
 
 def mixers(items: list) -> list[str]:

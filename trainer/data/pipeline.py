@@ -154,7 +154,7 @@ def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_
     presets = [i for i in items if isinstance(i, str) and i in PRESETS]
     mix = batch_mixer(mixer_names(items)) if mixer_names(items) else None
     per_element = element_augmenter(presets) if presets else None
-    layers = batch_layers(items)
+    layers = batch_layers(items, seed)
     # an unseeded run still needs seeds for the stateless ops: one drawn for this run
     base = seed if seed is not None else int(np.random.default_rng().integers(1, 2**31 - 1))
 
