@@ -28,6 +28,15 @@ def test_unknown_logger_lists_the_available_ones():
         check_loggers({"mlflw": {}})
 
 
+def test_an_unknown_logger_on_the_command_line_is_one_line(tmp_path):
+    out = run_cli("logger=[csv,mlfow]", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
+                  timeout=60)
+    assert out.returncode == 2
+    assert error_lines(out.stderr) == [
+        "error: unknown logger 'mlfow'; available: csv, mlflow, tensorboard, wandb"]
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_missing_package_names_the_logger_and_how_to_install_or_drop_it(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",

@@ -209,6 +209,14 @@ def one_line(error: BaseException) -> str:
         group, _, name = error.missing_cfg_file.rpartition("/")
         if group and error.options is not None:
             return f"unknown {group} {name!r}; available: {', '.join(error.options)}"
+    import re
+
+    # an item of a list of options (logger=[csv,mlfow]): Hydra names it but not the options
+    missing = re.search(r"Could not load '([\w/]+)/(\w+)'", str(error))
+    if missing and (config_dir() / missing.group(1)).is_dir():
+        options = sorted(p.stem for p in (config_dir() / missing.group(1)).glob("*.yaml"))
+        return (f"unknown {missing.group(1)} {missing.group(2)!r}; available: "
+                f"{', '.join(options)}")
     if isinstance(error, OverrideParseException):
         lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
         text = "; ".join(lines[:2]) or "cannot parse"
