@@ -17,57 +17,32 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--devices", type=int, default=2, help="logical CPU replicas")
-    parser.add_argument("--pairs", type=int, default=3)
-    parser.add_argument("--epochs", type=int, default=4, help="epoch 1 (tracing) is not timed")
-    parser.add_argument("--examples", type=int, default=4096)
-    parser.add_argument("--per-replica", type=int, default=64, help="the micro-batch")
+    from bench_overhead import base_parser
+
+    parser = base_parser(__doc__.splitlines()[0], per_replica=64)  # --per-replica: the micro-batch
     parser.add_argument("--accumulate", type=int, default=4)
     parser.add_argument("--loop", default="fit", choices=["fit", "custom"])
-    parser.add_argument("--image-size", type=int, default=32)
     return parser.parse_args()
 
 
 def run(args, accumulate: int) -> float:
     """Steady examples/s of one training run."""
-    from bench_overhead import make_probe, steady_rate
-    from hydra import compose, initialize_config_dir
+    from bench_overhead import trainer_rate
 
-    from trainer.config import config_dir
-    from trainer.train import train
-
-    overrides = ["model=mobilenet", "dataset=synthetic", f"dataset.train_examples={args.examples}",
-                 f"dataset.image_size={args.image_size}", "accelerator=cpu",
-                 f"devices={args.devices}", f"epochs={args.epochs}", "verbose=0",
-                 f"loop={args.loop}", f"batch.per_replica={args.per_replica}",
-                 f"batch.accumulate={accumulate}", "batch.drop_remainder=true",
-                 "logger=[]"]
-    probe = make_probe()
-    with initialize_config_dir(str(config_dir()), version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
-    with tempfile.TemporaryDirectory() as run_dir:
-        train(cfg, run_dir=run_dir, callbacks=[probe])
-    return steady_rate(probe, args.per_replica * args.devices * accumulate)
+    return trainer_rate(args, [f"loop={args.loop}", f"batch.accumulate={accumulate}"],
+                        args.per_replica * args.devices * accumulate)
 
 
 def main() -> None:
     args = parse_args()
-    import tensorflow as tf
+    from bench_overhead import start
 
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    if args.devices > 1:
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration()] * args.devices)
-    from trainer.config import register_configs
-
-    register_configs()
+    start(args.devices)
     n = args.accumulate
     print(f"MobileNetV2 loop={args.loop} devices={args.devices} micro-batch "
           f"{args.per_replica} per replica; global batch {args.per_replica * args.devices} "

@@ -22,17 +22,57 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = base_parser(__doc__.splitlines()[0], per_replica=128)
+    parser.add_argument("--model", default="mobilenet", choices=["mobilenet", "cnn"])
+    parser.add_argument("--loops", default="fit,custom",
+                        help="trainer loops to compare with plain Keras, comma-separated")
+    return parser.parse_args()
+
+
+def base_parser(description: str, per_replica: int) -> argparse.ArgumentParser:
+    """The arguments every trainer-vs-trainer benchmark takes."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--devices", type=int, default=2, help="logical CPU replicas")
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=4, help="epoch 1 (tracing) is not timed")
     parser.add_argument("--examples", type=int, default=4096)
-    parser.add_argument("--per-replica", type=int, default=128)
-    parser.add_argument("--model", default="mobilenet", choices=["mobilenet", "cnn"])
+    parser.add_argument("--per-replica", type=int, default=per_replica)
     parser.add_argument("--image-size", type=int, default=32)
-    parser.add_argument("--loops", default="fit,custom",
-                        help="trainer loops to compare with plain Keras, comma-separated")
-    return parser.parse_args()
+    return parser
+
+
+def start(devices: int) -> None:
+    """Splits the CPU into `devices` logical ones (before TensorFlow's runtime starts) and
+    registers trainer's config schema."""
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    if devices > 1:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * devices)
+    from trainer.config import register_configs
+
+    register_configs()
+
+
+def trainer_rate(args, overrides: list[str], global_batch: int) -> float:
+    """Steady examples/s of one `trainer` run of MobileNetV2 on synthetic data."""
+    from hydra import compose, initialize_config_dir
+
+    from trainer.config import config_dir
+    from trainer.train import train
+
+    common = ["model=mobilenet", "dataset=synthetic", f"dataset.train_examples={args.examples}",
+              f"dataset.image_size={args.image_size}", "accelerator=cpu",
+              f"devices={args.devices}", f"epochs={args.epochs}", "verbose=0",
+              f"batch.per_replica={args.per_replica}", "batch.drop_remainder=true",
+              "logger=[]"]
+    probe = make_probe()
+    with initialize_config_dir(str(config_dir()), version_base="1.3"):
+        cfg = compose("config", overrides=[*common, *overrides])
+    with tempfile.TemporaryDirectory() as run_dir:
+        train(cfg, run_dir=run_dir, callbacks=[probe])
+    return steady_rate(probe, global_batch)
 
 
 def make_probe():
@@ -134,15 +174,7 @@ def run_plain_timed(args) -> tuple[float, float]:
 
 def main() -> None:
     args = parse_args()
-    import tensorflow as tf
-
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    if args.devices > 1:
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration()] * args.devices)
-    from trainer.config import register_configs
-
-    register_configs()
+    start(args.devices)
     loops = args.loops.split(",")
     print(f"model={args.model} devices={args.devices} global batch="
           f"{args.per_replica * args.devices} examples={args.examples} epochs={args.epochs}")

@@ -292,34 +292,20 @@ def test_two_processes_started_by_hand(tmp_path, how):
     addresses = [f"127.0.0.1:{port}" for port in free_ports(2)]
     env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "TF_CONFIG")}
     env.update(PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
-    procs = []
-    try:
-        for index in (0, 1):
-            if how == "cluster.workers":
-                cluster = [f"cluster.workers=[{','.join(addresses)}]",
-                           f"cluster.task_index={index}"]
-                task_env = env
-            else:
-                cluster = []
-                task = {"type": "chief", "index": 0} if index == 0 else {"type": "worker",
-                                                                           "index": 0}
-                task_env = {**env, "TF_CONFIG": json.dumps({
-                    "cluster": {"chief": addresses[:1], "worker": addresses[1:]}, "task": task})}
-            log = open(tmp_path / f"worker{index}.log", "w")  # noqa: SIM115 - closed below
-            procs.append((subprocess.Popen(
-                [sys.executable, "-m", "trainer", *COMMON, "epochs=1", "verbose=0",
-                 "strategy=multi_worker", *cluster, f"hydra.run.dir={tmp_path / f'run{index}'}"],
-                cwd=tmp_path, env=task_env, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True), log))
-        codes = [proc.wait(timeout=300) for proc, _ in procs]
-    finally:
-        for proc, log in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            log.close()
-    logs = [(tmp_path / f"worker{i}.log").read_text()[-3000:] for i in (0, 1)]
-    assert codes == [0, 0], logs
+    tasks = []
+    for index in (0, 1):
+        if how == "cluster.workers":
+            cluster = [f"cluster.workers=[{','.join(addresses)}]", f"cluster.task_index={index}"]
+            task_env = env
+        else:
+            cluster = []
+            task = {"type": "chief", "index": 0} if index == 0 else {"type": "worker",
+                                                                       "index": 0}
+            task_env = {**env, "TF_CONFIG": json.dumps({
+                "cluster": {"chief": addresses[:1], "worker": addresses[1:]}, "task": task})}
+        tasks.append(([*COMMON, "epochs=1", "verbose=0", "strategy=multi_worker", *cluster,
+                       f"hydra.run.dir={tmp_path / f'run{index}'}"], task_env))
+    logs = run_tasks(tmp_path, tasks, "worker")
     summary = json.loads((tmp_path / "run0" / "summary.json").read_text())
     assert summary["workers"] == 2 and summary["replicas"] == 2
     assert summary["cluster"]["source"] == how.split()[0]
@@ -365,16 +351,26 @@ def run_slurm_step(tmp_path: Path, *args: str, tasks: int = 2) -> list[str]:
                SLURM_STEP_NODELIST="127.0.0.1", SLURM_NTASKS=str(tasks),
                SLURM_STEP_NUM_TASKS=str(tasks), SLURM_STEP_TASKS_PER_NODE=str(tasks),
                SLURMD_NODENAME="127.0.0.1")
+    return run_tasks(tmp_path, [([*(a.replace("{i}", str(i)) for a in args),
+                                  f"cluster.port_base={base}"],
+                                 {**env, "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i)})
+                                for i in range(tasks)], "task")
+
+
+def run_tasks(tmp_path: Path, tasks: list[tuple[list[str], dict]], name: str) -> list[str]:
+    """Runs `python -m trainer ARGS` once per (ARGS, environment), all at once, each in its
+    own process group with a hard timeout; kills what is left. Fails unless all exit 0.
+
+    Returns:
+        Each process's output (also in `tmp_path/<name><i>.log`).
+    """
     procs = []
     try:
-        for index in range(tasks):
-            log = open(tmp_path / f"task{index}.log", "w")  # noqa: SIM115 - closed below
+        for index, (args, env) in enumerate(tasks):
+            log = open(tmp_path / f"{name}{index}.log", "w")  # noqa: SIM115 - closed below
             procs.append((subprocess.Popen(
-                [sys.executable, "-m", "trainer", *(a.replace("{i}", str(index)) for a in args),
-                 f"cluster.port_base={base}"],
-                cwd=tmp_path, env={**env, "SLURM_PROCID": str(index),
-                                   "SLURM_LOCALID": str(index)},
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log))
+                [sys.executable, "-m", "trainer", *args], cwd=tmp_path, env=env, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True), log))
         codes = [proc.wait(timeout=300) for proc, _ in procs]
     finally:
         for proc, log in procs:
@@ -382,8 +378,8 @@ def run_slurm_step(tmp_path: Path, *args: str, tasks: int = 2) -> list[str]:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             log.close()
-    logs = [(tmp_path / f"task{i}.log").read_text() for i in range(tasks)]
-    assert codes == [0] * tasks, [log[-3000:] for log in logs]
+    logs = [(tmp_path / f"{name}{i}.log").read_text() for i in range(len(tasks))]
+    assert codes == [0] * len(tasks), [log[-3000:] for log in logs]
     return logs
 
 

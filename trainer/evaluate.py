@@ -40,15 +40,7 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
         `{"checkpoint": path, "replicas": n, "metrics": {...}}`.
     """
     run_dir = Path(run_dir)
-    split = "validation"
-    rest = []
-    for item in overrides:
-        if item.startswith("split="):
-            split = item.split("=", 1)[1]
-        else:
-            rest.append(item)
-    if split not in SPLITS:
-        raise ConfigError(f"split must be validation or test; received: {split!r}")
+    split, rest = _take("split", SPLITS, list(overrides))
     cfg, which = compose_run_config(run_dir, rest)
     checkpoint = run_dir / "checkpoints" / f"{which}.keras"
     if not checkpoint.is_file():
@@ -108,6 +100,19 @@ def load_checkpoint(path: str | Path):
     return keras.models.load_model(path)
 
 
+def _take(key: str, valid: tuple[str, ...], overrides: list[str]) -> tuple[str, list[str]]:
+    """Evaluation's own `key=value` (the first of `valid` by default), and the rest."""
+    value, rest = valid[0], []
+    for item in overrides:
+        if item.startswith(f"{key}="):
+            value = item.split("=", 1)[1]
+        else:
+            rest.append(item)
+    if value not in valid:
+        raise ConfigError(f"{key} must be {' or '.join(valid)}; received: {value!r}")
+    return value, rest
+
+
 def compose_run_config(run_dir: Path, overrides: list[str]) -> tuple[DictConfig, str]:
     """The run's saved config, composed again by Hydra over the schema with `overrides`.
 
@@ -119,15 +124,7 @@ def compose_run_config(run_dir: Path, overrides: list[str]) -> tuple[DictConfig,
     saved = run_dir / ".hydra" / "config.yaml"
     if not saved.is_file():
         raise ConfigError(f"{run_dir} is not a run directory (no .hydra/config.yaml)")
-    which = "best"
-    rest = []
-    for item in overrides:
-        if item.startswith("checkpoint="):
-            which = item.split("=", 1)[1]
-        else:
-            rest.append(item)
-    if which not in CHECKPOINTS:
-        raise ConfigError(f"checkpoint must be best or last; received: {which!r}")
+    which, rest = _take("checkpoint", CHECKPOINTS, overrides)
     register_configs()
     primary = OmegaConf.load(saved)
     primary.defaults = ["config_schema", "_self_"]
