@@ -50,7 +50,7 @@ def start(devices: int) -> None:
     if devices > 1:
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration()] * devices)
-    from trainer.config import register_configs
+    from trainer.config.schema import register_configs
 
     register_configs()
 
@@ -59,8 +59,8 @@ def trainer_rate(args, overrides: list[str], global_batch: int) -> float:
     """Steady examples/s of one `trainer` run of MobileNetV2 on synthetic data."""
     from hydra import compose, initialize_config_dir
 
-    from trainer.config import config_dir
-    from trainer.train import train
+    from trainer.config.schema import config_dir
+    from trainer.run.train import train
 
     common = ["model=mobilenet", "dataset=synthetic", f"dataset.train_examples={args.examples}",
               f"dataset.image_size={args.image_size}", "accelerator=cpu",
@@ -117,8 +117,8 @@ def run_trainer_timed(args, loop: str) -> tuple[float, float]:
     """Steady examples/s and seconds from start to the end of the first step."""
     from hydra import compose, initialize_config_dir
 
-    from trainer.config import config_dir
-    from trainer.train import train
+    from trainer.config.schema import config_dir
+    from trainer.run.train import train
 
     overrides = [f"model={args.model}", "dataset=synthetic",
                  f"dataset.train_examples={args.examples}",

@@ -28,8 +28,8 @@ VARIANTS = {
 def run(args, overrides: list[str]) -> tuple[float, float]:
     from hydra import compose, initialize_config_dir
 
-    from trainer.config import config_dir
-    from trainer.train import train
+    from trainer.config.schema import config_dir
+    from trainer.run.train import train
 
     with initialize_config_dir(str(config_dir()), version_base="1.3"):
         cfg = compose("config", overrides=[
@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--model", default="mobilenet")
     args = parser.parse_args()
-    from trainer.config import register_configs
+    from trainer.config.schema import register_configs
 
     register_configs()
     ratios = {name: [] for name in VARIANTS}

@@ -35,7 +35,7 @@ def worker(args) -> None:
         tf.config.set_logical_device_configuration(
             tf.config.list_physical_devices("CPU")[0],
             [tf.config.LogicalDeviceConfiguration()] * args.worker)
-    from trainer.config import register_configs
+    from trainer.config.schema import register_configs
 
     register_configs()
     run_args = argparse.Namespace(

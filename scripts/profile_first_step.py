@@ -41,8 +41,8 @@ def worker(args) -> None:
     import keras
 
     sys.path.insert(0, str(HERE.parent))
-    from trainer.loop import CustomLoop
     from trainer.models.mobilenet import build
+    from trainer.run.loop import CustomLoop
 
     devices = [f"/cpu:{i}" for i in range(n)]
     strategy = (tf.distribute.MirroredStrategy(devices) if n > 1

@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from trainer.config import config_dir, register_configs  # noqa: E402
+from trainer.config.schema import config_dir, register_configs  # noqa: E402
 
 # Devices can be split only before TensorFlow's runtime starts: once, here, for the session.
 LOGICAL_CPUS = 4

@@ -13,8 +13,8 @@ import pytest
 import tensorflow as tf
 
 from tests.test_loop import INITIAL, assert_same, build, make_data, strategy_for
-from trainer.accumulate import accumulating_train_step
-from trainer.loop import CustomLoop
+from trainer.run.accumulate import accumulating_train_step
+from trainer.run.loop import CustomLoop
 
 GLOBAL = 128
 # 2 full steps and a last one of 40: 10 examples on every micro-batch of every split
@@ -168,7 +168,7 @@ CONFIG = ["optimizer=sgd", "optimizer.lr=0.05", "model.dropout=0.0", "determinis
 def test_a_configured_run_on_any_split_ends_with_the_same_weights(tiny_config, tmp_path, loop):
     """Through the whole wiring: data order, the schedule and the summary use the global batch."""
     from trainer.evaluate import load_checkpoint
-    from trainer.train import train
+    from trainer.run.train import train
 
     # Keras's fit weights an uneven last batch per replica (README, "Two training loops"),
     # with or without accumulation; the custom loop weights it by the global count.
@@ -197,8 +197,8 @@ def test_a_configured_run_on_any_split_ends_with_the_same_weights(tiny_config, t
 
 
 def test_accumulate_auto_fits_the_cap_and_the_summary_says_so(tiny_config, tmp_path):
-    from trainer.summary import format_summary
-    from trainer.train import train
+    from trainer.run.summary import format_summary
+    from trainer.run.train import train
 
     summary = train(tiny_config(*CONFIG, "epochs=1", "devices=2", "batch.accumulate=auto",
                                 "batch.max_per_replica=20"), run_dir=tmp_path / "run")

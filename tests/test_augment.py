@@ -7,10 +7,10 @@ import pytest
 import tensorflow as tf
 from omegaconf import OmegaConf
 
-from trainer.augment import _affine, check, describe
-from trainer.config import ConfigError
+from trainer.config.errors import ConfigError
+from trainer.data.augment import _affine, check, describe
 from trainer.data.pipeline import build_training_epochs
-from trainer.train import train
+from trainer.run.train import train
 
 IMAGES = np.random.default_rng(0).integers(0, 256, (48, 12, 12, 3)).astype(np.uint8)
 LABELS = np.arange(48, dtype=np.int32)  # each label names its image

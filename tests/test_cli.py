@@ -234,11 +234,11 @@ def test_a_config_reading_hydra_at_run_time_still_runs(tmp_path):
 
 def test_a_read_only_run_directory_is_refused(tmp_path, monkeypatch):
     """Decided by `os.access` (tests run as root, for whom nothing is read-only: faked)."""
-    from trainer.config import ConfigError
-    from trainer.lock import check_writable
+    from trainer.config.errors import ConfigError
+    from trainer.rundir.lock import check_writable
 
     check_writable(tmp_path / "new" / "run")
-    monkeypatch.setattr("trainer.lock.os.access", lambda path, mode: False)
+    monkeypatch.setattr("trainer.rundir.lock.os.access", lambda path, mode: False)
     with pytest.raises(ConfigError, match=rf"run directory {tmp_path / 'new' / 'run'} cannot be "
                                           rf"written \({tmp_path} is read-only for this user\)"):
         check_writable(tmp_path / "new" / "run")

@@ -10,16 +10,16 @@ from pathlib import Path
 import pytest
 from conftest import REPO, error_lines
 
-from trainer.cluster import (
+from trainer.config.errors import ConfigError
+from trainer.distribute.cluster import (
     choose_communication,
     from_tf_config,
     from_workers,
     lost_tasks,
     resolve_cluster,
 )
-from trainer.config import ConfigError
-from trainer.launch import describe_exit, ending, free_ports, tf_configs, worker_commands
-from trainer.strategy import choose_strategy
+from trainer.distribute.launch import describe_exit, ending, free_ports, tf_configs, worker_commands
+from trainer.distribute.strategy import choose_strategy
 
 TWO = json.dumps({"cluster": {"worker": ["10.0.0.1:2222", "10.0.0.2:2222"]},
                   "task": {"type": "worker", "index": 1}})
@@ -189,7 +189,7 @@ def test_multi_worker_config_composes(tiny_config):
 
 
 def test_bad_timeout_is_refused(tiny_config):
-    from trainer.config import validate
+    from trainer.run.preflight import check_config as validate
 
     with pytest.raises(ConfigError, match="strategy.timeout_s must be a positive number"):
         validate(tiny_config("strategy=multi_worker", "strategy.timeout_s=0"))
@@ -218,7 +218,7 @@ def test_multi_worker_strategy_gets_the_communication_options(tmp_path):
     """`strategy.communication` reaches TensorFlow, and no per-collective timeout does (it
     would start a thread per collective). Own process: the strategy must come first."""
     code = (
-        "from trainer.strategy import build_strategy\n"
+        "from trainer.distribute.strategy import build_strategy\n"
         "s = build_strategy('multi_worker', ('/cpu:0',), 'collective (ring)', None, 'ring')\n"
         "o = s.extended._communication_options\n"
         "print(type(s).__name__, o.implementation.name, o.timeout_seconds, "
@@ -233,7 +233,7 @@ def test_multi_worker_strategy_gets_the_communication_options(tmp_path):
 def test_step_watchdog_fires_when_progress_stops():
     import time
 
-    from trainer.callbacks import StepWatchdog
+    from trainer.run.callbacks import StepWatchdog
 
     fired = []
     dog = StepWatchdog(0.3, fired.append)

@@ -10,7 +10,10 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from tests.conftest import REPO, make_config
-from trainer.config import ConfigError, monitor_mode, parse_devices, validate
+from trainer.config.errors import ConfigError
+from trainer.config.metrics import monitor_mode
+from trainer.config.validate import parse_devices
+from trainer.run.preflight import check_config as validate
 
 
 def test_default_config_composes_and_validates():
@@ -38,7 +41,9 @@ def test_wrong_type_or_unknown_key_fails_at_compose_time(override):
 
 def test_compose_and_validate_do_not_import_tensorflow():
     code = ("import sys; from hydra import compose, initialize_config_dir;"
-            "from trainer.config import config_dir, register_configs, validate, ConfigError;"
+            "from trainer.config.schema import config_dir, register_configs;"
+            "from trainer.run.preflight import check_config as validate;"
+            "from trainer.config.errors import ConfigError;"
             "register_configs();"
             "ctx = initialize_config_dir(str(config_dir()), version_base='1.3'); ctx.__enter__();"
             "cfg = compose('config', overrides=['epochs=0']);"
@@ -89,7 +94,8 @@ def test_plain_install_finds_its_configs_from_another_directory(tmp_path):
                     "--no-build-isolation", "--target", str(target), str(REPO)],
                    check=True, timeout=300, capture_output=True)
     assert (target / "trainer" / "conf" / "model" / "cnn.yaml").is_file()
-    code = ("import trainer.config as c, pathlib; from hydra import compose, initialize_config_dir;"
+    code = ("import trainer.config.schema as c, pathlib;"
+            "from hydra import compose, initialize_config_dir;"
             "c.register_configs(); d = c.config_dir(); assert 'site' in str(d), d;"
             "initialize_config_dir(str(d), version_base='1.3').__enter__();"
             "cfg = compose('config', overrides=['model=mobilenet']); print(cfg.model.alpha)")

@@ -10,7 +10,7 @@ import tensorflow_datasets as tfds
 from tests.conftest import error_lines, run_cli
 from trainer.data import image_folder, synthetic
 from trainer.data.pipeline import DataError, build_pipeline
-from trainer.train import train
+from trainer.run.train import train
 
 FAST = ["epochs=1", "verbose=0", "logger=[]", "accelerator=cpu", "devices=2"]
 

@@ -10,7 +10,13 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import LOGICAL_CPUS, REPO
-from trainer.devices import DeviceError, DevicePlan, configure_devices, memory_option, plan_devices
+from trainer.distribute.devices import (
+    DeviceError,
+    DevicePlan,
+    configure_devices,
+    memory_option,
+    plan_devices,
+)
 
 
 @pytest.mark.parametrize("devices, visible", [
@@ -136,8 +142,8 @@ def test_started_runtime_refuses_devices_it_cannot_create():
 
 
 def test_devices_helper_lists_logical_cpus():
-    out = subprocess.run([sys.executable, "-m", "trainer.devices", "--cpus", "3"], cwd=REPO,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "trainer.distribute.devices", "--cpus", "3"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "physical devices:" in out.stdout and "/physical_device:CPU:0" in out.stdout
     assert all(f"/device:CPU:{i} (CPU)" in out.stdout for i in range(3))

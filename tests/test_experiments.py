@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import tensorflow_datasets as tfds
 
-from trainer.config import config_dir
-from trainer.train import train
+from trainer.config.schema import config_dir
+from trainer.run.train import train
 
 EXPERIMENTS = sorted(p.stem for p in (config_dir() / "experiment").glob("*.yaml"))
 SHORT = ["accelerator=cpu", "devices=2", "epochs=1", "verbose=0", "logger=[]"]

@@ -16,10 +16,10 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import error_lines, run_cli
-from trainer.backup import BackupStore
-from trainer.errors import EXIT_DIVERGED, EXIT_INTERRUPTED
+from trainer.config.errors import EXIT_DIVERGED, EXIT_INTERRUPTED
 from trainer.evaluate import evaluate_run, load_checkpoint
-from trainer.train import train
+from trainer.run.train import train
+from trainer.rundir.backup import BackupStore
 
 # 8x8 digits, 8 per step: 180 steps an epoch, long enough to stop in the middle of one.
 RESUMABLE = ["dataset.image_size=8", "logger=[]", "verbose=0", "epochs=2",
@@ -236,7 +236,7 @@ def test_garbage_in_the_middle_of_a_backup_is_caught_by_its_checksum(tmp_path, c
 
 
 def test_a_damaged_checkpoint_is_named_on_load(tmp_path, tiny_config):
-    from trainer.errors import ConfigError
+    from trainer.config.errors import ConfigError
 
     train(tiny_config(), run_dir=tmp_path)
     last = tmp_path / "checkpoints" / "last.keras"
@@ -281,7 +281,7 @@ def test_leftovers_are_cleaned_and_a_finished_run_keeps_one_backup(tmp_path, tin
 
 
 def test_progress_of_a_resumed_run_counts_in_the_whole_run(capsys):
-    from trainer.callbacks import RunProgress
+    from trainer.run.callbacks import RunProgress
 
     progress = RunProgress(epochs=3, steps=23, start=(1, 5))
     # The rest of epoch 2 as its own fit call: Keras passes that call's epochs and steps.
@@ -299,10 +299,10 @@ def test_progress_of_a_resumed_run_counts_in_the_whole_run(capsys):
 def test_too_little_disk_space_is_refused_before_training(tmp_path, tiny_config, monkeypatch):
     from collections import namedtuple
 
-    from trainer.errors import ConfigError
+    from trainer.config.errors import ConfigError
 
     usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr("trainer.space.shutil.disk_usage",
+    monkeypatch.setattr("trainer.rundir.space.shutil.disk_usage",
                         lambda path: usage(10**6, 10**6 - 1000, 1000))
     run_dir = tmp_path / "run"
     with pytest.raises(ConfigError, match=rf"the disk of {run_dir} has 1,000 bytes free; this "
@@ -315,7 +315,7 @@ def test_a_disk_that_fills_mid_run_is_one_error_and_keeps_the_last_backup(tmp_pa
                                                                            monkeypatch):
     import errno
 
-    from trainer.errors import ConfigError
+    from trainer.config.errors import ConfigError
 
     original, calls = BackupStore._save, []
 
@@ -367,7 +367,7 @@ def test_a_resumed_run_keeps_the_best_value_so_far(tmp_path):
     # Without it, the first epoch after a resume would replace a better best.keras.
     import json
 
-    from trainer.callbacks import AtomicModelCheckpoint
+    from trainer.run.callbacks import AtomicModelCheckpoint
 
     path = tmp_path / "best.keras"
     (tmp_path / "best.keras.best.json").write_text(

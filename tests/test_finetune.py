@@ -9,10 +9,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.test_resume import SigtermAt
-from trainer.config import ConfigError
-from trainer.errors import Interrupted
+from trainer.config.errors import ConfigError, Interrupted
 from trainer.evaluate import load_checkpoint
-from trainer.finetune import (
+from trainer.run.train import train
+from trainer.task.finetune import (
     FULL,
     HEAD,
     boundaries,
@@ -20,7 +20,6 @@ from trainer.finetune import (
     phase_at,
     scale_backbone_gradients,
 )
-from trainer.train import train
 
 TINY_APP = ["model._target_=test_finetune.tiny", "model.dropout=0", "dataset=synthetic",
             "dataset.train_examples=32", "dataset.validation_examples=8",

@@ -11,9 +11,9 @@ import socket
 import pytest
 from conftest import error_lines, run_cli
 
-from trainer.config import ConfigError
-from trainer.loggers import check_loggers
-from trainer.train import train
+from trainer.config.errors import ConfigError
+from trainer.run.train import train
+from trainer.track.loggers import check_loggers
 
 
 def free_port() -> int:
@@ -150,7 +150,7 @@ def test_a_bad_profile_range_is_one_line(tmp_path, value):
 
 
 def test_csv_logger_and_the_csv_callback_on_one_file_are_refused(make_run):
-    from trainer.config import validate
+    from trainer.run.preflight import check_config as validate
 
     with pytest.raises(ConfigError, match="logger=\\[csv\\] and callbacks.csv_logger would both "
                                           "append to metrics.csv"):

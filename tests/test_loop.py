@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer.loop import CustomLoop
-from trainer.strategy import build_strategy
+from trainer.distribute.strategy import build_strategy
+from trainer.run.loop import CustomLoop
 
 GLOBAL_BATCH, EXAMPLES, FEATURES, CLASSES = 16, 64, 12, 5
 RTOL = 1e-5

@@ -20,7 +20,7 @@ import pytest
 from conftest import REPO
 
 from trainer.evaluate import load_checkpoint
-from trainer.train import train
+from trainer.run.train import train
 
 pytestmark = pytest.mark.multiworker
 
@@ -287,7 +287,7 @@ def test_ctrl_c_stops_every_worker(tmp_path, launches):
 def test_two_processes_started_by_hand(tmp_path, how):
     """The README's two-machine commands on one machine: `cluster.workers` and `task_index`,
     or `TF_CONFIG` as Kubernetes' TFJob writes it, with a `chief` job and a `worker` job."""
-    from trainer.launch import free_ports
+    from trainer.distribute.launch import free_ports
 
     addresses = [f"127.0.0.1:{port}" for port in free_ports(2)]
     env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "TF_CONFIG")}

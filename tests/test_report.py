@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from tests.conftest import TINY, run_cli
-from trainer.report import COLUMNS, main, scaling_rows
+from trainer.track.report import COLUMNS, main, scaling_rows
 
 
 def fake_summary(replicas, rate, accuracy=0.9):

@@ -20,10 +20,10 @@ import pytest
 
 from tests.conftest import error_lines, run_cli
 from tests.test_fault_tolerance import _damage_the_middle
-from trainer.errors import ConfigError, Interrupted
+from trainer.config.errors import ConfigError, Interrupted
 from trainer.evaluate import load_checkpoint
-from trainer.resume import check_global_batch, check_resume, flatten
-from trainer.train import train
+from trainer.run.train import train
+from trainer.rundir.resume import check_global_batch, check_resume, flatten
 
 ELASTIC = ["optimizer=sgd", "optimizer.lr=0.05", "model.dropout=0.0", "deterministic=true",
            "batch.per_replica=null", "batch.global_size=128", "accelerator=cpu", "epochs=2",
@@ -299,7 +299,7 @@ def test_a_second_run_in_a_busy_run_directory_is_refused(tmp_path):
         first.kill()
         first.wait(timeout=30)
     # The killed holder's lock went with it: the same command now resumes.
-    from trainer.lock import check_unlocked
+    from trainer.rundir.lock import check_unlocked
 
     check_unlocked(run_dir)
 

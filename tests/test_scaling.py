@@ -6,15 +6,15 @@ import math
 
 import pytest
 
-from trainer.config import ConfigError
-from trainer.scaling import (
+from trainer.config.errors import ConfigError
+from trainer.plan.scaling import (
     BatchPlan,
     plan_batch,
     scaled_learning_rate,
     steps_per_epoch,
     warmup_steps,
 )
-from trainer.schedule import WarmupSchedule
+from trainer.plan.schedule import WarmupSchedule
 
 
 def test_per_replica_is_weak_scaling():
@@ -148,7 +148,7 @@ def test_schedule_round_trips_through_its_config():
 
 
 def test_balanced_batch_sizes():
-    from trainer.scaling import balanced_batch_sizes
+    from trainer.plan.scaling import balanced_batch_sizes
 
     assert balanced_batch_sizes(48, 24, 3) is None  # no partial batch
     assert balanced_batch_sizes(53, 24, 3) is None  # last batch of 5 >= 3 replicas

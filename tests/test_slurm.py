@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.cluster import (
+from trainer.config.errors import ConfigError
+from trainer.distribute.cluster import (
     expand_nodelist,
     expand_tasks_per_node,
     resolve_cluster,
     slurm_cluster,
     slurm_devices,
 )
-from trainer.config import ConfigError
 
 # Node lists as SLURM writes them (squeue, SLURM_JOB_NODELIST) on real clusters.
 NODELISTS = {

@@ -5,9 +5,9 @@ from __future__ import annotations
 import keras
 import pytest
 
-from trainer.config import ConfigError
-from trainer.speed import choose_speed
-from trainer.train import train
+from trainer.config.errors import ConfigError
+from trainer.plan.speed import choose_speed
+from trainer.run.train import train
 
 
 @pytest.mark.parametrize("kind, cc, precision, jit", [

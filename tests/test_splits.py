@@ -15,11 +15,11 @@ import tensorflow_datasets as tfds
 from conftest import REPO
 
 from tests.test_data import write_images
-from trainer.config import ConfigError
+from trainer.config.errors import ConfigError
 from trainer.data import digits, image_folder
 from trainer.data.pipeline import DataError
 from trainer.data.tfds import resolve_splits
-from trainer.train import train
+from trainer.run.train import train
 
 FAST = ["epochs=2", "verbose=0", "logger=[]", "accelerator=cpu"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import tensorflow as tf
 
-from trainer.config import ConfigError
-from trainer.strategy import (
+from trainer.config.errors import ConfigError
+from trainer.distribute.strategy import (
     build_strategy,
     check_steps_per_execution,
     choose_cross_device_ops,

@@ -9,10 +9,15 @@ import pytest
 import yaml
 from conftest import TINY, error_lines, run_cli
 
-from trainer.config import ConfigError
-from trainer.errors import EXIT_DIVERGED
-from trainer.sweep import check_metric_name, direction, metric_value, record_trial, trial_table
-from trainer.train import train
+from trainer.config.errors import EXIT_DIVERGED, ConfigError
+from trainer.run.train import train
+from trainer.track.sweep import (
+    check_metric_name,
+    direction,
+    metric_value,
+    record_trial,
+    trial_table,
+)
 
 SUMMARY = {"validation_metrics": {"accuracy": 0.9, "loss": 0.3},
            "train_metrics": {"accuracy": 0.95, "loss": 0.2},
@@ -47,7 +52,7 @@ def test_an_unreported_metric_is_refused_before_training(tiny_config, tmp_path):
 def test_a_failed_trial_keeps_its_exit_code_across_processes():
     import pickle
 
-    from trainer.sweep import TrialFailed
+    from trainer.track.sweep import TrialFailed
 
     again = pickle.loads(pickle.dumps(TrialFailed("sweep job 3 failed: loss became nan", 3)))
     assert (str(again), again.code) == ("sweep job 3 failed: loss became nan", 3)

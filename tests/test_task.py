@@ -19,9 +19,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.conftest import REPO, error_lines, make_config, run_cli
-from trainer.errors import ConfigError
+from trainer.config.errors import ConfigError
 from trainer.evaluate import evaluate_run
-from trainer.train import train
+from trainer.run.train import train
 
 QUIET = ["verbose=0", "logger=[]"]
 
@@ -200,7 +200,7 @@ def test_early_stopping_ends_the_run_and_the_summary_says_when(tmp_path, loop):
     assert len(rows) == 1 + 2 and "val_loss" in rows[0]  # inside the run directory
     model = keras.models.load_model(tmp_path / "checkpoints" / "last.keras")
     assert int(model.optimizer.iterations) == 2 * summary["steps_per_epoch"]
-    from trainer.summary import format_summary
+    from trainer.run.summary import format_summary
 
     assert "stopped early after epoch 2 of 10" in format_summary(summary)
 
@@ -221,7 +221,7 @@ def test_adamw_with_weight_decay_and_global_clipnorm_reaches_the_model(tmp_path)
 @pytest.mark.parametrize("name, cls", [("sgd", "SGD"), ("rmsprop", "RMSprop"),
                                         ("lion", "Lion"), ("adam", "Adam")])
 def test_every_shipped_optimizer_builds(name, cls):
-    from trainer.task import build_optimizer
+    from trainer.task.build import build_optimizer
 
     optimizer = build_optimizer(make_config(f"optimizer={name}").optimizer, 0.01)
     assert type(optimizer).__name__ == cls

@@ -8,8 +8,8 @@ import math
 import keras
 import pytest
 
-from trainer.config import ConfigError
-from trainer.train import train
+from trainer.config.errors import ConfigError
+from trainer.run.train import train
 
 DIGITS_TRAIN, DIGITS_VAL = 1437, 180
 
@@ -122,7 +122,7 @@ def test_any_integer_seed_trains(tiny_config, tmp_path, seed):
 
 
 def test_runtime_seed_keeps_ordinary_seeds_and_maps_the_rest():
-    from trainer.config import SEED_LIMIT, runtime_seed
+    from trainer.config.validate import SEED_LIMIT, runtime_seed
 
     assert runtime_seed(None) is None
     assert runtime_seed(42) == 42 and runtime_seed(SEED_LIMIT - 1) == SEED_LIMIT - 1

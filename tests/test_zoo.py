@@ -9,9 +9,9 @@ import keras
 import numpy as np
 import pytest
 
-from trainer.config import ConfigError
+from trainer.config.errors import ConfigError
 from trainer.models import keras_app
-from trainer.train import train
+from trainer.run.train import train
 
 SMALL = ["model=keras_app", "model.input_size=32", "dataset=synthetic",
          "dataset.train_examples=32", "dataset.validation_examples=8", "dataset.image_size=16",

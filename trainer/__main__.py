@@ -14,15 +14,13 @@ from typing import Any
 import hydra
 from hydra.errors import (
     ConfigCompositionException,
-    MissingConfigException,
     OverrideParseException,
     SearchPathException,
 )
 from omegaconf import DictConfig, open_dict
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
-from trainer.config import config_dir, register_configs, validate
-from trainer.errors import (
+from trainer.config.errors import (
     EXIT_CONFIG,
     EXIT_DIVERGED,
     EXIT_INTERRUPTED,
@@ -32,7 +30,10 @@ from trainer.errors import (
     Interrupted,
     WorkerLost,
 )
-from trainer.sweep import TrialFailed
+from trainer.config.messages import one_line
+from trainer.config.schema import config_dir, register_configs
+from trainer.run.preflight import check_config
+from trainer.track.sweep import TrialFailed
 
 # Set when a sweep job re-runs itself in a fresh process (see `_run_job_in_subprocess`).
 CHILD_ENV = "TRAINER_SWEEP_CHILD"
@@ -52,11 +53,11 @@ def _hydra_main(cfg: DictConfig) -> Any:
         return _run_job_in_subprocess(cfg)
     # Handled here, not after Hydra returns: Hydra would add its own "Error executing job" line.
     try:
-        validate(cfg)
-        from trainer.quiet import tensorflow_started
+        check_config(cfg)
+        from trainer.run.quiet import tensorflow_started
 
         tensorflow_started()
-        from trainer.train import train
+        from trainer.run.train import train
 
         return train(cfg)
     except ConfigError as error:
@@ -110,8 +111,8 @@ def _run_job_in_subprocess(cfg: DictConfig) -> Any:
 
     from hydra.core.hydra_config import HydraConfig
 
-    from trainer.cluster import resolve_cluster
-    from trainer.sweep import direction, metric_value, record_trial
+    from trainer.distribute.cluster import resolve_cluster
+    from trainer.track.sweep import direction, metric_value, record_trial
 
     hc = HydraConfig.get()
     out = Path(hc.runtime.output_dir)
@@ -203,32 +204,6 @@ def _config_options() -> list[str]:
     return options
 
 
-def one_line(error: BaseException) -> str:
-    """Renders a config error as one line naming the bad value and what is valid."""
-    if isinstance(error, MissingConfigException) and error.missing_cfg_file:
-        group, _, name = error.missing_cfg_file.rpartition("/")
-        if group and error.options is not None:
-            return f"unknown {group} {name!r}; available: {', '.join(error.options)}"
-    import re
-
-    # an item of a list of options (logger=[csv,mlfow]): Hydra names it but not the options
-    missing = re.search(r"Could not load '([\w/]+)/(\w+)'", str(error))
-    if missing and (config_dir() / missing.group(1)).is_dir():
-        options = sorted(p.stem for p in (config_dir() / missing.group(1)).glob("*.yaml"))
-        return (f"unknown {missing.group(1)} {missing.group(2)!r}; available: "
-                f"{', '.join(options)}")
-    if isinstance(error, OverrideParseException):
-        lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-        text = "; ".join(lines[:2]) or "cannot parse"
-        if error.override and error.override not in text:
-            text = f"cannot parse the override {error.override!r}: {text}"
-        return f"{text} (overrides are key=value, e.g. epochs=3 devices=[0,1])"
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    cause = error.__cause__
-    if cause is not None and str(cause).strip():
-        text = f"{text.rstrip('.')}: {str(cause).strip().splitlines()[0]}"
-    return text
-
 
 _USER_FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR") == "1"
 KNOWN_ERRORS = (ConfigError, ConfigCompositionException, OverrideParseException,
@@ -292,7 +267,7 @@ def _refuse_finished_run_dir(args: list[str]) -> None:
     """Checks `hydra.run.dir=` before Hydra writes its .hydra/ files into a finished run."""
     from pathlib import Path
 
-    from trainer.summary import refuse_finished_run
+    from trainer.run.summary import refuse_finished_run
 
     run_dirs = [a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")]
     resume = any(a.startswith("resume=") and a != "resume=null" for a in args)
@@ -346,9 +321,9 @@ def _precheck(args: list[str]) -> None:
 
     from omegaconf import OmegaConf
 
-    from trainer.cluster import resolve_cluster
-    from trainer.lock import check_unlocked, check_writable
-    from trainer.resume import check_resume, check_resume_target, latest_state
+    from trainer.distribute.cluster import resolve_cluster
+    from trainer.rundir.lock import check_unlocked, check_writable
+    from trainer.rundir.resume import check_resume, check_resume_target, latest_state
 
     if os.environ.get(CHILD_ENV) is not None:
         return
@@ -363,7 +338,7 @@ def _precheck(args: list[str]) -> None:
     with open_dict(cfg):
         del cfg["hydra"]
     try:
-        validate(cfg)
+        check_config(cfg)
     except InterpolationResolutionError:
         return  # it needs a running job (`${hydra:...}`): the job validates it
     cluster = resolve_cluster(list(cfg.cluster.workers), cfg.cluster.task_index,
@@ -371,7 +346,7 @@ def _precheck(args: list[str]) -> None:
                               cfg.cluster.port_base)
     if cluster is not None and not cluster.is_chief:
         return  # the chief checks and writes the run directory
-    from trainer.loggers import check_loggers
+    from trainer.track.loggers import check_loggers
 
     check_loggers(cfg.logger, reach=True)
     check_resume_target(cfg.get("resume"), logs)

@@ -20,8 +20,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from trainer.config import register_configs, validate
-from trainer.errors import ConfigError
+from trainer.config.errors import ConfigError
+from trainer.config.schema import register_configs
+from trainer.models.checkpoint import load_checkpoint  # noqa: F401 - the public name, kept here
+from trainer.run.preflight import check_config
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if os.environ.get("TRAINER_TF_LOGS") == "1"
                       else "2")
@@ -46,9 +48,9 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
     if not checkpoint.is_file():
         raise ConfigError(f"no checkpoint {checkpoint}; valid: checkpoint=best or "
                           "checkpoint=last of a finished run")
-    from trainer.assemble import assemble
-    from trainer.devices import configure_devices, memory_option, plan_devices
-    from trainer.train import visible_gpu_count
+    from trainer.distribute.devices import configure_devices, memory_option, plan_devices
+    from trainer.run.assemble import assemble
+    from trainer.run.train import visible_gpu_count
 
     plan = plan_devices(cfg.accelerator, cfg.devices, visible_gpu_count(),
                         cfg.soft_placement)
@@ -61,11 +63,11 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
                           "split=validation")
     run.model.load_weights(checkpoint)
     if split == "test":
-        from trainer.train import test_metrics
+        from trainer.run.train import test_metrics
 
         metrics = test_metrics(run)
     elif run.loop == "custom":
-        from trainer.loop import CustomLoop
+        from trainer.run.loop import CustomLoop
 
         metrics = CustomLoop(run.model, run.strategy, loss=run.loss,
                              metrics=run.metrics).evaluate(data)
@@ -77,27 +79,6 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
             "replicas": run.strategy.num_replicas_in_sync,
             "metrics": {k: float(v) for k, v in metrics.items()}}
 
-
-def load_checkpoint(path: str | Path):
-    """Loads a `.keras` checkpoint written by trainer, with the custom objects it may hold.
-
-    Raises:
-        ConfigError: the file does not match the checksum written with it.
-    """
-    import keras
-
-    from trainer.checksum import verify_beside
-
-    try:
-        verify_beside(Path(path))
-    except ValueError as error:
-        raise ConfigError(f"{error}; use the other checkpoint (checkpoint=best|last) or "
-                          "retrain") from None
-    import trainer.models.cifar10_cnn  # noqa: F401 - registers LocalResponseNormalization
-    import trainer.models.keras_app  # noqa: F401 - registers AppPreprocess
-    import trainer.schedule  # noqa: F401 - registers WarmupSchedule
-
-    return keras.models.load_model(path)
 
 
 def _take(key: str, valid: tuple[str, ...], overrides: list[str]) -> tuple[str, list[str]]:
@@ -143,7 +124,7 @@ def compose_run_config(run_dir: Path, overrides: list[str]) -> tuple[DictConfig,
         OmegaConf.save(primary, Path(folder) / "run.yaml")
         with initialize_config_dir(folder, version_base="1.3"):
             cfg = compose("run", overrides=rest)
-    validate(cfg)
+    check_config(cfg)
     return cfg, which
 
 
@@ -166,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from trainer.__main__ import one_line
+    from trainer.config.messages import one_line
 
     args = sys.argv[1:] if argv is None else argv
     if not args:
@@ -175,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sys.path.insert(0, os.getcwd())  # the user's own modules, as for training
     try:
-        from trainer.quiet import tensorflow_started
+        from trainer.run.quiet import tensorflow_started
 
         tensorflow_started()
         result = evaluate_run(args[0], args[1:])

@@ -1,8 +1,19 @@
-"""Data sources (one module each) and the input pipeline they share.
+"""Data: sources (one module each), the input pipeline they share, and augmentation.
 
 A loader of the user's own returns a `Source` (`Source.from_arrays` for in-memory arrays).
+May import `config/` and `plan/`. `Source` and `DataError` are loaded on first use, so the
+pre-flight can check augmentation presets (`data.augment`) without importing TensorFlow.
 """
 
-from trainer.data.pipeline import DataError, Source
+from typing import Any
 
 __all__ = ["DataError", "Source"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        # Imported on first use: the pipeline imports TensorFlow (see the docstring).
+        from trainer.data import pipeline
+
+        return getattr(pipeline, name)
+    raise AttributeError(f"module 'trainer.data' has no attribute {name!r}")

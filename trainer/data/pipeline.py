@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from trainer.errors import ConfigError
-from trainer.scaling import balanced_batch_sizes
+from trainer.config.errors import ConfigError
+from trainer.plan.scaling import balanced_batch_sizes
 
 
 @dataclass
@@ -120,7 +120,7 @@ def build_pipeline(dataset: tf.data.Dataset, global_batch: int, *, training: boo
         drop_remainder: drop a last partial training batch.
         replicas: replicas the batches are split over.
         examples: examples in `dataset`, to keep every replica's share of the last batch
-            non-empty (see `trainer.scaling.balanced_batch_sizes`).
+            non-empty (see `trainer.plan.scaling.balanced_batch_sizes`).
 
     Returns:
         A batched, prefetching `tf.data.Dataset`.
@@ -142,12 +142,12 @@ def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_
     Each epoch's order comes from the seed and the epoch's number alone, not from how many
     passes the process made before, so a run resumed at epoch e, step k sees exactly the
     batches the interrupted run would have seen (`skip_steps` skips the k done ones).
-    `augment` (the config's list, `trainer.augment`) transforms the training images after
+    `augment` (the config's list, `trainer.data.augment`) transforms the training images after
     the cache, each with a seed from (seed, epoch, position). Other arguments as
     `build_pipeline`.
     """
-    from trainer.augment import PRESETS, batch_layers, batch_mixer, check, element_augmenter
-    from trainer.augment import mixers as mixer_names
+    from trainer.data.augment import PRESETS, batch_layers, batch_mixer, check, element_augmenter
+    from trainer.data.augment import mixers as mixer_names
 
     prepared = prepare(dataset, preprocess, cache, scale)
     items = check(augment)

@@ -6,8 +6,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from trainer.config.errors import ConfigError
 from trainer.data.pipeline import DataError, Source
-from trainer.errors import ConfigError
 
 
 def load(name: str, train_split: str = "train", validation_split: str = "auto",

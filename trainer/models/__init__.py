@@ -1,1 +1,5 @@
-"""Models: one module each, `build(input_shape, num_classes, **kw) -> keras.Model`."""
+"""Model builders, each named by a model YAML's `_target_` (`trainer.models.cnn.build`), and
+the loading of a run's `.keras` checkpoint.
+
+May import `config/`, `plan/` and `rundir/`.
+"""

@@ -21,7 +21,8 @@ from typing import Any
 
 import keras
 
-from trainer.errors import ConfigError
+from trainer.config.errors import ConfigError
+from trainer.rundir.checkpoint import verified
 
 BACKBONE = "backbone"  # the backbone's layer name: what fine-tuning freezes and unfreezes
 
@@ -141,9 +142,8 @@ def _load_local(backbone: keras.Model, name: str, path: Path) -> None:
                           "the path of a weights file or .keras checkpoint")
     try:
         if path.suffix == ".keras":
-            from trainer.evaluate import load_checkpoint
-
-            saved = load_checkpoint(path)
+            # compile=False: only the layers are needed, not the optimizer's state.
+            saved = keras.models.load_model(verified(path), compile=False)
             try:
                 source = saved.get_layer(BACKBONE)
             except ValueError:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import keras
 
-from trainer.errors import ConfigError
+from trainer.config.errors import ConfigError
 
 MIN_SIZE = 32
 

@@ -1,0 +1,126 @@
+"""The package's layout: imports run one way, downward, with no cycle (read from the AST).
+
+Function-local imports count as much as module-level ones: they hide an arrow, they do not
+remove it. The floors, bottom first, are the subpackages' order below; each subpackage's
+`__init__.py` says what it holds and what it may import.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "trainer"
+# The floor of each subpackage; the entry points (`__main__`, `evaluate`, `launch`) sit on top.
+FLOORS = {"config": 0, "plan": 1, "rundir": 2, "distribute": 3, "data": 4, "models": 5,
+          "task": 6, "track": 7, "run": 8}
+TOP = 9
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = ["trainer", *path.relative_to(PACKAGE).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's own modules that `name` imports, at module level or inside functions."""
+    targets = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            names = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        else:
+            continue
+        for target in names:
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name and target != "trainer":
+                targets.add(target)
+    return targets
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def _floor(module: str) -> int:
+    parts = module.split(".")
+    return FLOORS.get(parts[1], TOP) if len(parts) > 1 else TOP
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in graph[node]:
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                other = stack.pop()
+                on_stack.discard(other)
+                component.append(other)
+                if other == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_import_graph_has_no_cycle():
+    assert _cycles(_graph()) == []
+
+
+def test_imports_run_downward():
+    upward = [f"{a} -> {b}" for a, targets in _graph().items() for b in targets
+              if _floor(b) > _floor(a)]
+    assert upward == []
+
+
+def test_config_imports_nothing_of_ours_and_nothing_imports_main():
+    graph = _graph()
+    assert [f"{a} -> {b}" for a, targets in graph.items() if a.startswith("trainer.config")
+            for b in targets if not b.startswith("trainer.config")] == []
+    assert [a for a, targets in graph.items() if "trainer.__main__" in targets] == []
+
+
+def test_below_run_nothing_imports_run():
+    assert [f"{a} -> {b}" for a, targets in _graph().items() if _floor(a) < FLOORS["run"]
+            for b in targets if b.split(".")[1] == "run"] == []
+
+
+def test_the_layout_check_sees_a_planted_cycle_and_an_upward_import():
+    graph = _graph()
+    graph["trainer.config.errors"] = graph["trainer.config.errors"] | {"trainer.run.train"}
+    assert _cycles(graph)
+    assert _floor("trainer.run.train") > _floor("trainer.config.errors")
+
+
+def test_every_subpackage_says_what_it_holds_and_may_import():
+    for name in FLOORS:
+        doc = ast.get_docstring(ast.parse((PACKAGE / name / "__init__.py").read_text()))
+        assert doc and "import" in doc, name

@@ -1,0 +1,34 @@
+"""Errors from composing or checking a config, rendered as the one line a user sees."""
+
+from __future__ import annotations
+
+import re
+
+from hydra.errors import MissingConfigException, OverrideParseException
+
+from trainer.config.schema import config_dir
+
+
+def one_line(error: BaseException) -> str:
+    """Renders a config error as one line naming the bad value and what is valid."""
+    if isinstance(error, MissingConfigException) and error.missing_cfg_file:
+        group, _, name = error.missing_cfg_file.rpartition("/")
+        if group and error.options is not None:
+            return f"unknown {group} {name!r}; available: {', '.join(error.options)}"
+    # an item of a list of options (logger=[csv,mlfow]): Hydra names it but not the options
+    missing = re.search(r"Could not load '([\w/]+)/(\w+)'", str(error))
+    if missing and (config_dir() / missing.group(1)).is_dir():
+        options = sorted(p.stem for p in (config_dir() / missing.group(1)).glob("*.yaml"))
+        return (f"unknown {missing.group(1)} {missing.group(2)!r}; available: "
+                f"{', '.join(options)}")
+    if isinstance(error, OverrideParseException):
+        lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+        text = "; ".join(lines[:2]) or "cannot parse"
+        if error.override and error.override not in text:
+            text = f"cannot parse the override {error.override!r}: {text}"
+        return f"{text} (overrides are key=value, e.g. epochs=3 devices=[0,1])"
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    cause = error.__cause__
+    if cause is not None and str(cause).strip():
+        text = f"{text.rstrip('.')}: {str(cause).strip().splitlines()[0]}"
+    return text

@@ -1,0 +1,234 @@
+"""Config schema: typed by dataclasses, checked by Hydra at compose time.
+
+Nothing here imports TensorFlow: a bad config must fail before the runtime starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig
+
+ACCELERATORS = ("auto", "gpu", "cpu")
+STRATEGIES = ("auto", "mirrored", "one_device", "multi_worker", "default")
+CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduction_to_one_device", "collective")
+LR_SCALING = ("linear", "sqrt", "none")
+LOOPS = ("fit", "custom")
+PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
+DECAYS = ("none", "cosine", "exponential")
+
+
+@dataclass
+class GpuConfig:
+    memory_growth: bool = True
+    memory_limit_mb: int | None = None
+
+
+@dataclass
+class BatchConfig:
+    per_replica: int | None = None
+    global_size: int | None = None
+    drop_remainder: bool = False
+    # micro-batches whose gradients are summed into one optimizer step (auto: from
+    # max_per_replica), and the most examples one replica may take at once
+    accumulate: Any = 1
+    max_per_replica: int | None = None
+
+
+@dataclass
+class StrategyConfig:
+    name: str = "auto"
+    cross_device_ops: str = "auto"
+    # multi_worker only: collective implementation, and seconds a training step may take
+    # before the run fails as stuck (null: no limit; a crashed peer is caught by heartbeats)
+    communication: str = "auto"
+    timeout_s: float | None = 600.0
+
+
+@dataclass
+class ClusterConfig:
+    workers: list[str] = field(default_factory=list)
+    task_index: int = 0
+    # SLURM job steps: the tasks on a node listen on port_base, port_base + 1, ...
+    port_base: int = 8888
+
+
+# The optimizer node is open: `_target_` names any Keras optimizer class (or the user's), its
+# other keys are that class's arguments, and these keys are trainer's learning-rate plan,
+# checked by `validate` and never passed to the class.
+LR_PLAN = {"lr": 0.001, "reference_batch": 256, "lr_scaling": "linear", "warmup_epochs": 0.0,
+           "decay": "none", "decay_rate": 0.1, "decay_epochs": 1.0, "staircase": True}
+
+
+@dataclass
+class CheckpointConfig:
+    monitor: str = "val_accuracy"
+    mode: str = "auto"
+    save_best: bool = True
+    # the checkpoint the test split is evaluated with at the end: best | last
+    test_with: str = "best"
+    backup_every: int = 0
+    nan_check_every: int = 10
+
+
+@dataclass
+class FinetuneConfig:
+    freeze_backbone: bool = False
+    unfreeze_at_epoch: int | None = None
+    unfreeze_layers: int | None = None
+    backbone_lr_scale: float = 1.0
+
+
+@dataclass
+class CnnConfig:
+    _target_: str = "trainer.models.cnn.build"
+    dropout: float = 0.25
+
+
+@dataclass
+class MobileNetConfig:
+    _target_: str = "trainer.models.mobilenet.build"
+    alpha: float = 0.35
+
+
+@dataclass
+class Cifar10CnnConfig:
+    _target_: str = "trainer.models.cifar10_cnn.build"
+    weight_decay: float = 0.004
+
+
+@dataclass
+class KerasAppConfig:
+    _target_: str = "trainer.models.keras_app.build"
+    name: str = "MobileNetV2"
+    weights: str | None = None
+    input_size: int | None = None
+    pooling: str = "avg"
+    dropout: float = 0.2
+
+
+@dataclass
+class DigitsConfig:
+    _target_: str = "trainer.data.digits.load"
+    image_size: int = 32
+    validation_fraction: float = 0.1
+    test_fraction: float = 0.1
+    cache: bool = True
+    shuffle_buffer: int = 2048
+
+
+@dataclass
+class SyntheticConfig:
+    _target_: str = "trainer.data.synthetic.load"
+    train_examples: int = 2048
+    validation_examples: int = 512
+    image_size: int = 32
+    channels: int = 3
+    num_classes: int = 10
+    cache: bool = True
+    shuffle_buffer: int = 2048
+
+
+@dataclass
+class TfdsConfig:
+    _target_: str = "trainer.data.tfds.load"
+    name: str = MISSING
+    train_split: str = "train"
+    validation_split: str = "auto"
+    test_split: str | None = "auto"
+    validation_fraction: float = 0.1
+    data_dir: str | None = None
+    download: bool = True
+    image_size: int | None = None
+    cache: bool = True
+    shuffle_buffer: int = 10000
+
+
+@dataclass
+class ImageFolderConfig:
+    _target_: str = "trainer.data.image_folder.load"
+    path: str = MISSING
+    image_size: int = 64
+    channels: int = 3
+    validation_fraction: float = 0.1
+    test_fraction: float = 0.1
+    cache: bool = True
+    shuffle_buffer: int = 10000
+
+
+@dataclass
+class Config:
+    model: Any = MISSING
+    dataset: Any = MISSING
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    optimizer: Any = MISSING
+    # What is trained for: a Keras loss name or a `_target_` node; metric names or nodes;
+    # callbacks by name, each a `_target_` node (null disables one).
+    loss: Any = "sparse_categorical_crossentropy"
+    metrics: Any = field(default_factory=lambda: ["accuracy"])
+    callbacks: Any = field(default_factory=dict)
+    seed: int | None = 42
+    epochs: int = 8
+    loop: str = "fit"
+    steps_per_execution: Any = "auto"
+    precision: str = "auto"
+    jit_compile: Any = "auto"
+    accelerator: str = "auto"
+    devices: Any = "auto"
+    soft_placement: bool = False
+    log_device_placement: bool = False
+    gpu: GpuConfig = field(default_factory=GpuConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    augment: Any = field(default_factory=list)
+    # Trackers by name (`conf/logger/`), several at once.
+    logger: Any = field(default_factory=dict)
+    optimized_metric: str | None = None
+    profile: Any = None
+    verbose: Any = "auto"
+    resume: str | None = None
+    export: bool = False
+    deterministic: bool = False
+
+
+# Schemas for the built-in group options. A YAML file extends one through its defaults list
+# (`- /schema/model/cnn@_here_`), so its keys and their types are checked at compose time;
+# a user's own model or dataset YAML can skip this and stays untyped.
+SCHEMAS = {
+    "schema/model": {"cnn": CnnConfig, "mobilenet": MobileNetConfig,
+                     "cifar10_cnn": Cifar10CnnConfig, "keras_app": KerasAppConfig},
+    "schema/dataset": {"digits": DigitsConfig, "synthetic": SyntheticConfig,
+                       "tfds": TfdsConfig, "image_folder": ImageFolderConfig},
+}
+
+
+def register_configs() -> None:
+    """Registers the schema of the whole config and of the built-in group options."""
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)
+    for group, nodes in SCHEMAS.items():
+        for name, node in nodes.items():
+            cs.store(group=group, name=name, node=node)
+
+
+def config_dir() -> Path:
+    """Returns the directory holding `config.yaml`, for a source checkout or an install.
+
+    Returns:
+        `trainer/conf` inside an installed wheel, else the repository's top-level `conf/`.
+    """
+    package = Path(__file__).resolve().parent.parent  # trainer/
+    packaged = package / "conf"
+    if (packaged / "config.yaml").is_file():
+        return packaged
+    return package.parent / "conf"
+
+
+def lr_plan(opt: DictConfig) -> dict[str, Any]:
+    """The learning-rate plan keys of the optimizer node, with their defaults filled in."""
+    return {**LR_PLAN, **{k: opt[k] for k in LR_PLAN if k in opt}}

@@ -1,0 +1,257 @@
+"""Checks of the values the schema cannot express (ranges, one-of choices, combinations).
+
+The checks that belong to one part of a run (a tracker's package, an augmentation preset,
+fine-tuning options) live with that part and are run beside these by the pre-flight
+(`trainer.run.preflight`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from trainer.config.errors import ConfigError
+from trainer.config.schema import (
+    ACCELERATORS,
+    CROSS_DEVICE_OPS,
+    DECAYS,
+    LOOPS,
+    LR_PLAN,
+    LR_SCALING,
+    PRECISIONS,
+    STRATEGIES,
+)
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _one_of(name: str, value: Any, options: tuple[str, ...]) -> None:
+    _require(value in options,
+             f"{name} must be one of {', '.join(map(str, options))}; received: {value!r}")
+
+
+# Counts past this overflow TensorFlow's int32 shapes and indices.
+INT_LIMIT = 2**31 - 1
+
+
+def _positive_int(name: str, value: Any) -> None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    _require(ok, f"{name} must be a positive integer; received: {value!r}")
+    _require(value <= INT_LIMIT, f"{name} must be at most {INT_LIMIT}; received: {value!r}")
+
+
+# Seeds every library takes as they are: TensorFlow treats a global seed of 0 specially (a
+# per-epoch shuffle seed then fails in graph mode: OperatorNotAllowedInGraphError), NumPy
+# refuses negative seeds and everything refuses seeds past 64 bits.
+SEED_LIMIT = 2**31 - 1
+
+
+def runtime_seed(seed: int | None) -> int | None:
+    """The seed handed to Keras, TensorFlow, NumPy and the data order, for any integer.
+
+    Seeds from 1 to 2**31 - 2 are used as they are; any other integer (0, negative, huge)
+    maps to one in that range by a fixed hash, so every seed trains and is reproducible.
+
+    Args:
+        seed: the config's `seed`; None for no seeding.
+
+    Returns:
+        An int in [1, 2**31 - 2], or None.
+    """
+    if seed is None:
+        return None
+    if 0 < seed < SEED_LIMIT:
+        return seed
+    import hashlib
+
+    digest = hashlib.sha256(str(int(seed)).encode()).hexdigest()
+    return int(digest, 16) % (SEED_LIMIT - 1) + 1
+
+
+def parse_devices(value: Any) -> str | int | tuple[int, ...]:
+    """Normalises the `devices` option.
+
+    Args:
+        value: `"auto"`, a positive integer N (the first N devices), or a list of distinct
+            non-negative device indices.
+
+    Returns:
+        `"auto"`, an int, or a tuple of ints.
+    """
+    if isinstance(value, str) and value == "auto":
+        return "auto"
+    if isinstance(value, int) and not isinstance(value, bool):
+        _require(value > 0, f"devices must be auto, a positive count or a list of indices; "
+                            f"received: {value!r}")
+        return value
+    if isinstance(value, (list, tuple, ListConfig)):
+        indices = tuple(value)
+        ok = bool(indices) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                   for i in indices) and len(set(indices)) == len(indices)
+        _require(ok, f"devices must be a non-empty list of distinct non-negative indices; "
+                     f"received: {list(indices)!r}")
+        return indices
+    raise ConfigError("devices must be auto, a positive count or a list of indices like [0,1]; "
+                      f"received: {value!r}")
+
+
+def _validate_profile(profile: Any) -> None:
+    if profile is None:
+        return
+    steps = list(profile) if isinstance(profile, (list, tuple, ListConfig)) else None
+    ok = (steps is not None and len(steps) == 2
+          and all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in steps)
+          and steps[0] <= steps[1])
+    _require(ok, "profile must be [first_step, last_step] with 1 <= first <= last, e.g. "
+             f"profile=[5,8], or null; received: {profile!r}")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Checks the values the schema cannot express, before TensorFlow is imported.
+
+    Args:
+        cfg: the composed config.
+
+    Raises:
+        ConfigError: naming the bad value and what would be valid.
+    """
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    _require(not missing, f"{', '.join(missing)} must be set (no default); e.g. "
+             f"{missing[0] if missing else ''}=VALUE on the command line")
+    _positive_int("epochs", cfg.epochs)
+    _validate_profile(cfg.profile)
+    _one_of("checkpoint.test_with", cfg.checkpoint.test_with, ("best", "last"))
+    metric = cfg.optimized_metric
+    _require(metric is None or (isinstance(metric, str) and metric), "optimized_metric must be "
+             f"a metric name such as val_accuracy, or null; received: {metric!r}")
+    _one_of("loop", cfg.loop, LOOPS)
+    _validate_speed(cfg)
+    _one_of("accelerator", cfg.accelerator, ACCELERATORS)
+    parse_devices(cfg.devices)
+    _one_of("strategy.name", cfg.strategy.name, STRATEGIES)
+    _one_of("strategy.cross_device_ops", cfg.strategy.cross_device_ops, CROSS_DEVICE_OPS)
+    timeout = cfg.strategy.timeout_s
+    _require(timeout is None or timeout > 0, "strategy.timeout_s must be a positive number of "
+             f"seconds, or null for no timeout; received: {timeout!r}")
+    per_replica, global_size = cfg.batch.per_replica, cfg.batch.global_size
+    _require((per_replica is None) != (global_size is None),
+             "set exactly one of batch.per_replica and batch.global_size; received: "
+             f"per_replica={per_replica}, global_size={global_size}")
+    name = "batch.per_replica" if per_replica is not None else "batch.global_size"
+    _positive_int(name, per_replica if per_replica is not None else global_size)
+    accumulate, cap = cfg.batch.accumulate, cfg.batch.max_per_replica
+    if accumulate != "auto":
+        _require(isinstance(accumulate, int) and not isinstance(accumulate, bool)
+                 and accumulate > 0, "batch.accumulate must be a positive integer or auto; "
+                 f"received: {accumulate!r}")
+    if cap is not None:
+        _positive_int("batch.max_per_replica", cap)
+    _validate_optimizer(cfg.optimizer)
+    _validate_task(cfg)
+    _one_of("checkpoint.mode", cfg.checkpoint.mode, ("auto", "min", "max"))
+    _require(cfg.checkpoint.backup_every >= 0, "checkpoint.backup_every must be >= 0 (0: each "
+             f"epoch end only); received: {cfg.checkpoint.backup_every}")
+    _positive_int("checkpoint.nan_check_every", cfg.checkpoint.nan_check_every)
+    for group in ("model", "dataset"):
+        node = cfg.get(group)
+        _require(isinstance(node, DictConfig) and "_target_" in node,
+                 f"{group} must name a builder with _target_; received: {node!r}")
+    _validate_builders(cfg.model, cfg.dataset)
+
+
+def _validate_speed(cfg: DictConfig) -> None:
+    _one_of("precision", cfg.precision, PRECISIONS)
+    jit = cfg.jit_compile
+    _require(jit == "auto" or isinstance(jit, bool),
+             f"jit_compile must be auto, true or false; received: {jit!r}")
+    steps = cfg.steps_per_execution
+    if steps != "auto":
+        _require(isinstance(steps, int) and not isinstance(steps, bool) and steps > 0,
+                 f"steps_per_execution must be auto or a positive integer; received: {steps!r}")
+
+
+def _validate_builders(model: DictConfig, dataset: DictConfig) -> None:
+    """Ranges of the arguments the built-in models and datasets share, by name."""
+    for key in ("image_size", "channels", "train_examples", "validation_examples",
+                "shuffle_buffer"):
+        if dataset.get(key) is not None:
+            _positive_int(f"dataset.{key}", dataset[key])
+    if model.get("input_size") is not None:
+        _positive_int("model.input_size", model.input_size)
+    if dataset.get("channels") is not None and "image" in str(dataset._target_):
+        _one_of("dataset.channels", dataset.channels, (1, 3, 4))
+    if dataset.get("num_classes") is not None:
+        _positive_int("dataset.num_classes", dataset.num_classes)
+        _require(dataset.num_classes >= 2, "dataset.num_classes must be at least 2 for a "
+                 f"classifier; received: {dataset.num_classes!r}")
+    fraction = dataset.get("validation_fraction")
+    if fraction is not None:
+        _require(isinstance(fraction, (int, float)) and 0 < fraction < 1,
+                 "dataset.validation_fraction must be between 0 and 1 (exclusive); received: "
+                 f"{fraction!r}")
+    test = dataset.get("test_fraction")
+    if test is not None:
+        _require(isinstance(test, (int, float)) and 0 <= test < 1,
+                 f"dataset.test_fraction must be in [0, 1); received: {test!r}")
+        _require(test + (fraction or 0) < 1, "dataset.validation_fraction + "
+                 f"dataset.test_fraction must leave examples to train on; received: "
+                 f"{fraction!r} + {test!r}")
+    dropout = model.get("dropout")
+    if dropout is not None:
+        _require(isinstance(dropout, (int, float)) and 0 <= dropout < 1,
+                 f"model.dropout must be in [0, 1); received: {dropout!r}")
+
+
+def _validate_optimizer(opt: Any) -> None:
+    _require(isinstance(opt, DictConfig) and isinstance(opt.get("_target_"), str),
+             f"optimizer must name a Keras optimizer class with _target_; received: {opt!r}")
+    _require("learning_rate" not in opt, "optimizer.learning_rate is set by trainer from "
+             "optimizer.lr, scaled to the global batch; set optimizer.lr instead")
+    plan = {**LR_PLAN, **{k: opt[k] for k in LR_PLAN if k in opt}}
+    for key in ("lr", "warmup_epochs", "decay_rate", "decay_epochs"):
+        value = plan[key]
+        _require(isinstance(value, (int, float)) and not isinstance(value, bool),
+                 f"optimizer.{key} must be a number; received: {value!r}")
+    _require(plan["lr"] > 0, f"optimizer.lr must be positive; received: {plan['lr']!r}")
+    _positive_int("optimizer.reference_batch", plan["reference_batch"])
+    _one_of("optimizer.lr_scaling", plan["lr_scaling"], LR_SCALING)
+    _require(plan["warmup_epochs"] >= 0,
+             f"optimizer.warmup_epochs must be >= 0; received: {plan['warmup_epochs']!r}")
+    _one_of("optimizer.decay", plan["decay"], DECAYS)
+    _require(0 < plan["decay_rate"] <= 1,
+             f"optimizer.decay_rate must be in (0, 1]; received: {plan['decay_rate']!r}")
+    _require(plan["decay_epochs"] > 0,
+             f"optimizer.decay_epochs must be positive; received: {plan['decay_epochs']!r}")
+
+
+
+def _validate_task(cfg: DictConfig) -> None:
+    loss = cfg.loss
+    _require(isinstance(loss, str) or (isinstance(loss, DictConfig) and "_target_" in loss),
+             f"loss must be a Keras loss name or a node with _target_; received: {loss!r}")
+    metrics = cfg.metrics
+    _require(isinstance(metrics, ListConfig), "metrics must be a list of metric names or "
+             f"nodes with _target_, e.g. [accuracy]; received: {metrics!r}")
+    for metric in metrics:
+        _require(isinstance(metric, str) or (isinstance(metric, DictConfig)
+                                             and "_target_" in metric),
+                 f"each of metrics must be a name or a node with _target_; received: {metric!r}")
+    callbacks = cfg.callbacks
+    _require(isinstance(callbacks, DictConfig), "callbacks must be a mapping of names to nodes "
+             f"with _target_, e.g. callbacks=[early_stopping]; received: {callbacks!r}")
+    for name, node in callbacks.items():
+        _require(node is None or (isinstance(node, DictConfig) and "_target_" in node),
+                 f"callbacks.{name} must be a node with _target_ (or null to disable it); "
+                 f"received: {node!r}")
+    loggers = cfg.logger or {}
+    if "csv" in loggers:
+        file = (loggers.get("csv") or {}).get("filename", "metrics.csv")
+        for name, node in callbacks.items():
+            _require(node is None or not str(node._target_).endswith("CSVLogger")
+                     or node.get("filename") != file,
+                     f"logger=[csv] and callbacks.{name} would both append to {file}; keep "
+                     f"one of them (e.g. drop {name} from callbacks)")

@@ -1,0 +1,6 @@
+"""Distribution: which devices a run uses (set before TensorFlow's runtime starts), the
+cluster of a multi-worker run (TF_CONFIG, SLURM), the `tf.distribute` strategy and its
+cross-device ops, what workers hand each other, and the local multi-worker launcher.
+
+May import `config/`, `plan/` and `rundir/`.
+"""

@@ -1,0 +1,281 @@
+"""`python -m trainer.launch --workers N [overrides...]`: one multi-worker run on this machine.
+
+Starts N `python -m trainer` workers, each with the `TF_CONFIG` of a cluster on free
+127.0.0.1 ports, so MultiWorkerMirroredStrategy trains across them exactly as it would across
+machines. Each line a worker prints comes out prefixed with `[worker I]`. When one worker
+fails, the others get `--grace` seconds to stop by themselves (they notice the lost peer
+within seconds and say so), then SIGTERM, then SIGKILL; Ctrl-C stops them all the same way.
+No worker outlives the launcher: each runs in its own process group, which is killed, and
+dies with the launcher on Linux even when the launcher itself is killed.
+
+Worker 0 is the chief and writes the run directory (`hydra.run.dir`, chosen here when not
+given); the others run in a temporary directory removed at the end. Launching again with the
+same `hydra.run.dir` resumes from the chief's backup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+from trainer.config.errors import EXIT_CONFIG
+
+EXIT_SIGINT = 130
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct ports nobody listens on now (all bound at once, then released)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def tf_configs(addresses: Sequence[str]) -> list[str]:
+    """The `TF_CONFIG` of each worker of a cluster of `addresses` (worker 0 is the chief)."""
+    return [json.dumps({"cluster": {"worker": list(addresses)},
+                        "task": {"type": "worker", "index": i}})
+            for i in range(len(addresses))]
+
+
+def _value(overrides: Sequence[str], key: str) -> str | None:
+    found = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+~") == key]
+    return found[-1] if found else None
+
+
+def worker_commands(workers: int, overrides: Sequence[str], run_dir: str,
+                    scratch: Path) -> list[list[str]]:
+    """The command line of each worker.
+
+    Args:
+        workers: how many workers.
+        overrides: the user's Hydra overrides (`hydra.run.dir` is replaced per worker).
+        run_dir: the chief's run directory.
+        scratch: a temporary directory for the other workers' Hydra directories.
+    """
+    common = [o for o in overrides if not o.startswith("hydra.run.dir=")]
+    if _value(overrides, "strategy") is None and _value(overrides, "strategy.name") is None:
+        common.append("strategy=multi_worker")
+    if _value(overrides, "verbose") is None:
+        common.append("verbose=2")  # a line per epoch: progress bars do not survive prefixing
+    return [[sys.executable, "-m", "trainer", *common,
+             f"hydra.run.dir={run_dir if i == 0 else scratch / f'worker-{i}'}"]
+            for i in range(workers)]
+
+
+def _mkdir(path: Path) -> str:
+    path.mkdir(parents=True, exist_ok=True)
+    return str(path)
+
+
+def default_run_dir() -> str:
+    """Hydra's default run directory, fixed here so every launch knows the chief's."""
+    return time.strftime("outputs/%Y-%m-%d/%H-%M-%S")
+
+
+def _child_setup():
+    """What a worker runs before exec: its own process group, and on Linux SIGKILL when the
+    launcher dies (looked up here, in the parent: the child only makes two system calls)."""
+    prctl = None
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def setup() -> None:
+        os.setsid()
+        if prctl is not None:
+            prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+            if os.getppid() != parent:  # the launcher died before prctl took effect
+                os._exit(1)
+
+    return setup
+
+
+def describe_exit(code: int) -> str:
+    """`exit code 4`, or `SIGKILL` for a worker killed by a signal."""
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+class Launcher:
+    """Runs the workers, relays their output, and stops them all together.
+
+    Args:
+        commands: one command line per worker.
+        envs: one environment per worker.
+        grace: seconds the others get to stop by themselves after one fails, and again after
+            SIGTERM before SIGKILL.
+        out: where the prefixed output goes.
+    """
+
+    def __init__(self, commands: list[list[str]], envs: list[dict[str, str]],
+                 grace: float = 30.0, out: IO[str] = sys.stdout) -> None:
+        self.commands, self.envs, self.grace, self.out = commands, envs, grace, out
+        self.procs: list[subprocess.Popen] = []
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+    def say(self, line: str) -> None:
+        with self._lock:
+            try:
+                print(line, file=self.out, flush=True)
+            except (OSError, ValueError):
+                pass  # output closed (`| head`): keep draining the workers' pipes
+
+    def start(self) -> None:
+        setup = _child_setup()
+        for i, (command, env) in enumerate(zip(self.commands, self.envs, strict=True)):
+            proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    preexec_fn=setup)
+            self.procs.append(proc)
+            self.say(f"[launch] worker {i}: pid {proc.pid}")
+            thread = threading.Thread(target=self._relay, args=(i, proc), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _relay(self, index: int, proc: subprocess.Popen) -> None:
+        assert proc.stdout is not None
+        for raw in iter(proc.stdout.readline, b""):
+            text = raw.decode("utf-8", errors="replace").rstrip("\n")
+            for part in text.split("\r"):
+                if part.strip():
+                    self.say(f"[worker {index}] {part}")
+
+    def wait(self) -> int:
+        """Waits for all workers; returns 0, or the exit status of the first that failed."""
+        first: tuple[int, int] | None = None
+        while True:
+            codes = [p.poll() for p in self.procs]
+            failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+            if first is None and failed:
+                first = failed[0]
+                self.say(f"[launch] worker {first[0]} stopped with {describe_exit(first[1])}; "
+                         "stopping the others")
+                patience = 0.0 if first[1] == EXIT_CONFIG else self.grace
+                self.stop(patience)
+            if all(c is not None for c in codes):
+                break
+            time.sleep(0.1)
+        self.join()
+        if first is None:
+            return 0
+        return first[1] if first[1] > 0 else 128 - first[1]
+
+    def stop(self, patience: float) -> None:
+        """Gives the workers `patience` seconds to end, then SIGTERM, then SIGKILL."""
+        self._wait_all(patience)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            running = [p for p in self.procs if p.poll() is None]
+            if not running:
+                return
+            for proc in running:
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+            self._wait_all(self.grace if sig == signal.SIGTERM else 10.0)
+
+    def _wait_all(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
+            time.sleep(0.1)
+
+    def kill_all(self) -> None:
+        """SIGKILL to every worker's process group (also whatever they started)."""
+        for proc in self.procs:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for proc in self.procs:
+            proc.wait()
+
+    def join(self) -> None:
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parses the launcher's options; everything else goes to every worker as overrides."""
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.launch",
+        description="Runs N local workers of one multi-worker training (strategy=multi_worker).",
+        epilog="Any other argument is a trainer override, e.g. model=mobilenet epochs=5.")
+    parser.add_argument("--workers", type=int, required=True, help="how many workers (>= 1)")
+    parser.add_argument("--grace", type=float, default=30.0,
+                        help="seconds the workers get to stop by themselves (default 30)")
+    args, overrides = parser.parse_known_args(argv)
+    if args.workers < 1:
+        print(f"error: --workers must be a positive number; received: {args.workers}",
+              file=sys.stderr)
+        return EXIT_CONFIG
+    clashing = [o for o in overrides if o.split("=", 1)[0].startswith("cluster.")]
+    if clashing:
+        print(f"error: the launcher sets the cluster itself; remove {' '.join(clashing)}",
+              file=sys.stderr)
+        return EXIT_CONFIG
+    run_dir = _value(overrides, "hydra.run.dir") or default_run_dir()
+    addresses = [f"127.0.0.1:{port}" for port in free_ports(args.workers)]
+    with tempfile.TemporaryDirectory(prefix="trainer-launch-") as scratch:
+        commands = worker_commands(args.workers, overrides, run_dir, Path(scratch))
+        base = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+        base.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        # Temporary files of a worker killed before it could clean up go with `scratch`.
+        envs = [{**base, "TF_CONFIG": config, "TMPDIR": _mkdir(Path(scratch) / f"tmp-{i}")}
+                for i, config in enumerate(tf_configs(addresses))]
+        launcher = Launcher(commands, envs, grace=args.grace)
+        launcher.say(f"[launch] {args.workers} workers on {', '.join(addresses)}; "
+                     f"the chief (worker 0) writes {run_dir}")
+        previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+        try:
+            launcher.start()
+            code = launcher.wait()
+        except KeyboardInterrupt:
+            launcher.say("[launch] interrupted: stopping every worker (the chief backs up)")
+            launcher.stop(0.0)
+            code = EXIT_SIGINT
+        finally:
+            launcher.kill_all()
+            launcher.join()  # the workers' last lines (their "interrupted: ..." included)
+            signal.signal(signal.SIGTERM, previous)
+    if code:
+        launcher.say(ending(code, run_dir))
+    return code
+
+
+def ending(code: int, run_dir: str) -> str:
+    """The launcher's last line for a run that did not finish."""
+    if code == EXIT_CONFIG:
+        return "[launch] failed (a configuration error, above); fix it and launch again"
+    if code == EXIT_SIGINT:
+        return f"[launch] interrupted; to resume, launch again with hydra.run.dir={run_dir}"
+    return (f"[launch] failed ({describe_exit(code) if code < 128 else code}); "
+            f"to resume, launch again with hydra.run.dir={run_dir}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,136 @@
+"""What the workers of a multi-worker run hand each other, and how a run ends when one is lost.
+
+The chief's resume point and variables, the vote on whether any worker was asked to stop,
+the one-line message naming a lost peer, and what the step watchdog does when a step hangs.
+Each hand-off is a collective: every worker calls it at the same place.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import keras
+
+from trainer.config.errors import EXIT_WORKER_LOST
+from trainer.distribute.cluster import Cluster, lost_tasks
+from trainer.rundir.backup import ResumePoint
+
+
+def share_from_chief(strategy: Any, model: keras.Model,
+                     point: ResumePoint | None) -> ResumePoint | None:
+    """Gives every worker of a multi-worker run the chief's resume point and variables.
+
+    Only the chief keeps backups, and the other workers need not see its disk: one
+    all-reduce, to which only the chief's first replica (replica 0) contributes, carries the
+    chief's point, then another its restored model and optimizer variables, to every worker.
+    Every worker must call this at the same place (it runs collectives).
+
+    Args:
+        strategy: the MultiWorkerMirroredStrategy.
+        model: the built model, with its optimizer built.
+        point: what this worker restored (None on workers other than the chief).
+
+    Returns:
+        The chief's resume point, or None where the chief had no backup.
+    """
+    import tensorflow as tf
+
+    found = [1.0, point.epoch, point.step] if point is not None else [0.0, 0.0, 0.0]
+    from_chief = replica_sum(strategy, replica_zero_only=True)
+    shared = from_chief([tf.constant(found, tf.float64)])[0].numpy()
+    if shared[0] == 0:
+        return None
+    variables = list({id(v): v for v in [*model.variables, *model.optimizer.variables]}.values())
+    values = from_chief([v.value for v in variables])
+    for variable, value in zip(variables, values, strict=True):
+        variable.assign(tf.cast(value, variable.dtype))
+    return ResumePoint(int(shared[1]), int(shared[2]),
+                       point.path if point is not None else Path("the chief's backup"),
+                       point.state if point is not None else {})
+
+
+def replica_sum(strategy: Any, replica_zero_only: bool = False):
+    """A function summing tensors over every replica of every worker (one all-reduce).
+
+    `replica_sum(strategy)(tensors)` returns this worker's copy of the sums, as float64
+    (exact for floats and for integers below 2**53). With `replica_zero_only`, only replica
+    0 (on the chief) contributes: the chief's values, handed to every worker. Traced once per
+    set of shapes, so calling it often (the stop vote) costs one small collective.
+    """
+    import tensorflow as tf
+
+    @tf.function
+    def total(tensors):
+        def replica_fn():
+            context = tf.distribute.get_replica_context()
+            keep = (tf.equal(context.replica_id_in_sync_group, 0) if replica_zero_only
+                    else tf.constant(True))
+            # tf.where (not the tensor itself) makes each a value of this replica.
+            return context.all_reduce("sum", [
+                tf.where(keep, tf.cast(t, tf.float64), tf.zeros(tf.shape(t), tf.float64))
+                for t in tensors])
+
+        return strategy.run(replica_fn)
+
+    def run(tensors: list) -> list:
+        return [strategy.experimental_local_results(v)[0] for v in total(list(tensors))]
+
+    return run
+
+
+def stop_agreement(strategy: Any) -> Callable[[bool], bool]:
+    """`agree(asked) -> bool`: whether any worker was asked to stop (one small all-reduce)."""
+    import tensorflow as tf
+
+    votes = replica_sum(strategy)
+
+    def agree(asked: bool) -> bool:
+        return float(votes([tf.constant(1.0 if asked else 0.0)])[0]) > 0
+
+    return agree
+
+
+def peer_failure(error: BaseException) -> bool:
+    """Whether a collective failed because a peer crashed, vanished or timed out."""
+    import tensorflow as tf
+
+    return isinstance(error, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+                              tf.errors.AbortedError, tf.errors.CancelledError))
+
+
+def backup_place(run_dir: Path, chief: bool) -> str:
+    """Where the backup to resume from is, as this worker can say it."""
+    return str(run_dir / "backup") if chief else "the chief's run directory"
+
+
+def lost_message(error: BaseException, cluster: Cluster, epoch: int | None,
+                 backup: str) -> str:
+    """One line: which peer was lost, when, and how to resume."""
+    lost = lost_tasks(str(error), cluster)
+    who = " and ".join(lost) if lost else "a peer worker"
+    what = f"lost {who}: it stopped responding (crashed, killed or unreachable)"
+    when = f"during epoch {epoch + 1}" if epoch is not None else "before training"
+    return (f"{what} {when}; this worker stopped. The last backup is in "
+            f"{backup}; start every worker again with the same command to resume")
+
+
+def on_stuck(timeout_s: float, chief: bool, run_dir: Path, backup: Any) -> Callable:
+    """What the step watchdog does: one line, the scratch directory removed, exit code 4."""
+
+    def on_timeout(waited: float) -> None:
+        where = backup_place(run_dir, chief)
+        print(f"error: a training step has not finished after {waited:.0f} s "
+              f"(strategy.timeout_s={timeout_s:g}) during epoch "
+              f"{backup.epoch + 1}: a peer worker is stuck, or the network between the workers "
+              f"is; this worker stopped. The last backup is in {where}; start every worker "
+              "again with the same command to resume", file=sys.stderr, flush=True)
+        if not chief:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        os._exit(EXIT_WORKER_LOST)  # the main thread is blocked in the stuck collective
+
+    return on_timeout

@@ -1,0 +1,149 @@
+"""Pure arithmetic of data parallelism: batch sizes, the learning-rate rule, warm-up steps."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from trainer.config.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Batch sizes of a run.
+
+    Each replica computes gradients on micro-batches of `per_replica` examples, sums those
+    of `accumulate` micro-batches, and the replicas' sums are all-reduced once into one
+    optimizer step over `global_size = per_replica * replicas * accumulate` examples.
+    """
+
+    per_replica: int
+    global_size: int
+    replicas: int
+    accumulate: int = 1
+
+    @property
+    def shards(self) -> int:
+        """Micro-batches one global batch is cut into: replicas x accumulate."""
+        return self.replicas * self.accumulate
+
+
+def _multiples_near(value: int, step: int) -> str:
+    low = value // step * step
+    near = [n for n in (low, low + step) if n > 0]
+    return " or ".join(str(n) for n in near)
+
+
+def plan_batch(per_replica: int | None, global_size: int | None, replicas: int,
+               accumulate: int | str = 1, max_per_replica: int | None = None) -> BatchPlan:
+    """Resolves the batch sizes from exactly one of `per_replica` and `global_size`.
+
+    Args:
+        per_replica: examples per replica and micro-batch (weak scaling: the global batch
+            grows with replicas and accumulation).
+        global_size: examples per optimizer step over all replicas (strong scaling: split
+            into replicas x accumulate micro-batches).
+        replicas: replicas in sync.
+        accumulate: micro-batches per optimizer step, or `auto`: the smallest count that
+            keeps a micro-batch within `max_per_replica` (1 without a cap).
+        max_per_replica: the most examples a replica may take at once; None for no cap.
+
+    Returns:
+        A `BatchPlan`.
+    """
+    if (per_replica is None) == (global_size is None):
+        raise ConfigError("set exactly one of batch.per_replica and batch.global_size; "
+                          f"received: per_replica={per_replica}, global_size={global_size}")
+    cap = max_per_replica
+    if per_replica is not None:
+        if cap is not None and per_replica > cap:
+            raise ConfigError(f"batch.per_replica={per_replica} is above batch.max_per_replica="
+                              f"{cap}; use batch.per_replica<={cap} with batch.accumulate, or "
+                              "batch.global_size with batch.accumulate=auto")
+        n = 1 if accumulate == "auto" else accumulate
+        return BatchPlan(per_replica, per_replica * replicas * n, replicas, n)
+    if accumulate != "auto":
+        shards = replicas * accumulate
+        if global_size % shards:
+            over = (f"{replicas} replicas" if accumulate == 1 else
+                    f"{replicas} replicas x {accumulate} micro-batches")
+            raise ConfigError(f"batch.global_size={global_size} does not divide evenly over "
+                              f"{over}; use a multiple of {shards}: "
+                              f"{_multiples_near(global_size, shards)}")
+        micro = global_size // shards
+        if cap is not None and micro > cap:
+            raise ConfigError(f"batch.global_size={global_size} over {replicas} replicas x "
+                              f"{accumulate} micro-batches is {micro} per replica, above "
+                              f"batch.max_per_replica={cap}; use batch.accumulate=auto")
+        return BatchPlan(micro, global_size, replicas, accumulate)
+    if global_size % replicas:
+        raise ConfigError(f"batch.global_size={global_size} has no whole split over {replicas} "
+                          f"replicas; the nearest valid global sizes are "
+                          f"{_multiples_near(global_size, replicas)}")
+    per_step = global_size // replicas
+    n = next(n for n in range(1, per_step + 1)
+             if per_step % n == 0 and (cap is None or per_step // n <= cap))
+    return BatchPlan(per_step // n, global_size, replicas, n)
+
+
+def scaled_learning_rate(lr: float, global_batch: int, reference_batch: int, rule: str) -> float:
+    """Scales a learning rate tuned at `reference_batch` to `global_batch`.
+
+    Args:
+        lr: the learning rate at `reference_batch`.
+        global_batch: examples per step over all replicas.
+        reference_batch: the batch `lr` was tuned for.
+        rule: `linear` (Goyal et al. 2017), `sqrt`, or `none`.
+
+    Returns:
+        The learning rate for `global_batch`.
+    """
+    ratio = global_batch / reference_batch
+    factors = {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}
+    if rule not in factors:
+        raise ConfigError("optimizer.lr_scaling must be one of linear, sqrt, none; "
+                          f"received: {rule!r}")
+    return lr * factors[rule]
+
+
+def steps_per_epoch(examples: int, global_batch: int, drop_remainder: bool = False) -> int:
+    """Training steps in one pass over `examples` (a last partial batch counts unless dropped)."""
+    if examples < 1:
+        raise ConfigError("the dataset has no training examples; check the dataset's size "
+                          "options and files")
+    steps = examples // global_batch if drop_remainder else math.ceil(examples / global_batch)
+    if steps < 1:
+        raise ConfigError(f"the global batch {global_batch} is larger than the {examples} "
+                          "training examples with batch.drop_remainder=true; use a smaller batch")
+    return steps
+
+
+def warmup_steps(warmup_epochs: float, steps_in_epoch: int) -> int:
+    """Converts warm-up epochs (fractions allowed) to whole steps."""
+    return int(round(warmup_epochs * steps_in_epoch))
+
+
+def balanced_batch_sizes(examples: int, global_batch: int, replicas: int) -> list[int] | None:
+    """Batch sizes for one pass that leave no replica without an example.
+
+    A last partial batch of fewer examples than replicas would leave some replicas an empty
+    batch, which TensorFlow's oneDNN CPU kernels reject ("input depth must be evenly
+    divisible by filter depth"). Moving a few examples from the second-last batch to the
+    last fixes that without dropping or repeating any example.
+
+    Args:
+        examples: examples in one pass.
+        global_batch: the configured global batch.
+        replicas: replicas in sync.
+
+    Returns:
+        The size of every batch of the pass, or None where plain batching is already fine.
+    """
+    full, last = divmod(examples, global_batch)
+    if last == 0 or last >= replicas:
+        return None
+    if full == 0:
+        raise ConfigError(f"{examples} examples cannot feed {replicas} replicas; use at most "
+                          f"{examples} devices")
+    moved = replicas - last
+    return [global_batch] * (full - 1) + [global_batch - moved, last + moved]

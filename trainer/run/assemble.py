@@ -1,0 +1,378 @@
+"""Everything a run builds before it trains, returned as a typed `Run`.
+
+`assemble` turns a config and the chosen devices into a strategy, the data, a compiled model
+with its optimizer, the learning-rate plan and the speed options; `build_callbacks` adds
+the built-in and the user's callbacks. Training (`trainer.run.train`) and evaluation
+(`trainer.evaluate`) share this wiring.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from trainer.config.errors import ConfigError
+from trainer.config.metrics import monitor_mode
+from trainer.config.schema import lr_plan
+from trainer.config.validate import runtime_seed
+from trainer.distribute.cluster import Cluster, choose_communication
+from trainer.distribute.devices import DevicePlan
+from trainer.distribute.strategy import (
+    build_strategy,
+    check_steps_per_execution,
+    choose_cross_device_ops,
+    choose_strategy,
+)
+from trainer.plan.scaling import BatchPlan, plan_batch, scaled_learning_rate, steps_per_epoch
+from trainer.plan.scaling import warmup_steps as to_steps
+from trainer.plan.speed import SpeedPlan, apply_precision, choose_speed, compute_capability
+
+PIPELINE_KEYS = ("cache", "shuffle_buffer")
+
+# Keras 3.15's fit fails under MultiWorkerMirroredStrategy (keras-team/keras#20585,
+# tensorflow/tensorflow#72388); the custom loop does the same maths with the same callbacks.
+MULTI_WORKER_LOOP = ("loop=custom: Keras's fit fails under MultiWorkerMirroredStrategy "
+                     "(keras-team/keras#20585); the custom loop (same maths, same callbacks, "
+                     "tested equal to fit) runs instead")
+
+
+@dataclass(frozen=True)
+class LearningRate:
+    """The learning-rate plan: `base` at `reference_batch`, `scaled` to the global batch."""
+
+    base: float
+    scaled: float
+    rule: str
+    reference_batch: int
+    warmup_steps: int
+    decay: str
+    schedule: Any
+
+    def report(self) -> dict[str, Any]:
+        """The plan as the summary shows it (the schedule object left out)."""
+        return {"base": self.base, "scaled": self.scaled, "rule": self.rule,
+                "reference_batch": self.reference_batch, "warmup_steps": self.warmup_steps,
+                "decay": self.decay}
+
+
+@dataclass(frozen=True)
+class Data:
+    """A run's data: the source, a maker of training epochs, the validation batches, and the
+    test batches (None without a test split).
+
+    `make_train(first_epoch, end_epoch, skip_steps)` returns the training batches of those
+    epochs as one dataset, skipping the steps a resumed run already did.
+    """
+
+    source: Any
+    make_train: Callable[[int, int, int], Any]
+    validation: Any
+    test: Any = None
+
+
+@dataclass(frozen=True)
+class Run:
+    """What `assemble` built: everything that holds variables, in the strategy's scope."""
+
+    strategy: Any
+    strategy_name: str
+    cross_device_ops: str
+    loop: str
+    cluster: Cluster | None
+    batch: BatchPlan
+    steps: int
+    lr: LearningRate
+    model: Any
+    speed: SpeedPlan
+    data: Data
+    loss: Any
+    metrics: Callable[[], list]
+    metric_names: tuple[str, ...]
+    metric_directions: dict[str, str]
+
+    @property
+    def workers(self) -> int:
+        """Worker processes in the run (1 on one machine)."""
+        return self.cluster.num_workers if self.cluster is not None else 1
+
+    @property
+    def is_chief(self) -> bool:
+        """Whether this process writes the run directory."""
+        return self.cluster is None or self.cluster.is_chief
+
+    @property
+    def logged(self) -> tuple[str, ...]:
+        """What is logged per epoch: the loss and the metrics, and their `val_` forms."""
+        names = ("loss", *self.metric_names)
+        return (*names, *(f"val_{n}" for n in names))
+
+    def monitor_mode(self, monitor: str, mode: str = "auto", key: str = "checkpoint") -> str:
+        """`min` or `max` for a logged metric, from the metric's own direction where known."""
+        if monitor not in self.logged:
+            raise ConfigError(f"{key}.monitor={monitor!r} is not logged by this run; valid: "
+                              f"{', '.join(self.logged)}")
+        return monitor_mode(monitor, mode, self.metric_directions)
+
+
+def assemble(cfg: DictConfig, plan: DevicePlan, cluster: Cluster | None = None) -> Run:
+    """Builds strategy, data, model and optimizer: everything that holds variables in scope.
+
+    Args:
+        cfg: the validated config.
+        plan: the devices chosen (and already configured) for this process.
+        cluster: the multi-worker cluster, or None on one machine.
+
+    Returns:
+        A `Run`.
+    """
+    import keras
+
+    from trainer.task.build import build_loss, build_metrics, build_optimizer, directions
+
+    replicas = len(plan.names)
+    workers = cluster.num_workers if cluster is not None else 1
+    strategy_name = choose_strategy(cfg.strategy.name, replicas, workers, plan.kind)
+    multi = strategy_name == "multi_worker"
+    loop = "custom" if multi else cfg.loop
+    if multi:
+        strategy, cross = _multi_worker_strategy(cfg, plan, cluster)
+    speed = choose_speed(cfg.precision, cfg.jit_compile, cfg.steps_per_execution, plan.kind,
+                         replicas * workers, loop,
+                         compute_capability() if plan.kind == "gpu" else None)
+    if multi and cfg.loop != loop:
+        speed = replace(speed, reasons=(*speed.reasons, MULTI_WORKER_LOOP))
+    check_steps_per_execution(loop, speed.steps_per_execution, replicas)
+    apply_precision(speed.precision)
+    if not multi:
+        cross = choose_cross_device_ops(cfg.strategy.cross_device_ops, plan.kind, replicas,
+                                        _nccl_available(plan.kind))
+        strategy = build_strategy(strategy_name, plan.names, cross)
+    batch = plan_batch(cfg.batch.per_replica, cfg.batch.global_size,
+                       strategy.num_replicas_in_sync, cfg.batch.accumulate,
+                       cfg.batch.max_per_replica)
+    if batch.accumulate > 1 and loop == "fit" and speed.jit_compile is not False:
+        # XLA compiles fit's whole step, and the micro-batch loop's slices have shapes it
+        # cannot fix; the custom loop compiles each micro-batch's gradients instead.
+        if speed.jit_compile is True:
+            raise ConfigError("jit_compile=true with batch.accumulate>1 needs loop=custom "
+                              "(fit's whole step cannot be XLA-compiled around the "
+                              "micro-batch loop); received: loop=fit")
+        speed = replace(speed, jit_compile=False, reasons=(*speed.reasons, ACCUMULATE_JIT))
+    seed = runtime_seed(cfg.seed)
+    if seed is not None:
+        keras.utils.set_random_seed(seed)
+    from trainer.data.augment import check as check_augment
+    from trainer.data.augment import mixers
+
+    mixing = bool(mixers(check_augment(OmegaConf.to_container(cfg.augment))))
+    # MixUp / CutMix mix labels: one-hot everywhere, and the loss that reads them
+    loss = build_loss("categorical_crossentropy" if mixing
+                      and cfg.loss == "sparse_categorical_crossentropy" else cfg.loss)
+    with strategy.scope():
+        data = build_data(cfg, batch.global_size, batch.shards,
+                          batch.per_replica * batch.replicas, batch.replicas)
+        source = data.source
+        steps = steps_per_epoch(source.train_size, batch.global_size, cfg.batch.drop_remainder)
+        lr = learning_rate(cfg.optimizer, batch.global_size, steps, cfg.epochs)
+        from trainer.task.build import build_model
+
+        model = build_model(cfg.model, input_shape=source.input_shape,
+                            num_classes=source.num_classes, num_outputs=source.num_outputs)
+        label_shape = (None, *source.train.element_spec[1].shape)
+        specs = OmegaConf.to_container(cfg.metrics, resolve=True)
+
+        def metrics() -> list:
+            return build_metrics(specs, label_shape, model.output_shape)
+
+        compiled = metrics()
+        model.compile(optimizer=build_optimizer(cfg.optimizer, lr.schedule), loss=loss,
+                      metrics=compiled, steps_per_execution=speed.steps_per_execution,
+                      jit_compile=speed.jit_compile)
+        if batch.accumulate > 1 and loop == "fit":
+            from trainer.run.accumulate import accumulating_train_step
+
+            model.train_step = accumulating_train_step(model, batch.accumulate)
+    return Run(strategy=strategy, strategy_name=strategy_name, cross_device_ops=cross,
+               loop=loop, cluster=cluster, batch=batch, steps=steps, lr=lr, model=model,
+               speed=speed, data=data, loss=loss, metrics=metrics,
+               metric_names=tuple(m.name for m in compiled),
+               metric_directions=directions(compiled))
+
+
+ACCUMULATE_JIT = ("jit_compile=false: with batch.accumulate>1 fit's step loops over "
+                  "micro-batches, which XLA cannot compile whole (loop=custom compiles each "
+                  "micro-batch)")
+
+
+def _multi_worker_strategy(cfg: DictConfig, plan: DevicePlan, cluster: Cluster):
+    if cfg.seed is None:
+        raise ConfigError("strategy=multi_worker needs a seed: every worker shuffles the "
+                          "data alike and takes its share of the same global batches; "
+                          "received: seed=null (set seed=N)")
+    # tf.distribute's multi-worker input code reads dataset options in graph mode, which
+    # warns on every run; nothing for a user to act on.
+    warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data")
+    # MultiWorkerMirroredStrategy must exist before any other TensorFlow op runs.
+    communication = choose_communication(cfg.strategy.communication, plan.kind)
+    cross = f"collective ({communication})"
+    return build_strategy("multi_worker", plan.names, cross, cluster, communication), cross
+
+
+def _nccl_available(kind: str) -> bool:
+    from trainer.distribute.strategy import nccl_available
+
+    return kind == "gpu" and nccl_available()
+
+
+def build_data(cfg: DictConfig, global_batch: int, shards: int,
+               eval_batch: int | None = None, replicas: int = 1) -> Data:
+    """Loads the dataset the config names, with its training epochs and validation batches.
+
+    `shards` (replicas x micro-batches) keeps every shard of a last partial batch non-empty;
+    validation batches hold `eval_batch` examples over `replicas` (one micro-batch per
+    replica: evaluation does not accumulate, and must fit the same memory), `global_batch`
+    over `shards` when None.
+    """
+    from trainer.config.build import build_object
+    from trainer.data.pipeline import Source, build_pipeline, build_training_epochs
+
+    options = OmegaConf.to_container(cfg.dataset, resolve=True)
+    pipeline = {key: options.pop(key) for key in PIPELINE_KEYS if key in options}
+    seed = runtime_seed(cfg.seed)
+    source = build_object(options, "dataset", seed=seed)
+    if not isinstance(source, Source):
+        raise ConfigError(f"dataset {options['_target_']} must return a trainer.data.Source "
+                          f"(Source.from_arrays for arrays); received: {type(source).__name__}")
+    source = _one_hot_if_mixing(cfg, source)
+    common = dict(preprocess=source.preprocess, scale=source.scale, seed=seed, **pipeline)
+
+    def make_train(first_epoch: int, epochs: int, skip_steps: int):
+        return build_training_epochs(source.train, global_batch, first_epoch=first_epoch,
+                                     epochs=epochs, skip_steps=skip_steps,
+                                     drop_remainder=cfg.batch.drop_remainder,
+                                     examples=source.train_size, replicas=shards,
+                                     augment=OmegaConf.to_container(cfg.augment), **common)
+
+    def evaluation(dataset, examples, cache=None):
+        options = common if cache is None else {**common, "cache": cache}
+        return build_pipeline(dataset, eval_batch or global_batch, training=False,
+                              examples=examples,
+                              replicas=shards if eval_batch is None else replicas, **options)
+
+    # The test split is read once, at the end: no cache holding it through the run.
+    test = (evaluation(source.test, source.test_size, cache=False)
+            if source.test is not None and source.test_size > 0 else None)
+    return Data(source=source, make_train=make_train,
+                validation=evaluation(source.validation, source.validation_size), test=test)
+
+
+def _one_hot_if_mixing(cfg: DictConfig, source: Any) -> Any:
+    """Every split's labels one-hot where MixUp or CutMix mixes them (the same shape for
+    training and evaluation, so the loss and the metrics read both)."""
+    import dataclasses
+
+    import tensorflow as tf
+
+    from trainer.data.augment import check, mixers
+
+    names = mixers(check(OmegaConf.to_container(cfg.augment)))
+    if not names:
+        return source
+    if source.num_classes is None:
+        raise ConfigError(f"augment {', '.join(names)} mixes class labels; this dataset's "
+                          "targets are not classes")
+    classes = source.num_classes
+
+    def hot(dataset):
+        if dataset is None:
+            return None
+        return dataset.map(lambda x, y: (x, tf.one_hot(tf.cast(y, tf.int32), classes)))
+
+    return dataclasses.replace(source, train=hot(source.train),
+                               validation=hot(source.validation), test=hot(source.test))
+
+
+def learning_rate(opt: DictConfig, global_batch: int, steps: int, epochs: int) -> LearningRate:
+    """The scaled rate, warm-up and decay for a global batch, as one Keras schedule."""
+    from trainer.plan.schedule import WarmupSchedule
+
+    p = lr_plan(opt)
+    scaled = scaled_learning_rate(p["lr"], global_batch, p["reference_batch"], p["lr_scaling"])
+    warm = to_steps(p["warmup_epochs"], steps)
+    schedule = WarmupSchedule(p["lr"], scaled, warm, steps * epochs, p["decay"],
+                              p["decay_rate"], to_steps(p["decay_epochs"], steps),
+                              p["staircase"])
+    return LearningRate(base=p["lr"], scaled=scaled, rule=p["lr_scaling"],
+                        reference_batch=p["reference_batch"], warmup_steps=warm,
+                        decay=p["decay"], schedule=schedule)
+
+
+@dataclass(frozen=True)
+class Callbacks:
+    """A run's callbacks by role; `all` is the order Keras calls them in."""
+
+    throughput: Any
+    backup: Any
+    checkpoints: tuple
+    trackers: tuple
+    watchdog: Any
+    user: tuple
+
+    def all(self) -> list:
+        """Built-in ones first (the watchdog last of them), then the user's."""
+        found = [self.throughput, self.backup, *self.checkpoints, *self.trackers,
+                 self.watchdog, *self.user]
+        return [c for c in found if c is not None]
+
+
+def build_callbacks(cfg: DictConfig, run: Run, run_dir: Path, started: float,
+                    start: tuple[int, int], request: Any, extra: tuple = ()) -> Callbacks:
+    """Throughput, backup, checkpoints, trackers, the watchdog, then the user's callbacks.
+
+    Args:
+        cfg: the config.
+        run: what `assemble` built.
+        run_dir: where the run writes.
+        started: `time.perf_counter()` at the start of the run.
+        start: (epoch, step) the run starts from.
+        request: the stop request signals set.
+        extra: callbacks passed to `train()` in code, after the configured ones.
+    """
+    from trainer.distribute.multiworker import on_stuck, stop_agreement
+    from trainer.run.callbacks import AtomicModelCheckpoint, StepWatchdog, Throughput
+    from trainer.rundir.backup import Backup, BackupStore
+    from trainer.task.build import build_callbacks as build_user_callbacks
+    from trainer.track.trackers import build_trackers
+
+    best_mode = (run.monitor_mode(cfg.checkpoint.monitor, cfg.checkpoint.mode)
+                 if cfg.checkpoint.save_best else None)
+    user = build_user_callbacks(cfg.callbacks, run_dir, run.monitor_mode)
+    checkpoints = run_dir / "checkpoints"
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    meta = {"config": OmegaConf.to_container(cfg, resolve=True),
+            "global_batch": run.batch.global_size, "replicas": run.batch.replicas,
+            "accumulate": run.batch.accumulate}
+    backup = Backup(BackupStore(run_dir / "backup", meta=meta), cfg.checkpoint.backup_every,
+                    cfg.checkpoint.nan_check_every, request, *start,
+                    agree=stop_agreement(run.strategy) if run.workers > 1 else None)
+    saved = [AtomicModelCheckpoint(str(checkpoints / "last.keras"))]
+    if cfg.checkpoint.save_best:
+        saved.append(AtomicModelCheckpoint(
+            str(checkpoints / "best.keras"), monitor=cfg.checkpoint.monitor,
+            save_best_only=True, mode=best_mode))
+    watchdog = None
+    if run.workers > 1 and cfg.strategy.timeout_s is not None:
+        # Last of the built-in ones, so a step's time includes Backup's stop agreement.
+        watchdog = StepWatchdog(cfg.strategy.timeout_s,
+                                on_stuck(cfg.strategy.timeout_s, run.is_chief, run_dir, backup))
+    return Callbacks(
+        throughput=Throughput(run.data.source.train_size, run.batch.global_size, started),
+        backup=backup, checkpoints=tuple(saved),
+        trackers=tuple(build_trackers(cfg.logger, run_dir, meta["config"], run.is_chief,
+                                      cfg.profile)),
+        watchdog=watchdog, user=(*user, *extra))

@@ -1,0 +1,221 @@
+"""`loop=custom`: a `strategy.run` training loop that gets the distribution maths right.
+
+Any Keras loss is computed per example (its reduction turned off), then the loss of each
+replica is summed over its examples and divided by the examples of the
+whole global batch (`tf.nn.compute_average_loss`), and regularisation losses are divided by
+the replicas (`tf.nn.scale_regularization_loss`); the optimizer then sums the gradients of
+all replicas, which gives exactly the gradient of the mean loss over the global batch. The
+global batch is counted, not assumed, so a last partial batch, split unevenly over the
+replicas, is weighted right too. Metrics live in variables summed across replicas. With
+`accumulate` N > 1 each replica sums the gradients of N micro-batches (`trainer.run.accumulate`)
+before the one all-reduce of the step; the loss is still divided by the whole step's count.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+# tf.distribute's input code reads dataset options in graph mode when a dataset is
+# distributed, which warns on every run; nothing for a user to act on.
+warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data")
+
+
+class CustomLoop:
+    """Trains and evaluates a compiled model with its optimizer under a strategy.
+
+    It drives the same Keras callbacks as `fit` (progress bar, checkpoints, backup,
+    TensorBoard, history), so both loops write the same run directory.
+
+    Args:
+        model: a model compiled with its optimizer (checkpoints save it with the model).
+        strategy: the `tf.distribute.Strategy` the model was built under.
+        steps_per_execution: training steps per `tf.function` call.
+        jit_compile: compile each replica's step with XLA.
+        loss: a Keras loss (any reduction: it is computed per example here); None for
+            sparse categorical cross-entropy.
+        metrics: makes fresh metric objects (called inside the strategy's scope); None for
+            accuracy over sparse labels.
+        accumulate: micro-batches per replica whose gradients make one optimizer step.
+    """
+
+    def __init__(self, model: keras.Model, strategy: tf.distribute.Strategy,
+                 steps_per_execution: int = 1, jit_compile: bool = False,
+                 loss: keras.losses.Loss | None = None,
+                 metrics: Callable[[], list] | None = None, accumulate: int = 1) -> None:
+        from trainer.task.build import per_example
+
+        self.model = model
+        self.accumulate = accumulate
+        self.strategy = strategy
+        self.steps_per_execution = steps_per_execution
+        self.per_example_loss = per_example(
+            loss if loss is not None else keras.losses.SparseCategoricalCrossentropy())
+        with strategy.scope():
+            self.loss_metric = keras.metrics.Mean(name="loss")
+            self.metrics = (metrics() if metrics is not None
+                            else [keras.metrics.SparseCategoricalAccuracy(name="accuracy")])
+            # Created here, not lazily inside the first traced step: optimizer slots born
+            # inside a graph that runs several steps under MirroredStrategy fail at run time
+            # ("You must feed a value for placeholder tensor").
+            model.optimizer.build(model.trainable_variables)
+        self._replica_gradients = (tf.function(self._gradients, jit_compile=True)
+                                   if jit_compile else self._gradients)
+        self._train_chunk = tf.function(self._train_steps)
+        self._evaluate_all = tf.function(self._test_steps)
+
+    def average_loss(self, per_example_loss: tf.Tensor, global_batch: tf.Tensor) -> tf.Tensor:
+        """This replica's share of the mean loss over the global batch."""
+        return tf.nn.compute_average_loss(per_example_loss, global_batch_size=global_batch)
+
+    def _global_batch(self, labels: tf.Tensor) -> tf.Tensor:
+        local = tf.cast(tf.shape(labels)[0], tf.float32)
+        total = tf.distribute.get_replica_context().all_reduce("sum", local)
+        return tf.cast(total, tf.int32)
+
+    def _regularization(self) -> tf.Tensor:
+        return tf.add_n(self.model.losses) if self.model.losses else tf.constant(0.0)
+
+    def _gradients(self, images: tf.Tensor, labels: tf.Tensor, global_batch: tf.Tensor,
+                   share: tf.Tensor | float = 1.0):
+        """Forward and backward pass of one replica; no collectives, so XLA can compile it.
+
+        `share` is the micro-batch's part of the replica's batch: the regularisation loss,
+        counted once per step, is spread over the micro-batches by it.
+        """
+        with tf.GradientTape() as tape:
+            predictions = self.model(images, training=True)
+            per_example = self._per_example(labels, predictions)
+            regularization = self._regularization()
+            loss = (self.average_loss(per_example, global_batch)
+                    + tf.nn.scale_regularization_loss(regularization) * share)
+            # Identity unless mixed_float16 wrapped the optimizer in a LossScaleOptimizer,
+            # which unscales the gradients again in apply_gradients.
+            scaled = self.model.optimizer.scale_loss(loss)
+        gradients = tape.gradient(scaled, self.model.trainable_variables)
+        return gradients, predictions, per_example + regularization
+
+    def _per_example(self, labels: tf.Tensor, predictions: tf.Tensor) -> tf.Tensor:
+        """One loss value per example (a loss left per element is averaged over the rest)."""
+        values = self.per_example_loss(labels, tf.cast(predictions, tf.float32))
+        if values.shape.rank is not None and values.shape.rank > 1:
+            values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
+        return values
+
+    def _train_step(self, images: tf.Tensor, labels: tf.Tensor) -> None:
+        global_batch = self._global_batch(labels)
+        variables = self.model.trainable_variables
+        if self.accumulate == 1:
+            gradients, predictions, losses = self._replica_gradients(images, labels,
+                                                                     global_batch)
+            self._update_metrics(labels, predictions, losses)
+        else:
+            gradients = self._accumulated_gradients(images, labels, global_batch)
+        self.model.optimizer.apply_gradients(zip(gradients, variables, strict=True))
+
+    def _accumulated_gradients(self, images, labels, global_batch) -> list:
+        from trainer.run.accumulate import accumulate, batch_size
+
+        total = tf.cast(batch_size(labels), tf.float32)
+
+        def gradients_of(part, count):
+            x, y = part
+            gradients, predictions, losses = self._replica_gradients(
+                x, y, global_batch, tf.cast(count, tf.float32) / total)
+            self._update_metrics(y, predictions, losses)
+            return gradients
+
+        return accumulate(self.accumulate, (images, labels), gradients_of,
+                          self.model.trainable_variables)
+
+    def _update_metrics(self, labels, predictions, per_example_loss) -> None:
+        self.loss_metric.update_state(per_example_loss)
+        for metric in self.metrics:
+            metric.update_state(labels, predictions)
+
+    def _train_steps(self, iterator: Any, steps: tf.Tensor | None) -> dict[str, tf.Tensor]:
+        # Exactly `steps` batches, never past the end: `fit` counts the epoch's steps. One
+        # step per call (steps=None) runs without a graph loop around it.
+        if steps is None:
+            self.strategy.run(self._train_step, args=next(iterator))
+        else:
+            for _ in tf.range(steps):
+                self.strategy.run(self._train_step, args=next(iterator))
+        # Read here, in the graph, so the Python loop never waits for a step to finish
+        # (reading metrics eagerly after every call would serialise dispatch and compute).
+        return {m.name: m.result() for m in (self.loss_metric, *self.metrics)}
+
+    def _test_step(self, images: tf.Tensor, labels: tf.Tensor) -> None:
+        predictions = self.model(images, training=False)
+        per_example = self._per_example(labels, predictions)
+        self._update_metrics(labels, predictions, per_example + self._regularization())
+
+    def _test_steps(self, dataset: Any) -> None:
+        for images, labels in dataset:
+            self.strategy.run(self._test_step, args=(images, labels))
+
+    def _results(self) -> dict[str, float]:
+        return {m.name: float(m.result()) for m in (self.loss_metric, *self.metrics)}
+
+    def _reset(self) -> None:
+        for metric in (self.loss_metric, *self.metrics):
+            metric.reset_state()
+
+    def evaluate(self, dataset: tf.data.Dataset) -> dict[str, float]:
+        """Loss and metrics over every example of `dataset` (batched by the global batch)."""
+        self._reset()
+        self._evaluate_all(self.strategy.experimental_distribute_dataset(dataset))
+        return self._results()
+
+    def fit(self, dataset: tf.data.Dataset, *, epochs: int, steps_per_epoch: int,
+            initial_epoch: int = 0, validation_data: tf.data.Dataset | None = None,
+            callbacks: Sequence[Any] = (), verbose: Any = "auto") -> keras.callbacks.History:
+        """Trains epochs `initial_epoch`..`epochs - 1` of `steps_per_epoch` steps, like `fit`.
+
+        `dataset` holds the batches of all those epochs in order (one iterator runs through
+        them), as `fit` reads a dataset when given `steps_per_epoch`.
+
+        Returns:
+            The `History` callback, as `fit` returns it.
+        """
+        verbose = 1 if verbose == "auto" else verbose
+        callback_list = keras.callbacks.CallbackList(
+            list(callbacks), add_history=True, add_progbar=verbose != 0, verbose=verbose,
+            epochs=epochs, steps=steps_per_epoch, model=self.model)
+        iterator = iter(self.strategy.experimental_distribute_dataset(dataset))
+        self.model.stop_training = False
+        callback_list.on_train_begin()
+        logs: dict[str, float] = {}
+        for epoch in range(initial_epoch, epochs):
+            logs, done = self._run_epoch(epoch, iterator, steps_per_epoch, callback_list)
+            if not done:  # stopped mid-epoch (a signal): no validation, no epoch end
+                break
+            if validation_data is not None:
+                callback_list.on_test_begin()  # as fit's validation does
+                val = self.evaluate(validation_data)
+                callback_list.on_test_end(val)
+                logs.update({f"val_{name}": value for name, value in val.items()})
+            callback_list.on_epoch_end(epoch, logs)
+            if self.model.stop_training:
+                break
+        callback_list.on_train_end(logs=logs)
+        return self.model.history
+
+    def _run_epoch(self, epoch: int, iterator: Any, steps_per_epoch: int,
+                   callback_list: Any) -> tuple[dict[str, float], bool]:
+        """Runs one epoch's steps; returns its logs and whether every step ran."""
+        self._reset()
+        callback_list.on_epoch_begin(epoch)
+        step, logs = 0, {}
+        while step < steps_per_epoch and not self.model.stop_training:
+            chunk = min(self.steps_per_execution, steps_per_epoch - step)
+            callback_list.on_train_batch_begin(step)
+            logs = self._train_chunk(iterator,
+                                     None if self.steps_per_execution == 1 else tf.constant(chunk))
+            step += chunk
+            callback_list.on_train_batch_end(step - 1, logs)
+        return {name: float(value) for name, value in logs.items()}, step == steps_per_epoch

@@ -1,0 +1,182 @@
+"""The run summary: printed at the end, and written atomically to `summary.json`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+
+def refuse_finished_run(run_dir: Path, resume: bool) -> None:
+    """Refuses to start a new run over a finished one (its summary.json would be lost)."""
+    from trainer.config.errors import ConfigError
+
+    if not resume and (Path(run_dir) / "summary.json").exists():
+        raise ConfigError(f"run directory {run_dir} holds a finished run (summary.json); "
+                          f"choose a new hydra.run.dir, or pass resume={run_dir} to continue it")
+
+
+def _name(target: str) -> str:
+    """`trainer.models.cnn.build` -> `cnn`; `mine.load` -> `mine`."""
+    parts = target.split(".")
+    return parts[-2] if len(parts) > 1 else parts[0]
+
+
+def _loss_name(spec: Any) -> str:
+    return spec if isinstance(spec, str) else str(spec.get("_target_"))
+
+
+def build_summary(cfg: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, callbacks: Any,
+                  started: float, start: tuple[int, int],
+                  changes: dict[str, list] | None = None) -> dict[str, Any]:
+    """Everything a finished run reports, as a JSON-ready dict.
+
+    Args:
+        cfg: the config.
+        run: the assembled `trainer.run.assemble.Run`.
+        plan: the `DevicePlan`.
+        run_dir: the run directory.
+        outcome: what training did (`trainer.run.train.Outcome`).
+        callbacks: the run's `trainer.run.assemble.Callbacks`.
+        started: `time.perf_counter()` at the start.
+        start: (epoch, step) the run resumed from.
+        changes: config keys a resume changed, `{key: [old, new]}`.
+    """
+    import keras
+    import tensorflow as tf
+
+    throughput = callbacks.throughput
+    train_metrics = {k: float(v[-1]) for k, v in outcome.history.items()
+                     if v and not k.startswith("val_") and k != "learning_rate"}
+    cluster = run.cluster
+    return {
+        "run_dir": str(run_dir),
+        "model": _name(cfg.model._target_),
+        "dataset": _name(cfg.dataset._target_),
+        "accelerator": plan.kind,
+        "devices": list(plan.names),
+        "replicas": run.strategy.num_replicas_in_sync,
+        "strategy": run.strategy_name,
+        "cross_device_ops": run.cross_device_ops,
+        "batch": {"per_replica": run.batch.per_replica, "replicas": run.batch.replicas,
+                  "accumulate": run.batch.accumulate, "global": run.batch.global_size,
+                  "max_per_replica": cfg.batch.max_per_replica,
+                  "drop_remainder": cfg.batch.drop_remainder},
+        "learning_rate": run.lr.report(),
+        "optimizer": type(run.model.optimizer).__name__,
+        "loss": getattr(run.loss, "name", None) or _loss_name(cfg.loss),
+        "metrics": list(run.metric_names),
+        "callbacks": [type(c).__name__ for c in callbacks.user],
+        "loop": run.loop,
+        "workers": run.workers,
+        "cluster": None if cluster is None else {
+            "source": cluster.source, "tasks": cluster.addresses, "task_id": cluster.task_id,
+            "communication": cfg.strategy.communication,
+            "step_timeout_s": cfg.strategy.timeout_s},
+        "steps_per_execution": run.speed.steps_per_execution,
+        "precision": run.speed.precision,
+        "jit_compile": run.speed.jit_compile,
+        "speed_reasons": list(run.speed.reasons),
+        "epochs": cfg.epochs,
+        "epochs_done": outcome.epochs_done,
+        "stopped_early": ({"epoch": outcome.epochs_done, "of": cfg.epochs}
+                          if outcome.stopped_early else None),
+        "resumed_from": ({"epoch": start[0] + 1, "step": start[1], "changed": changes or {}}
+                         if any(start) else None),
+        "steps_per_epoch": run.steps,
+        "train_examples": run.data.source.train_size,
+        "validation_examples": run.data.source.validation_size,
+        "time": {"wall_s": time.perf_counter() - started,
+                 "first_step_s": throughput.first_step_s,
+                 "first_epoch_s": throughput.first_epoch_s},
+        "examples_per_sec": throughput.examples_per_sec,
+        "epoch_examples_per_sec": throughput.epoch_rates,
+        "train_metrics": train_metrics,
+        "validation_metrics": dict(outcome.validation),
+        "augment": _augment(cfg),
+        "splits": run.data.source.splits,
+        "test_examples": run.data.source.test_size,
+        "test_metrics": None if outcome.test is None else dict(outcome.test),
+        "test_checkpoint": outcome.test_checkpoint,
+        "seed": cfg.seed,
+        "warnings": list(plan.warnings),
+        "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
+    }
+
+
+def _augment(cfg: Any) -> dict[str, Any] | None:
+    from omegaconf import OmegaConf
+
+    from trainer.data.augment import describe
+
+    return describe(OmegaConf.to_container(cfg.augment) if cfg.get("augment") else None)
+
+
+def _epochs_row(summary: dict[str, Any]) -> str:
+    text = f"{summary['epochs']} x {summary['steps_per_epoch']} steps"
+    stopped = summary.get("stopped_early")
+    if stopped:
+        text += f"; stopped early after epoch {stopped['epoch']} of {stopped['of']} (callback)"
+    return text
+
+
+def _micro_row(batch: dict[str, Any]) -> str:
+    cap = batch.get("max_per_replica")
+    return f"{batch['per_replica']}" + (f" (cap {cap})" if cap else "")
+
+
+def _global_row(batch: dict[str, Any]) -> str:
+    accumulate = batch.get("accumulate", 1)
+    if accumulate == 1:
+        return str(batch["global"])
+    return (f"{batch['global']} = {batch['per_replica']} x {batch['replicas']} replicas x "
+            f"{accumulate} micro-batches accumulated per optimizer step")
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value))
+    return str(value)
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """Renders the summary as aligned `name: value` lines."""
+    rows = [
+        ("run directory", summary["run_dir"]),
+        ("model / dataset", f"{summary['model']} / {summary['dataset']}"),
+        ("devices", summary["devices"]),
+        ("replicas", summary["replicas"] if summary.get("workers", 1) == 1 else
+         f"{summary['replicas']} on {summary['workers']} workers"),
+        ("strategy", f"{summary['strategy']} (cross-device ops: {summary['cross_device_ops']})"),
+        ("batch per replica", _micro_row(summary["batch"])),
+        ("batch global", _global_row(summary["batch"])),
+        ("learning rate", "{base:.6g} -> {scaled:.6g} ({rule}, reference batch "
+                          "{reference_batch}, warm-up {warmup_steps} steps, decay {decay})"
+         .format(**summary["learning_rate"])),
+        ("optimizer / loss", f"{summary['optimizer']} / {summary['loss']}"),
+        ("epochs", _epochs_row(summary)),
+        ("wall time", f"{summary['time']['wall_s']:.1f} s"),
+        ("time to first step", f"{summary['time']['first_step_s']:.1f} s"),
+        ("throughput", f"{summary['examples_per_sec']:.1f} examples/s"
+         if summary["examples_per_sec"] else "n/a (too few steps)"),
+    ]
+    rows += [(f"train {k}", v) for k, v in summary["train_metrics"].items()]
+    rows += [(f"validation {k}", v) for k, v in summary["validation_metrics"].items()]
+    if summary.get("test_metrics") is not None:
+        rows += [(f"test {k}", v) for k, v in summary["test_metrics"].items()]
+        used = (Path(summary["test_checkpoint"]).name if summary.get("test_checkpoint")
+                else "the final weights")
+        rows.append(("test checkpoint", f"{used} ({summary['test_examples']} examples, "
+                     "evaluated once)"))
+    if summary.get("augment"):
+        rows.append(("augmentation", f"{', '.join(summary['augment']['applied'])} in the "
+                     f"{summary['augment']['where']}"))
+    rows += [(f"logged to {k}", v) for k, v in (summary.get("loggers") or {}).items()]
+    for phase in summary.get("finetune") or []:
+        rows.append((f"from epoch {phase['from_epoch']}", f"{phase['trains']}: "
+                     f"{phase['trainable']:,} of {phase['total']:,} parameters trainable"))
+    width = max(len(name) for name, _ in rows)
+    lines = [f"  {name:<{width}}  {_fmt(value)}" for name, value in rows]
+    return "\n".join(["Summary", *lines])

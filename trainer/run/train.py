@@ -1,0 +1,376 @@
+"""train(cfg): the order of a run. What it builds is `trainer.run.assemble`'s."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from trainer.config.errors import ConfigError, Interrupted, WorkerLost
+from trainer.distribute.cluster import Cluster, resolve_cluster
+from trainer.distribute.devices import DevicePlan, configure_devices, memory_option, plan_devices
+from trainer.distribute.multiworker import (
+    backup_place,
+    lost_message,
+    peer_failure,
+    share_from_chief,
+)
+from trainer.run.assemble import Callbacks, Run, assemble, build_callbacks
+from trainer.run.preflight import check_config
+from trainer.run.summary import refuse_finished_run
+from trainer.rundir.backup import BackupStore, StopNow, StopRequest, stop_on_signals, tidy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What training did: per-epoch history, the final validation metrics, where it stopped."""
+
+    history: dict[str, list]
+    validation: dict[str, float]
+    epochs_done: int
+    stopped_early: bool
+    test: dict[str, float] | None = None
+    test_checkpoint: str | None = None
+
+
+def train(cfg: DictConfig, run_dir: str | Path | None = None,
+          callbacks: Sequence[Any] = ()) -> dict[str, Any]:
+    """Trains and evaluates as the config says; writes everything into the run directory.
+
+    Args:
+        cfg: a composed config (see `conf/config.yaml`).
+        run_dir: where checkpoints, logs and `summary.json` go; Hydra's output directory
+            when None.
+        callbacks: extra Keras callbacks, after the built-in and the configured ones.
+
+    Returns:
+        The summary dict, also written to `run_dir/summary.json`.
+    """
+    started = time.perf_counter()
+    check_config(cfg)
+    cluster = resolve_cluster(list(cfg.cluster.workers), cfg.cluster.task_index,
+                              os.environ.get("TF_CONFIG"), os.environ,
+                              cfg.cluster.port_base)
+    if cluster is None or cluster.is_chief:
+        from trainer.rundir.lock import run_lock
+
+        place = _run_dir(cfg, run_dir)
+        with run_lock(place):
+            return _train(cfg, place, callbacks, started, cluster)
+    # Another worker: it saves what the chief saves (some reads of distributed variables are
+    # collectives every worker must join) but into a temporary place, removed at the end.
+    scratch = Path(tempfile.mkdtemp(prefix=f"trainer-worker{cluster.task_id}-"))
+    try:
+        return _train(cfg, scratch, callbacks, started, cluster)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _train(cfg: DictConfig, run_dir: Path, extra: Sequence[Any], started: float,
+           cluster: Cluster | None) -> dict[str, Any]:
+    chief = cluster is None or cluster.is_chief
+    if chief:
+        from trainer.track.loggers import check_loggers
+
+        refuse_finished_run(run_dir, resume=cfg.resume is not None)
+        check_loggers(cfg.logger, reach=True)
+    from trainer.distribute.cluster import slurm_devices
+
+    gpus = visible_gpu_count()
+    plan = plan_devices(cfg.accelerator,
+                        slurm_devices(cfg.devices, cluster, gpus, cfg.accelerator), gpus,
+                        cfg.soft_placement)
+    configure_devices(plan, memory_option(cfg.gpu.memory_growth, cfg.gpu.memory_limit_mb),
+                      cfg.soft_placement, cfg.log_device_placement)
+    _set_determinism(cfg.deterministic)
+    wired: list[Callbacks] = []
+    try:
+        return _run(cfg, plan, run_dir, extra, started, cluster, wired)
+    except Exception as error:
+        if cluster is not None and cluster.num_workers > 1 and peer_failure(error):
+            epoch = wired[0].backup.epoch if wired else None
+            raise WorkerLost(lost_message(error, cluster, epoch,
+                                          backup_place(run_dir, chief))) from error
+        raise
+    finally:
+        if wired and wired[0].watchdog is not None:
+            wired[0].watchdog.stop()  # a failed fit never reaches on_train_end
+
+
+def _run(cfg: DictConfig, plan: DevicePlan, run_dir: Path, extra: Sequence[Any],
+         started: float, cluster: Cluster | None, wired: list) -> dict[str, Any]:
+    """Builds, trains, evaluates and reports; `wired` receives the callbacks once built."""
+    from trainer.rundir.space import check_free_space, disk_full, full_message, needed_bytes
+
+    run = assemble(cfg, plan, cluster)
+    needed = needed_bytes(run.model)
+    if run.is_chief:
+        check_free_space(run_dir, needed)
+    try:
+        return _train_and_report(cfg, plan, run, run_dir, extra, started, wired)
+    except Exception as error:
+        if run.is_chief and not isinstance(error, ConfigError) and disk_full(error):
+            raise ConfigError(full_message(run_dir, needed)) from error
+        raise
+
+
+def _train_and_report(cfg: DictConfig, plan: DevicePlan, run: Run, run_dir: Path,
+                      extra: Sequence[Any], started: float, wired: list) -> dict[str, Any]:
+    from trainer.track.sweep import check_metric_name
+    from trainer.track.trackers import finish_trackers
+
+    cluster = run.cluster
+    check_metric_name(cfg.optimized_metric, run.logged, tested=run.data.test is not None)
+    start, changes = _resume_point(cfg, run, run_dir)
+    from trainer.task.finetune import phase_report, scale_backbone_gradients
+
+    # after the optimizer is built over every variable (in _resume_point)
+    phases = phase_report(run.model, cfg.finetune, cfg.epochs)
+    if phases is not None:
+        scale_backbone_gradients(run.model, cfg.finetune.backbone_lr_scale)
+    request = StopRequest()
+    callbacks = build_callbacks(cfg, run, run_dir, started, start, request, tuple(extra))
+    wired.append(callbacks)
+    try:
+        with stop_on_signals(request):
+            outcome = _fit(cfg, run, callbacks, start)
+    except BaseException:
+        finish_trackers(list(callbacks.trackers), None, "FAILED")
+        raise
+    if callbacks.backup.interrupted:
+        finish_trackers(list(callbacks.trackers), None, "KILLED")
+        why = ("another worker was asked to stop" if callbacks.backup.stopped_by_peer
+               else f"stopped by signal {request.signal}")
+        who = "; every worker stopped" if run.workers > 1 else ""
+        raise Interrupted(f"{why}{who} at epoch {callbacks.backup.epoch + 1}; backup in "
+                          f"{backup_place(run_dir, run.is_chief)}; rerun the same command to "
+                          "resume")
+    from trainer.run.summary import build_summary
+    from trainer.track.trackers import logged_to
+
+    summary = build_summary(cfg, run, plan, run_dir, outcome, callbacks, started, start,
+                            changes)
+    if cfg.export:
+        run.model.export(str(run_dir / "saved_model"), verbose=False)
+        summary["saved_model"] = str(run_dir / "saved_model")
+    summary["loggers"] = logged_to(callbacks.trackers, run_dir)
+    summary["finetune"] = phases
+    if run.is_chief:
+        _finish(summary, run_dir)
+        finish_trackers(list(callbacks.trackers), summary, "FINISHED")
+    else:
+        print(f"worker {cluster.task_id} of {cluster.num_workers} finished; the chief "
+              f"({cluster.addresses[0]}) wrote the checkpoints and summary", flush=True)
+    return summary
+
+
+def _run_dir(cfg: DictConfig, run_dir: str | Path | None) -> Path:
+    if cfg.resume is not None:
+        from trainer.rundir.resume import check_resume_target
+
+        check_resume_target(cfg.resume, None)
+        return Path(cfg.resume)
+    return Path(run_dir) if run_dir is not None else _hydra_run_dir()
+
+
+def _resume_point(cfg: DictConfig, run: Run, run_dir: Path) -> tuple[tuple[int, int], dict]:
+    """Restores the newest good backup.
+
+    Returns:
+        (epoch, step in epoch) to start from, and the config changes the resume accepted.
+
+    Raises:
+        ConfigError: the config or the global batch differs from the backup's in a way
+            that would train something else (`trainer.rundir.resume`).
+    """
+    from omegaconf import OmegaConf
+
+    from trainer.rundir.resume import check_global_batch, check_resume, latest_state
+
+    changes = {}
+    if run.is_chief:
+        state = latest_state(run_dir)
+        changes = check_resume(run_dir, state, OmegaConf.to_container(cfg, resolve=True))
+        check_global_batch(run_dir, state, run.batch.global_size, run.batch.replicas,
+                           run.batch.accumulate)
+        tidy(run_dir)
+    model = run.model
+    with run.strategy.scope():  # the optimizer's slots are distributed variables
+        if not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+    # Loaded outside the scope: Keras's loader creates throwaway variables, which under
+    # MultiWorkerMirroredStrategy's scope would start collectives on the chief alone.
+    point = BackupStore(run_dir / "backup").restore(model)
+    if run.strategy_name == "multi_worker":
+        # Only the chief keeps backups: every worker continues from the chief's.
+        point = share_from_chief(run.strategy, model, point)
+    if point is None:
+        return (0, 0), {}
+    log.warning("resuming from %s: epoch %d, step %d", point.path, point.epoch + 1, point.step)
+    if point.step >= run.steps:
+        return (point.epoch + 1, 0), changes
+    return (point.epoch, point.step), changes
+
+
+def _segments(cfg: DictConfig, run: Run, start: tuple[int, int]) -> list:
+    """(first epoch, end epoch, steps per epoch, dataset) to train, in order.
+
+    A run resumed mid-epoch first finishes that epoch's remaining steps, then trains whole
+    epochs; each dataset starts exactly where the interrupted run would have been.
+    """
+    from trainer.task.finetune import boundaries
+
+    epoch, step = start
+    make = run.data.make_train
+    segments = []
+    if step:
+        segments.append((epoch, epoch + 1, run.steps - step, make(epoch, epoch + 1, step)))
+        epoch += 1
+    # a fine-tuning phase change starts a new segment (its step is compiled anew)
+    ends = sorted({*(b for b in boundaries(cfg.finetune, cfg.epochs) if b > epoch),
+                   cfg.epochs})
+    for end in ends:
+        if epoch < end:
+            segments.append((epoch, end, run.steps, make(epoch, end, 0)))
+            epoch = end
+    return segments
+
+
+def _fit(cfg: DictConfig, run: Run, callbacks: Callbacks, start: tuple[int, int]) -> Outcome:
+    """Trains with the chosen loop, then evaluates every validation example once."""
+    from trainer.task.finetune import apply_phase, phase_at
+
+    model, history = run.model, {}
+    loop, phase = None, None
+
+    def new_loop():
+        from trainer.run.loop import CustomLoop
+
+        return CustomLoop(model, run.strategy, run.speed.steps_per_execution,
+                          jit_compile=run.speed.jit_compile is True, loss=run.loss,
+                          metrics=run.metrics, accumulate=run.batch.accumulate)
+
+    if run.loop == "custom":
+        loop = new_loop()
+    backup, stopped_early = callbacks.backup, False
+    progress = []
+    if cfg.verbose != 0:
+        from trainer.run.callbacks import RunProgress
+
+        progress = [RunProgress(cfg.epochs, run.steps, start)]
+    for first, end, steps, dataset in _segments(cfg, run, start):
+        if phase_at(first, cfg.finetune) != phase:
+            if phase is not None:  # the trainable variables change: compile the step anew
+                model.train_function = None
+                loop = new_loop() if loop is not None else None
+            phase = phase_at(first, cfg.finetune)
+            apply_phase(model, phase, cfg.finetune.unfreeze_layers)
+        kwargs = dict(initial_epoch=first, epochs=end, steps_per_epoch=steps,
+                      validation_data=run.data.validation,
+                      callbacks=[*callbacks.all(), *progress], verbose=cfg.verbose)
+        try:
+            if loop is not None:
+                part = loop.fit(dataset, **kwargs)
+            else:
+                part = model.fit(dataset, shuffle=False, **kwargs)  # already shuffled
+        except StopNow:
+            if cfg.verbose in (1, "auto"):
+                print(flush=True)  # end the progress bar's line
+            break
+        for key, values in part.history.items():
+            history.setdefault(key, []).extend(values)
+        # A callback (early stopping) ended training before the last epoch.
+        stopped_early = bool(model.stop_training) and not backup.interrupted
+        if backup.interrupted or stopped_early:
+            break
+    epochs_done = backup.epoch + 1 if history else start[0]
+    if backup.interrupted:  # a stopped run is not evaluated (other workers may be gone)
+        return Outcome(history, {}, epochs_done, False)
+    def evaluate(dataset) -> dict[str, float]:
+        found = (loop.evaluate(dataset) if loop is not None
+                 else model.evaluate(dataset, return_dict=True, verbose=0))
+        return {k: float(v) for k, v in found.items()}
+
+    final = evaluate(run.data.validation)
+    test, checkpoint = None, None
+    if run.data.test is not None:
+        # Once, at the end, with the checkpoint validation chose: nothing before read it.
+        # Every worker decides alike (each has its own copy of the checkpoints); a run that
+        # ended no epoch tests the weights as they are. The last weights come back after,
+        # for the export and anything the caller does with the model.
+        checkpoint = test_checkpoint(cfg, callbacks) if history else None
+        last = model.get_weights() if checkpoint is not None else None
+        if checkpoint is not None:
+            model.load_weights(checkpoint)
+        test = test_metrics(run, loop)
+        if last is not None:
+            model.set_weights(last)
+    return Outcome(history, final, epochs_done, stopped_early and epochs_done < cfg.epochs,
+                   test, None if checkpoint is None else str(checkpoint))
+
+
+def test_metrics(run: Run, loop: Any = None) -> dict[str, float]:
+    """Every test example evaluated once, by the custom loop's evaluation (whatever the
+    training loop): Keras's `evaluate` under a strategy takes a batch from a first iterator
+    to build the model and starts another, so its prefetching reads the data twice."""
+    from trainer.run.loop import CustomLoop
+
+    if loop is None:
+        loop = CustomLoop(run.model, run.strategy, loss=run.loss, metrics=run.metrics)
+    return {k: float(v) for k, v in loop.evaluate(run.data.test).items()}
+
+
+def test_checkpoint(cfg: DictConfig, callbacks: Callbacks) -> Path:
+    """The checkpoint the test split is evaluated with: `checkpoint.test_with` (best, or
+    last where no best is kept)."""
+    saved = {Path(c.filepath).stem: Path(c.filepath) for c in callbacks.checkpoints}
+    which = cfg.checkpoint.test_with if cfg.checkpoint.test_with in saved else "last"
+    return saved[which]
+
+
+def _set_determinism(on: bool) -> None:
+    """TensorFlow's op determinism is process-wide: set it either way, so a second run in one
+    process (a notebook, a test session) gets what its own config says."""
+    import tensorflow as tf
+    from tensorflow.python.framework import config as tf_config
+
+    if on:
+        tf.config.experimental.enable_op_determinism()
+    elif tf_config.is_op_determinism_enabled():
+        tf_config.disable_op_determinism()
+
+
+def visible_gpu_count() -> int:
+    """Physical GPUs TensorFlow sees (after CUDA_VISIBLE_DEVICES)."""
+    import tensorflow as tf
+
+    return len(tf.config.list_physical_devices("GPU"))
+
+
+def _hydra_run_dir() -> Path:
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        raise ConfigError("train() outside a Hydra run needs run_dir; received: None")
+    return Path(HydraConfig.get().runtime.output_dir)
+
+
+def _finish(summary: dict[str, Any], run_dir: Path) -> None:
+    from trainer.run.summary import format_summary
+    from trainer.rundir.atomic import write_json
+
+    write_json(run_dir / "summary.json", summary)
+    # A good finish keeps the newest backup only: what `resume=DIR` extends the run from.
+    BackupStore(run_dir / "backup").prune(keep=1)
+    tidy(run_dir)
+    print(format_summary(summary), flush=True)

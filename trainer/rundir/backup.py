@@ -1,0 +1,284 @@
+"""Fault tolerance: atomic backups to resume from, a clean stop on signals, a NaN guard.
+
+A backup is a directory `backup/ckpt-<epoch>-<step>/` holding the model's and optimizer's
+variables (so the learning-rate schedule's position, `optimizer.iterations`, too), the
+random states of its dropout layers, and `state.json` with the epoch and the step within
+it. It is written under a temporary name
+and renamed, so a directory named `ckpt-*` is always complete; the newest two are kept, and
+a latest one that does not load falls back to the one before, with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+
+from trainer.config.errors import ConfigError, Diverged
+from trainer.rundir.checksum import sha256, verify
+
+log = logging.getLogger(__name__)
+
+WEIGHTS = "model.weights.h5"
+RNG = "rng.npz"
+
+
+def _rng_states(model: keras.Model) -> list:
+    """The seed generators' states (dropout masks), which `save_weights` leaves out."""
+    weights = {id(w) for w in model.weights}
+    return [v for v in model.variables if id(v) not in weights]
+
+
+def _load_rng_states(model: keras.Model, path: Path) -> None:
+    with np.load(path) as saved:
+        values = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    states = _rng_states(model)
+    if len(values) != len(states):
+        raise ValueError(f"{path} holds {len(values)} random states, the model has "
+                         f"{len(states)}")
+    for variable, value in zip(states, values, strict=True):
+        variable.assign(value)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a backup left off: `step` steps of epoch `epoch` (0-based) are done."""
+
+    epoch: int
+    step: int
+    path: Path
+    state: dict
+
+
+class BackupStore:
+    """Writes and finds backups in one directory.
+
+    Args:
+        directory: the run's `backup/` directory.
+        keep: how many of the newest backups to keep.
+        meta: JSON-ready facts written into every backup's `state.json` (the run's config
+            and batch, which a resume is checked against: `trainer.rundir.resume`).
+    """
+
+    def __init__(self, directory: Path, keep: int = 2, meta: dict | None = None) -> None:
+        self.directory = Path(directory)
+        self.keep = keep
+        self.meta = dict(meta or {})
+
+    def save(self, model: keras.Model, epoch: int, step: int) -> Path:
+        """Writes a backup of `model` at `epoch` (0-based) after `step` steps of it.
+
+        A `backup/` directory removed meanwhile is made again (once).
+        """
+        try:
+            return self._save(model, epoch, step)
+        except FileNotFoundError:
+            log.warning("%s vanished while a backup was written; writing it again",
+                        self.directory)
+            return self._save(model, epoch, step)
+
+    def _save(self, model: keras.Model, epoch: int, step: int) -> Path:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        final = self.directory / f"ckpt-{epoch:06d}-{step:09d}"
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.directory))
+        model.save_weights(tmp / WEIGHTS)
+        np.savez(tmp / RNG, *[v.numpy() for v in _rng_states(model)])
+        sums = {name: sha256(tmp / name) for name in (WEIGHTS, RNG)}
+        state = {"epoch": epoch, "step": step, "sha256": sums, **self.meta}
+        (tmp / "state.json").write_text(json.dumps(state))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for old in self.backups()[self.keep:]:
+            if old != final:  # never the one just written
+                shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def prune(self, keep: int) -> None:
+        """Removes all but the newest `keep` backups."""
+        for old in self.backups()[keep:]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def backups(self) -> list[Path]:
+        """Complete backups, newest first."""
+        if not self.directory.is_dir():
+            return []
+        return sorted(self.directory.glob("ckpt-*"), reverse=True)
+
+    def restore(self, model: keras.Model) -> ResumePoint | None:
+        """Loads the newest backup that loads into `model`; None when there is none.
+
+        Raises:
+            ConfigError: there are backups but none loads: starting afresh would silently
+                replace the run they hold.
+        """
+        if model.optimizer is not None and not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+        failures, damaged = [], []
+        for path in self.backups():
+            try:
+                state = json.loads((path / "state.json").read_text())
+                for name, expected in state.get("sha256", {}).items():
+                    verify(path / name, expected)
+                model.load_weights(path / WEIGHTS)
+                _load_rng_states(model, path / RNG)
+            except Exception as error:  # noqa: BLE001 - any unreadable backup falls back
+                why = str(error).splitlines()[0] if str(error) else type(error).__name__
+                log.warning("backup %s does not load (%s); trying the one before", path, why)
+                failures.append(f"{path.name}: {why}")
+                damaged.append(path)
+                continue
+            _set_aside(damaged)
+            return ResumePoint(int(state["epoch"]), int(state["step"]), path, state)
+        if failures:
+            raise ConfigError(f"no backup in {self.directory} loads into this model ("
+                              f"{'; '.join(failures)}); starting afresh would replace that run: "
+                              "move the directory away, or choose a new run directory")
+        return None
+
+
+def _set_aside(damaged: list[Path]) -> None:
+    """Renames backups that did not load to `damaged-*`, out of the rotation: their names are
+    newer than the resumed run's new backups, which they would otherwise push out."""
+    for path in damaged:
+        aside = path.with_name(f"damaged-{path.name}")
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(path, aside)
+        log.warning("set %s aside as %s (it does not load)", path.name, aside.name)
+
+
+def tidy(run_dir: Path) -> None:
+    """Removes what a kill in the middle of a write left in a run directory: temporary
+    backups (`backup/.tmp-*`), checkpoints (`checkpoints/.tmp-*`) and summary; never a
+    complete file."""
+    run_dir = Path(run_dir)
+    leftovers = [*run_dir.glob("backup/.tmp-*"), *run_dir.glob("checkpoints/.tmp-*"),
+                 *run_dir.glob(".summary.json.tmp")]
+    for path in leftovers:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+class StopNow(Exception):  # noqa: N818 - a control-flow signal, caught by trainer.run.train
+    """Raised by `Backup` once a stop request's backup is written, to leave fit at once."""
+
+
+class StopRequest:
+    """Set by SIGTERM or SIGINT; read at the next step boundary."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.signal = signum
+
+
+@contextmanager
+def stop_on_signals(request: StopRequest) -> Iterator[StopRequest]:
+    """Routes SIGTERM and SIGINT to `request` while training runs (main thread only)."""
+    names = (signal.SIGTERM, signal.SIGINT)
+    try:
+        previous = {s: signal.signal(s, request) for s in names}
+    except ValueError:  # not the main thread: leave signals alone
+        yield request
+        return
+    try:
+        yield request
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+class Backup(keras.callbacks.Callback):
+    """Backs up every `every` steps and at each epoch end; stops cleanly; guards against NaN.
+
+    With several workers a signal reaches one of them (a preempted machine) while the others
+    train on; `agree` makes them all stop at the same step: every `check_every` steps each
+    worker says whether it was asked to stop, and all stop together when one was (the chief
+    writing its backup), instead of the others failing on a lost peer.
+
+    Args:
+        store: where backups go.
+        every: steps between backups; 0 for epoch ends only.
+        check_every: steps between NaN checks (each reads the loss: a device sync), and
+            between stop agreements with several workers.
+        request: the stop request set by signals.
+        initial_epoch: the epoch a resumed run starts in.
+        initial_step: steps of `initial_epoch` already done before the resume.
+        agree: with several workers, `agree(asked)` returns whether any worker was asked to
+            stop (a collective: every worker calls it at the same steps); None for one.
+    """
+
+    def __init__(self, store: BackupStore, every: int, check_every: int, request: StopRequest,
+                 initial_epoch: int = 0, initial_step: int = 0,
+                 agree: Callable[[bool], bool] | None = None) -> None:
+        super().__init__()
+        self.store, self.every, self.check_every = store, every, max(check_every, 1)
+        self.request, self.agree = request, agree
+        self.initial_epoch, self.initial_step = initial_epoch, initial_step
+        self.epoch, self.offset, self.interrupted = initial_epoch, 0, False
+        self.stopped_by_peer = False
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+        self.offset = self.initial_step if epoch == self.initial_epoch else 0
+        self._checked = 0
+
+    def _stop_requested(self, batch: int) -> bool:
+        asked = self.request.signal is not None
+        if self.agree is None:
+            return asked
+        # Whenever a multiple of check_every steps is passed (chunks of steps_per_execution
+        # may skip the multiple itself), and at the epoch's last step: the same on all workers.
+        bucket = (batch + 1) // self.check_every
+        last = batch + 1 == (self.params or {}).get("steps")
+        if bucket == self._checked and not last:
+            return False
+        self._checked = bucket
+        stop = self.agree(asked)
+        self.stopped_by_peer = stop and not asked
+        return stop
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = self.offset + batch + 1
+        if self._stop_requested(batch):
+            self._check(logs, step)
+            self.store.save(self.model, self.epoch, step)
+            self.interrupted = True
+            self.model.stop_training = True
+            # Out of fit at once: `stop_training` alone would still run the epoch's whole
+            # validation (and other workers may be gone).
+            raise StopNow(f"stopped at epoch {self.epoch + 1}, step {step}")
+        elif self.every and step % self.every == 0:
+            self._check(logs, step)
+            self.store.save(self.model, self.epoch, step)
+        elif step % self.check_every == 0:
+            self._check(logs, step)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._check(logs, None)
+        if not self.interrupted:
+            self.store.save(self.model, epoch + 1, 0)
+
+    def _check(self, logs, step: int | None) -> None:
+        loss = float((logs or {}).get("loss", 0.0))
+        if not math.isfinite(loss):
+            where = f"epoch {self.epoch + 1}" + (f", step {step}" if step else " end")
+            kept = (f"the last good backup is in {self.store.directory} and checkpoints are "
+                    "kept" if self.store.backups() else "no backup was written before it")
+            raise Diverged(f"loss became {loss} at {where}; {kept}; lower optimizer.lr or add "
+                           "warm-up")

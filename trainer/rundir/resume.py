@@ -1,0 +1,179 @@
+"""What a resumed run may change: the new config against the one its backup was made with.
+
+Every backup's `state.json` holds the composed config it was trained with and the batch it
+used. A rerun in the same run directory (or `resume=DIR`) is compared with it before
+anything is written: keys that change what is trained (model, dataset, optimizer, loss,
+seed, precision, loop, the global batch) are refused with one line naming each key, its old
+and its new value; keys that only change how the run is watched or how long it goes
+(epochs, logging, checkpoints, callbacks, speed options) are accepted and reported in the
+summary. Devices, accelerator, cluster, strategy and the micro-batch split may change when
+the global batch is fixed (`batch.global_size`): the run continues on another device count
+with the same global batch, learning rate, schedule position and data order.
+
+Nothing here imports TensorFlow: the command line checks before Hydra writes `.hydra/`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from trainer.config.errors import ConfigError
+
+# Keys (and key prefixes) that may change on any resume.
+FREE = ("epochs", "verbose", "tensorboard", "export", "resume", "checkpoint", "callbacks",
+        "metrics", "strategy.timeout_s", "log_device_placement", "soft_placement", "gpu",
+        "steps_per_execution", "jit_compile", "deterministic", "cluster.task_index",
+        "cluster.port_base", "logger",
+        "optimized_metric", "profile")
+# Keys that only decide how the global batch is split over devices: free when the global
+# batch is fixed by batch.global_size.
+ELASTIC = ("devices", "accelerator", "cluster", "strategy", "batch.accumulate",
+           "batch.max_per_replica")
+BATCH = ("batch.per_replica", "batch.global_size")
+
+
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """`{"a": {"b": 1}}` -> `{"a.b": 1}`; lists stay values."""
+    if not isinstance(node, dict) or (prefix and not node):
+        return {prefix: node}
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+# Keys a backup may predate, with the value that means what the run did before them: a
+# digits or image_folder run had no test share, a TFDS run no test split, no run fine-tuned.
+LEGACY = {"dataset.test_fraction": 0, "dataset.test_split": None,
+          "finetune.freeze_backbone": False, "finetune.unfreeze_at_epoch": None,
+          "finetune.unfreeze_layers": None, "finetune.backbone_lr_scale": 1.0,
+          "augment": []}
+
+
+def _predates(key: str, old: dict[str, Any], now: dict[str, Any]) -> bool:
+    """Whether a key missing from an older backup's config leaves the run as it was."""
+    if key in old:
+        return False
+    if key in LEGACY:
+        return now.get(key) == LEGACY[key]
+    # only read when validation_split is auto, which such a run could not have had
+    return key == "dataset.validation_fraction" and "dataset.validation_split" in now \
+        and now.get("dataset.validation_split") != "auto"
+
+
+def _matches(key: str, names: tuple[str, ...]) -> bool:
+    return any(key == name or key.startswith(name + ".") for name in names)
+
+
+def latest_state(run_dir: Path) -> dict[str, Any] | None:
+    """The newest backup's `state.json` in a run directory, None when there is none."""
+    backup = Path(run_dir) / "backup"
+    if not backup.is_dir():
+        return None
+    for path in sorted(backup.glob("ckpt-*"), reverse=True):
+        try:
+            return json.loads((path / "state.json").read_text())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def reached_epochs(state: dict[str, Any]) -> int:
+    """Epochs a backup's run has started: done ones plus the one it stopped in."""
+    return int(state["epoch"]) + (1 if int(state["step"]) else 0)
+
+
+def check_resume(run_dir: Path, state: dict[str, Any] | None,
+                 new: dict[str, Any]) -> dict[str, list]:
+    """Refuses a resume that would silently train something else; returns what changed.
+
+    Args:
+        run_dir: the run directory being resumed (for the messages).
+        state: the newest backup's state (`latest_state`); None: nothing to compare.
+        new: the new composed config, as a plain dict.
+
+    Returns:
+        The accepted changes, `{key: [old, new]}`.
+
+    Raises:
+        ConfigError: naming every refused key with its old and new value.
+    """
+    if state is None:
+        return {}
+    if "config" not in state:
+        return {}  # a backup from before configs were kept: nothing to compare
+    reached = reached_epochs(state)
+    if new.get("epochs", reached) < reached:
+        raise ConfigError(f"cannot resume {run_dir}: it has reached epoch {reached}, and "
+                          f"epochs={new['epochs']} is fewer; pass epochs>={reached} to "
+                          "continue it (its checkpoints are kept)")
+    old, now = flatten(state["config"]), flatten(new)
+    changed = {k: [old.get(k), now.get(k)] for k in sorted(set(old) | set(now))
+               if old.get(k) != now.get(k) and k != "resume" and not _predates(k, old, now)}
+    fixed = now.get("batch.global_size")
+    saved = state.get("global_batch")
+    refused, elastic = [], []
+    for key, (before, after) in changed.items():
+        if _matches(key, FREE):
+            continue
+        if _matches(key, ELASTIC):
+            elastic.append(key)
+        elif key in BATCH and fixed is not None and fixed == saved:
+            continue  # the same global batch, now fixed
+        else:
+            refused.append(f"{key} from {before!r} to {after!r}")
+    if refused:
+        raise ConfigError(f"cannot resume {run_dir} with a changed config (it would train "
+                          f"something else): {'; '.join(refused)}; rerun with the old "
+                          "values, or start a new run directory")
+    if elastic and fixed is None:
+        what = "; ".join(f"{k} from {changed[k][0]!r} to {changed[k][1]!r}" for k in elastic)
+        raise ConfigError(f"cannot resume {run_dir} with {what} under batch.per_replica: the "
+                          f"global batch of {saved} would change with the devices; pass "
+                          f"batch.per_replica=null batch.global_size={saved} to resume it on "
+                          "any device count")
+    return changed
+
+
+def check_global_batch(run_dir: Path, state: dict[str, Any] | None, global_batch: int,
+                       replicas: int, accumulate: int) -> None:
+    """Refuses to continue a run at another global batch (devices=auto found other devices).
+
+    Raises:
+        ConfigError: naming both global batches and how to keep the old one.
+    """
+    if state is None or "global_batch" not in state or state["global_batch"] == global_batch:
+        return
+    before = state["global_batch"]
+    raise ConfigError(f"cannot resume {run_dir}: it trained with a global batch of {before} "
+                      f"({state.get('replicas')} replicas x {state.get('accumulate', 1)} "
+                      f"micro-batches), this run's is {global_batch} ({replicas} x "
+                      f"{accumulate}); pass batch.per_replica=null batch.global_size={before} "
+                      "to resume it on these devices")
+
+
+def is_run_dir(path: Path) -> bool:
+    """Whether `path` holds a run of trainer's (a backup, checkpoints or a summary)."""
+    path = Path(path)
+    return ((path / "backup").is_dir() or (path / "checkpoints").is_dir()
+            or (path / "summary.json").is_file())
+
+
+def check_resume_target(resume: str | None, hydra_run_dir: str | None) -> None:
+    """Refuses `resume=DIR` where DIR is not a run, or where Hydra would write its `.hydra/`
+    and log into another directory that holds a finished run."""
+    if resume is None:
+        return
+    target = Path(resume)
+    if not is_run_dir(target):
+        raise ConfigError(f"resume={resume} is not a run directory (no backup/, checkpoints/ or "
+                          "summary.json in it); pass the directory of an earlier run")
+    if hydra_run_dir is None:
+        return
+    logs = Path(hydra_run_dir)
+    if logs.resolve() != target.resolve() and (logs / "summary.json").is_file():
+        raise ConfigError(f"hydra.run.dir={hydra_run_dir} holds another finished run, whose "
+                          f".hydra/ and log this resume would overwrite; pass "
+                          f"hydra.run.dir={resume} (or a new directory) with resume={resume}")

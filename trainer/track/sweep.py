@@ -1,0 +1,178 @@
+"""Sweeps: the number a job returns to Hydra's sweeper, and the table of every trial.
+
+`optimized_metric: val_accuracy` (or any logged metric, or a numeric summary key such as
+`examples_per_sec` or `time.wall_s`) makes a sweep job return that number, which is what
+Hydra's Optuna sweeper (and any other optimizing sweeper) maximizes or minimizes. A job that
+fails (a bad sampled value, a diverged loss, a crash) raises `TrialFailed`: the sweeper marks
+that trial failed and goes on, where the sweeper allows it (`max_failure_rate`).
+
+Every job of a sweep writes `trial.json` into its own directory and rewrites `trials.md` in
+the sweep directory: all trials so far, their overrides and the metric, best first. It is
+rewritten after each job (under a file lock: launchers run jobs in parallel), so it is there
+even when a sweep is cut short. No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from trainer.config.errors import ConfigError
+
+# Numeric summary keys a sweep may optimize besides the logged metrics (dots go into nodes).
+SUMMARY_KEYS = ("examples_per_sec", "time.wall_s", "time.first_step_s", "time.first_epoch_s",
+                "epochs_done")
+
+
+class TrialFailed(Exception):
+    """A sweep job failed; the sweeper records the trial as failed and the sweep goes on.
+
+    Attributes:
+        code: the job's exit code.
+    """
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+    def __reduce__(self):  # launchers hand it between processes (joblib, submitit)
+        return (TrialFailed, (str(self), self.code))
+
+
+def check_metric_name(name: str | None, logged: tuple[str, ...], tested: bool = False) -> None:
+    """Refuses an `optimized_metric` the run will not report, before it trains.
+
+    Args:
+        name: the config's `optimized_metric`, or None.
+        logged: what the run logs per epoch (`loss`, metrics, and their `val_` forms).
+        tested: whether the run has a test split (then `test_` forms are reported too).
+    """
+    tests = tuple(f"test_{n}" for n in logged if not n.startswith("val_")) if tested else ()
+    if name is None or name in logged or name in tests or name in SUMMARY_KEYS:
+        return
+    raise ConfigError(f"optimized_metric={name!r} is not reported by this run; valid: "
+                      f"{', '.join((*logged, *tests, *SUMMARY_KEYS))}")
+
+
+def metric_value(summary: dict[str, Any], name: str) -> float:
+    """The number `name` stands for in a run's summary.
+
+    `val_X` is the final validation metric X (every validation example once, after the last
+    epoch), `test_X` the test metric X where the run has a test split, a bare metric name
+    the last epoch's training value, and a dotted name a summary key (`time.wall_s`).
+
+    Raises:
+        ConfigError: the summary has no such number.
+    """
+    sections = (("val_", "validation_metrics"), ("test_", "test_metrics"))
+    for prefix, section in sections:
+        if name.startswith(prefix) and name[len(prefix):] in (summary.get(section) or {}):
+            return float(summary[section][name[len(prefix):]])
+    if name in (summary.get("train_metrics") or {}):
+        return float(summary["train_metrics"][name])
+    node: Any = summary
+    for part in name.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(node, (int, float)) and not isinstance(node, bool):
+        return float(node)
+    valid = [*(f"val_{k}" for k in summary.get("validation_metrics") or {}),
+             *(f"test_{k}" for k in summary.get("test_metrics") or {}),
+             *(summary.get("train_metrics") or {}), *SUMMARY_KEYS]
+    raise ConfigError(f"optimized_metric={name!r} is not in the run's summary; valid: "
+                      f"{', '.join(valid)}")
+
+
+def direction(metric: str, sweeper: Any = None) -> str:
+    """`max` or `min`: the sweeper's own `direction` where it has one, else from the name
+    (losses and times down, everything else up)."""
+    declared = sweeper.get("direction") if sweeper is not None else None
+    declared = str(getattr(declared, "name", declared) or "").lower()  # a str or an enum
+    if declared in ("maximize", "minimize"):
+        return "max" if declared == "maximize" else "min"
+    lowered = metric.lower()
+    return "min" if any(w in lowered for w in ("loss", "error", "time.")) else "max"
+
+
+def record_trial(job_dir: Path, sweep_dir: Path, trial: dict[str, Any], mode: str) -> Path:
+    """Writes a job's `trial.json` and rewrites the sweep's `trials.md`; returns the table.
+
+    Args:
+        job_dir: the job's own directory.
+        sweep_dir: the sweep's directory (the jobs' parent).
+        trial: `job`, `overrides`, `status` (`completed`/`failed`), `metric`, `value`,
+            `error`.
+        mode: `max` or `min`, for the order of the table.
+    """
+    from trainer.rundir.atomic import write_json
+
+    write_json(Path(job_dir) / "trial.json", trial)
+    sweep_dir = Path(sweep_dir)
+    with open(sweep_dir / ".trials.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        trials = [json.loads(p.read_text()) for p in sweep_dir.glob("*/trial.json")]
+        table = sweep_dir / "trials.md"
+        tmp = sweep_dir / f".trials.md.{os.getpid()}.tmp"
+        tmp.write_text(trial_table(trials, mode))
+        os.replace(tmp, table)
+    return table
+
+
+def _order(trials: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
+    """Completed trials best first, then failed ones by job number."""
+    def key(t: dict[str, Any]) -> tuple:
+        value = t.get("value")
+        ok = t.get("status") == "completed" and value is not None and math.isfinite(value)
+        score = (-value if mode == "max" else value) if ok else 0.0
+        return (not ok, score, t.get("job", 0))
+    return sorted(trials, key=key)
+
+
+def _parameters(trials: list[dict[str, Any]]) -> tuple[list[str], dict[str, str]]:
+    """The override keys whose values differ between trials (the searched parameters), and
+    the overrides every trial shares."""
+    pairs = [dict(o.split("=", 1) if "=" in o else (o, "") for o in t.get("overrides", []))
+             for t in trials]
+    keys: list[str] = []
+    for p in pairs:
+        keys += [k for k in p if k not in keys]
+    varying = [k for k in keys if len({p.get(k) for p in pairs}) > 1]
+    shared = {k: pairs[0][k] for k in keys if k not in varying and pairs and k in pairs[0]}
+    return varying, shared
+
+
+def trial_table(trials: list[dict[str, Any]], mode: str) -> str:
+    """A markdown table of the trials, best first: one column per searched parameter;
+    failed trials last, with their error."""
+    ordered = _order(trials, mode)
+    metric = next((t["metric"] for t in trials if t.get("metric")), "metric")
+    done = [t for t in ordered if t.get("status") == "completed"]
+    varying, shared = _parameters(trials)
+    lines = [f"# Trials: {len(trials)} ({len(done)} completed, {len(trials) - len(done)} "
+             f"failed); {metric}, {'highest' if mode == 'max' else 'lowest'} first", ""]
+    if done:
+        best = dict(o.split("=", 1) for o in done[0]["overrides"] if "=" in o)
+        values = " ".join(f"{k}={best[k]}" for k in varying if k in best)
+        lines += [f"Best: job {done[0]['job']}, {metric} = {_number(done[0]['value'])}"
+                  + (f", {values}" if values else ""), ""]
+    if shared:
+        lines += ["Every trial: " + " ".join(f"{k}={v}" if v else k for k, v in shared.items()),
+                  ""]
+    header = ["rank", "job", "status", metric, *varying, "error"]
+    lines += ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    for rank, t in enumerate(ordered, 1):
+        pairs = dict(o.split("=", 1) for o in t.get("overrides", []) if "=" in o)
+        cells = [str(rank) if t.get("status") == "completed" else "-", str(t.get("job")),
+                 str(t.get("status")), _number(t.get("value")),
+                 *(pairs.get(k, "") for k in varying), t.get("error") or ""]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _number(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.6g}" if isinstance(value, float) else str(value)

@@ -1,0 +1,243 @@
+"""The trackers `logger=[...]` selects, as Keras callbacks (see `trainer.track.loggers`)."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import keras
+
+from trainer.rundir.resume import flatten
+
+
+def _numbers(logs: Mapping | None) -> dict[str, float]:
+    out = {}
+    for key, value in (logs or {}).items():
+        try:
+            out[key] = float(value)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+class Tracker(keras.callbacks.Callback):
+    """A tracker: per-epoch logs through Keras's callback calls, plus the run's end."""
+
+    def finish(self, summary: dict[str, Any] | None, status: str) -> None:
+        """Called once when the run ends: `status` is FINISHED, FAILED or KILLED."""
+
+
+class MlflowTracker(Tracker):
+    """Logs to MLflow through its client (no global active run: safe in a notebook).
+
+    A resumed run (same run directory) continues the same MLflow run: its id is kept in
+    `RUN_DIR/mlflow_run.json`.
+    """
+
+    def __init__(self, options: Mapping, run_dir: Path, params: dict[str, Any]) -> None:
+        super().__init__()
+        for name in ("mlflow", "alembic"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+        from mlflow.tracking import MlflowClient
+
+        self.run_dir = Path(run_dir)
+        uri = options.get("tracking_uri")
+        store = None
+        if not uri:
+            store = self.run_dir.resolve().parent
+            uri = f"sqlite:///{store / 'mlflow.db'}"
+        self.uri = str(uri)
+        # A sweep's parallel jobs share the local store: one at a time creates its tables
+        # and the experiment.
+        with _store_lock(store):
+            self.client = MlflowClient(self.uri)
+            name = options.get("experiment") or "trainer"
+            experiment = self.client.get_experiment_by_name(name)
+            experiment_id = (experiment.experiment_id if experiment is not None else
+                             self.client.create_experiment(
+                                 name, artifact_location=None if store is None
+                                 else (store / "mlartifacts").as_uri()))
+        kept = self.run_dir / "mlflow_run.json"
+        self.run_id = self._continued(kept)
+        if self.run_id is None:
+            run = self.client.create_run(
+                experiment_id, run_name=options.get("run_name") or self.run_dir.name,
+                tags={str(k): str(v) for k, v in (options.get("tags") or {}).items()})
+            self.run_id = run.info.run_id
+            kept.write_text(json.dumps({"run_id": self.run_id, "tracking_uri": self.uri}))
+            self._log_params(params)
+        self.log_checkpoint = bool(options.get("log_checkpoint", True))
+
+    def _continued(self, kept: Path) -> str | None:
+        """The MLflow run a resumed run continues, when this store still has it."""
+        if not kept.exists():
+            return None
+        try:
+            saved = json.loads(kept.read_text())
+            if saved.get("tracking_uri") != self.uri:
+                return None  # logged elsewhere before: a new run in this store
+            self.client.update_run(saved["run_id"], status="RUNNING")
+            return saved["run_id"]
+        except Exception:  # gone from the store, or the file is damaged: start a new run
+            return None
+
+    def _log_params(self, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)[:6000]) for k, v in sorted(params.items())]
+        for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
+            self.client.log_batch(self.run_id, params=items[i:i + 100])
+
+    def _log_metrics(self, values: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, v, now, step) for k, v in values.items()]
+        for i in range(0, len(metrics), 1000):
+            self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
+
+    def on_epoch_end(self, epoch, logs=None):
+        try:
+            self._log_metrics(_numbers(logs), epoch)
+        except Exception as error:  # a server gone mid-run must not end the training
+            logging.getLogger(__name__).warning("logger mlflow: epoch %d not logged: %s",
+                                                epoch + 1, str(error).splitlines()[0][:200])
+
+    def finish(self, summary, status):
+        if summary is not None:
+            final = {f"final_{k}": v for k, v in summary.get("validation_metrics", {}).items()}
+            final.update({f"test_{k}": v for k, v in (summary.get("test_metrics") or {}).items()})
+            if summary.get("examples_per_sec"):
+                final["examples_per_sec"] = summary["examples_per_sec"]
+            final["wall_s"] = summary["time"]["wall_s"]
+            self._log_metrics(_numbers(final), summary.get("epochs_done", 0))
+            path = self.run_dir / "summary.json"
+            if path.exists():
+                self.client.log_artifact(self.run_id, str(path))
+            if self.log_checkpoint:
+                for name in ("best.keras", "last.keras"):
+                    checkpoint = self.run_dir / "checkpoints" / name
+                    if checkpoint.exists():
+                        self.client.log_artifact(self.run_id, str(checkpoint), "checkpoints")
+                        break
+        self.client.set_terminated(self.run_id, status=status)
+
+    def ui_command(self) -> str:
+        return f"mlflow ui --backend-store-uri {self.uri}"
+
+
+@contextlib.contextmanager
+def _store_lock(store: Path | None):
+    if store is None:
+        yield
+        return
+    with open(store / ".mlflow.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+class WandbTracker(Tracker):
+    """Logs to Weights & Biases (offline by default, into `RUN_DIR/wandb`)."""
+
+    def __init__(self, options: Mapping, run_dir: Path, params: dict[str, Any]) -> None:
+        super().__init__()
+        import wandb
+
+        self.run = wandb.init(
+            project=options.get("project") or "trainer", entity=options.get("entity"),
+            mode=options.get("mode") or "offline", name=options.get("name") or Path(run_dir).name,
+            tags=list(options.get("tags") or []), dir=str(run_dir), config=params,
+            settings=wandb.Settings(silent=True, console="off"), reinit="finish_previous")
+        self.place = Path(self.run.dir).parent  # wandb/offline-run-<time>-<id>
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.run.log({**_numbers(logs), "epoch": epoch}, step=epoch)
+
+    def finish(self, summary, status):
+        if summary is not None:
+            self.run.summary.update({f"final_{k}": v for k, v in
+                                     summary.get("validation_metrics", {}).items()})
+        self.run.finish(exit_code=0 if status == "FINISHED" else 1)
+        import wandb
+
+        # Stops wandb's service process, which first writes out everything it holds (once,
+        # under heavy load, an offline run's file held only its header after finish alone).
+        wandb.teardown()
+
+
+def build_trackers(loggers: Mapping | None, run_dir: Path, config: dict[str, Any],
+                   chief: bool, profile: Any = None) -> list[keras.callbacks.Callback]:
+    """The run's tracker callbacks, in the order of the `logger` node.
+
+    Args:
+        loggers: the config's `logger` node.
+        run_dir: this process's run directory (a scratch one on other workers).
+        config: the resolved config, logged flattened as parameters.
+        chief: whether this process logs for the run (only TensorBoard runs elsewhere too).
+        profile: `[first, last]` training steps to profile into the TensorBoard directory.
+    """
+    loggers = dict(loggers or {})
+    params = flatten(config)
+    trackers: list[keras.callbacks.Callback] = []
+    tensorboard = "tensorboard" in loggers or (profile is not None and chief)
+    if tensorboard:
+        options = loggers.get("tensorboard") or {}
+        trackers.append(keras.callbacks.TensorBoard(
+            str(run_dir / "tensorboard"), update_freq=options.get("update_freq", "epoch"),
+            profile_batch=tuple(profile) if profile is not None and chief else 0))
+    if not chief:
+        return trackers
+    if "csv" in loggers:
+        options = loggers.get("csv") or {}
+        trackers.append(keras.callbacks.CSVLogger(
+            str(run_dir / options.get("filename", "metrics.csv")), append=True))
+    for name, kind in (("mlflow", MlflowTracker), ("wandb", WandbTracker)):
+        if name not in loggers:
+            continue
+        if name == "wandb":
+            os.environ.setdefault("WANDB_SILENT", "true")
+        try:
+            trackers.append(kind(loggers.get(name) or {}, run_dir, params))
+        except Exception as error:
+            from trainer.config.errors import ConfigError
+            from trainer.track.loggers import _drop
+
+            text = str(error).strip().splitlines()[0] if str(error).strip() else \
+                type(error).__name__
+            raise ConfigError(f"logger {name} could not start ({text[:300]}); fix its "
+                              f"logger.{name} options, or drop it: {_drop(name, loggers)}") \
+                from None
+    return trackers
+
+
+def finish_trackers(trackers: list, summary: dict[str, Any] | None, status: str) -> None:
+    """Ends every tracker's run; a tracker's own failure at the end is one warning."""
+    for tracker in trackers:
+        if isinstance(tracker, Tracker):
+            try:
+                tracker.finish(summary, status)
+            except Exception as error:  # the run itself is done and saved
+                logging.getLogger(__name__).warning("logger %s could not finish: %s",
+                                                    type(tracker).__name__, error)
+
+
+def logged_to(trackers: Any, run_dir: Path) -> dict[str, str]:
+    """Where each tracker wrote, for the summary (how to look at it)."""
+    where: dict[str, str] = {}
+    for tracker in trackers:
+        if isinstance(tracker, keras.callbacks.TensorBoard):
+            where["tensorboard"] = f"tensorboard --logdir {run_dir / 'tensorboard'}"
+        elif isinstance(tracker, keras.callbacks.CSVLogger):
+            where["csv"] = str(tracker.filename)
+        elif isinstance(tracker, MlflowTracker):
+            where["mlflow"] = f"{tracker.ui_command()} (run {tracker.run_id})"
+        elif isinstance(tracker, WandbTracker):
+            where["wandb"] = f"{tracker.place} (upload: wandb sync {tracker.place})"
+    return where
