@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -242,3 +244,35 @@ def test_a_read_only_run_directory_is_refused(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=rf"run directory {tmp_path / 'new' / 'run'} cannot be "
                                           rf"written \({tmp_path} is read-only for this user\)"):
         check_writable(tmp_path / "new" / "run")
+
+
+COUNT_CHECKS = """
+import atexit, sys
+import trainer.run.preflight as preflight
+calls = {"validate": 0, "reach": 0}
+validate, check_loggers = preflight.validate, preflight.check_loggers
+
+def counted_validate(cfg):
+    calls["validate"] += 1
+    return validate(cfg)
+
+def counted_loggers(loggers, reach=False):
+    calls["reach"] += bool(reach)
+    return check_loggers(loggers, reach=reach)
+
+preflight.validate, preflight.check_loggers = counted_validate, counted_loggers
+atexit.register(lambda: print("CHECKS", calls["validate"], calls["reach"], file=sys.stderr))
+sys.argv = ["trainer", *sys.argv[1:]]
+from trainer.__main__ import main
+main()
+"""
+
+
+def test_one_command_line_run_checks_its_config_once_and_reaches_servers_once(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    out = subprocess.run([sys.executable, "-c", COUNT_CHECKS, *TINY,
+                          f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "run" / "summary.json").is_file()
+    assert "CHECKS 1 1" in out.stderr.splitlines()

@@ -58,11 +58,34 @@ def test_a_failed_trial_keeps_its_exit_code_across_processes():
     assert (str(again), again.code) == ("sweep job 3 failed: loss became nan", 3)
 
 
-def test_direction_follows_the_sweeper_else_the_name():
-    assert direction("val_loss", {"direction": "maximize"}) == "max"
-    assert direction("val_accuracy", {"direction": "minimize"}) == "min"
+def test_direction_is_the_metrics_own_and_a_contradicting_sweeper_is_refused():
+    assert direction("val_loss", {"direction": "minimize"}) == "min"
     assert direction("val_loss") == "min" and direction("time.wall_s") == "min"
     assert direction("val_accuracy") == "max" and direction("val_auc", None) == "max"
+    assert direction("val_mae") == "min" and direction("examples_per_sec") == "max"
+    assert direction("my_score", {"direction": "minimize"}) == "min"  # the name says nothing
+    with pytest.raises(ConfigError, match="optimized_metric=val_loss falls as it improves, "
+                       "but the sweeper's direction is maximize; set "
+                       "hydra.sweeper.direction=minimize"):
+        direction("val_loss", {"direction": "maximize"})
+    with pytest.raises(ConfigError, match="hydra.sweeper.direction=maximize"):
+        direction("val_accuracy", {"direction": "minimize"})
+
+
+def test_checkpoints_and_sweeps_agree_on_every_direction():
+    from trainer.config.metrics import monitor_mode
+
+    for name in ("val_mae", "val_loss", "val_accuracy", "val_auc", "val_mse", "val_recall"):
+        assert direction(name) == monitor_mode(name), name
+
+
+def test_the_trial_table_ranks_val_mae_ascending():
+    trials = [{"job": j, "overrides": [f"optimizer.lr={lr}"], "metric": "val_mae", "value": v,
+               "status": "completed", "error": None}
+              for j, lr, v in ((0, 0.1, 0.5), (1, 0.01, 0.2), (2, 0.001, 0.9))]
+    rows = [r for r in trial_table(trials, direction("val_mae")).splitlines()
+            if r.startswith("| ") and not r.startswith("| rank")]
+    assert [r.split(" | ")[1] for r in rows] == ["1", "0", "2"]
 
 
 def trial(job, value, lr, status="completed", error=None):
@@ -149,3 +172,13 @@ def test_launcher_plugins_give_each_job_its_own_devices(tmp_path, launcher):
     assert [s["replicas"] for s in summaries] == [1, 2]
     assert [len(s["devices"]) for s in summaries] == [1, 2]
     assert "# Trials: 2 (2 completed, 0 failed)" in (sweep / "trials.md").read_text()
+
+
+def test_a_sweeper_direction_against_the_metric_is_one_line_before_any_job(tmp_path):
+    out = run_cli("-m", "hparams_search=digits_optuna", "optimized_metric=val_loss",
+                  f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert error_lines(out.stderr) == [
+        "error: optimized_metric=val_loss falls as it improves, but the sweeper's direction "
+        "is maximize; set hydra.sweeper.direction=minimize"]
+    assert not (tmp_path / "sweep").exists()

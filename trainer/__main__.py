@@ -7,7 +7,6 @@ Known errors (a bad config, a missing device) become one line on stderr and exit
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from typing import Any
 
@@ -21,10 +20,6 @@ from omegaconf import DictConfig, open_dict
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
 from trainer.config.errors import (
-    EXIT_CONFIG,
-    EXIT_DIVERGED,
-    EXIT_INTERRUPTED,
-    EXIT_WORKER_LOST,
     ConfigError,
     Diverged,
     Interrupted,
@@ -33,10 +28,8 @@ from trainer.config.errors import (
 from trainer.config.messages import one_line
 from trainer.config.schema import config_dir, register_configs
 from trainer.run.preflight import check_config
-from trainer.track.sweep import TrialFailed
+from trainer.track.sweep import CHILD_ENV, TrialFailed, in_sweep, run_job_in_subprocess
 
-# Set when a sweep job re-runs itself in a fresh process (see `_run_job_in_subprocess`).
-CHILD_ENV = "TRAINER_SWEEP_CHILD"
 # TensorFlow's C++ INFO and WARNING lines (tf.distribute's notes on its own datasets, an
 # abandoned prefetch) drown the progress and ask nothing of the user; errors still show, and
 # TRAINER_TF_LOGS=1 shows everything (see trainer/quiet.py).
@@ -48,9 +41,9 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
 def _hydra_main(cfg: DictConfig) -> Any:
-    if _in_sweep() and not os.environ.get(CHILD_ENV):
+    if in_sweep() and not os.environ.get(CHILD_ENV):
         # The job's own process validates and trains; a failure there fails this trial only.
-        return _run_job_in_subprocess(cfg)
+        return run_job_in_subprocess(cfg, _USER_FULL_ERROR)
     # Handled here, not after Hydra returns: Hydra would add its own "Error executing job" line.
     try:
         check_config(cfg)
@@ -62,147 +55,21 @@ def _hydra_main(cfg: DictConfig) -> Any:
         return train(cfg)
     except ConfigError as error:
         _exit_config_error(error)
-    except Interrupted as error:
-        print(f"interrupted: {error}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_INTERRUPTED)
-    except Diverged as error:
-        if _USER_FULL_ERROR:
-            raise
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_DIVERGED)
-    except WorkerLost as error:
-        if _USER_FULL_ERROR:
-            raise
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
+    except (Interrupted, Diverged, WorkerLost) as error:
+        _exit_run_error(error)
+
+
+def _exit_run_error(error: Interrupted | Diverged | WorkerLost) -> None:
+    """One line and the error's own exit code for a run that started and then stopped."""
+    if _USER_FULL_ERROR and not isinstance(error, Interrupted):
+        raise error
+    word = "interrupted" if isinstance(error, Interrupted) else "error"
+    print(f"{word}: {error}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    if isinstance(error, WorkerLost):
         # Not sys.exit: TensorFlow's shutdown would wait for the lost peer at its exit barrier.
-        os._exit(EXIT_WORKER_LOST)
-
-
-def _in_sweep() -> bool:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    return HydraConfig.get().mode == RunMode.MULTIRUN
-
-
-# A job stopped by a signal (Ctrl-C, SIGTERM) stops the sweep; any other failure fails its
-# trial only.
-_STOPS_SWEEP = (EXIT_INTERRUPTED, 130, -2, -15)
-
-
-def _run_job_in_subprocess(cfg: DictConfig) -> Any:
-    """Runs one sweep job as `python -m trainer` in a fresh process.
-
-    TensorFlow's devices can be set once per process, before its runtime starts, and Hydra's
-    basic launcher runs every job of a sweep in this one process; so each job re-executes
-    itself with its own overrides, writing into the job's own directory. The job's stderr is
-    passed through, its last line kept as the reason of a failed trial.
-
-    Returns:
-        The value of `optimized_metric` where it is set (what an optimizing sweeper needs),
-        else the job's summary.
-
-    Raises:
-        TrialFailed: the job failed; the trial table records it.
-    """
-    import json
-    from pathlib import Path
-
-    from hydra.core.hydra_config import HydraConfig
-
-    from trainer.distribute.cluster import resolve_cluster
-    from trainer.track.sweep import direction, metric_value, record_trial
-
-    hc = HydraConfig.get()
-    out = Path(hc.runtime.output_dir)
-    command = [sys.executable, "-m", "trainer", *_config_options(), *hc.overrides.task,
-               "hydra.mode=RUN", f"hydra.run.dir={out}", f"hydra.job.name={hc.job.name}"]
-    # A job of several tasks (a SLURM launcher's nodes x tasks): each task is a worker;
-    # the chief writes the job's directory and reports, the others only train.
-    try:
-        cluster = resolve_cluster(list(cfg.cluster.workers), cfg.cluster.task_index,
-                                  os.environ.get("TF_CONFIG"), os.environ,
-                                  cfg.cluster.port_base)
-    except ConfigError:
-        cluster = None  # the job itself says what is wrong, and fails this trial only
-    chief = cluster is None or cluster.is_chief
-    if not chief:
-        command.append("hydra.output_subdir=null")
-    env = {**os.environ, CHILD_ENV: "1"}
-    if not _USER_FULL_ERROR:
-        env.pop("HYDRA_FULL_ERROR", None)
-    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True,
-                               errors="replace")
-    last = ""
-
-    def relay() -> None:
-        nonlocal last
-        for line in process.stderr:
-            sys.stderr.write(line)
-            sys.stderr.flush()
-            last = line.strip() or last
-
-    try:
-        relay()
-    except KeyboardInterrupt:
-        # The job got the same Ctrl-C: it writes its backup and stops; pass its lines on
-        # until it has, then stop the sweep with its exit code.
-        import signal
-
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        relay()
-        sys.exit(process.wait() or EXIT_INTERRUPTED)
-    code = process.wait()
-    if not chief:
-        if code:
-            raise TrialFailed(f"sweep job {hc.job.num}, worker {cluster.task_id}: "
-                              f"{last.removeprefix('error: ') or f'exit code {code}'}", code)
-        return None
-    optimized = cfg.get("optimized_metric")
-    metric = optimized or cfg.checkpoint.monitor
-    mode = direction(metric, hc.sweeper if optimized else None)
-    trial = {"job": hc.job.num, "overrides": list(hc.overrides.task), "metric": metric,
-             "value": None, "status": "failed", "exit_code": code, "error": None}
-    summary = None
-    try:
-        if code in _STOPS_SWEEP:
-            sys.exit(EXIT_INTERRUPTED if code < 0 else code)  # the job said why
-        if code:
-            trial["error"] = last.removeprefix("error: ") or f"exit code {code}"
-            raise TrialFailed(f"sweep job {hc.job.num} ({' '.join(hc.overrides.task)}) "
-                              f"failed: {trial['error']}", code)
-        if not (out / "summary.json").is_file():
-            trial["error"] = f"the job ended without writing {out / 'summary.json'}"
-            raise TrialFailed(f"sweep job {hc.job.num}: {trial['error']}")
-        summary = json.loads((out / "summary.json").read_text())
-        try:
-            trial["value"] = metric_value(summary, metric)
-        except ConfigError as error:
-            if optimized:
-                trial["error"] = str(error)
-                raise TrialFailed(f"sweep job {hc.job.num}: {error}", EXIT_CONFIG) from None
-        trial["status"] = "completed"
-    finally:
-        if trial["status"] == "completed" or trial["error"]:
-            table = record_trial(out, Path(hc.sweep.dir), trial, mode)
-            print(f"[sweep] job {hc.job.num} {trial['status']}; all trials: {table}",
-                  file=sys.stderr, flush=True)
-    return trial["value"] if optimized else summary
-
-
-def _config_options() -> list[str]:
-    """The sweep's own --config-name / --config-dir / --config-path, for each job."""
-    from hydra._internal.utils import get_args_parser
-
-    parsed, _ = get_args_parser().parse_known_args(sys.argv[1:])
-    options = []
-    for flag, value in (("--config-name", parsed.config_name), ("--config-dir",
-                        parsed.config_dir), ("--config-path", parsed.config_path)):
-        if value is not None:
-            options += [flag, os.path.abspath(value) if flag == "--config-dir" else value]
-    return options
-
+        os._exit(error.exit_code)
+    sys.exit(error.exit_code)
 
 
 _USER_FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR") == "1"
@@ -286,9 +153,15 @@ def compose_from_args(args: list[str]) -> DictConfig | None:
     from hydra.types import RunMode
 
     parsed = get_args_parser().parse_args(args)
-    if (parsed.multirun or parsed.cfg or parsed.help or parsed.hydra_help or parsed.info
+    if (parsed.cfg or parsed.help or parsed.hydra_help or parsed.info
             or parsed.shell_completion or parsed.experimental_rerun):
         return None
+    if parsed.multirun:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        # What every job shares: the sweep's own values are each job's to check.
+        shared = OverridesParser.create().parse_overrides(parsed.overrides)
+        parsed.overrides = [o.input_line for o in shared if not o.is_sweep_override()]
     search = create_config_search_path(f"file://{config_dir()}")
     if parsed.config_dir is not None:
         search.prepend(provider="command-line",
@@ -297,7 +170,8 @@ def compose_from_args(args: list[str]) -> DictConfig | None:
     try:
         hydra_app = Hydra.create_main_hydra2(task_name="trainer", config_search_path=search)
         return hydra_app.compose_config(parsed.config_name or "config", parsed.overrides,
-                                        run_mode=RunMode.RUN)
+                                        run_mode=RunMode.MULTIRUN if parsed.multirun
+                                        else RunMode.RUN)
     except ValueError as error:  # Hydra's own for some malformed overrides, e.g. `=5`
         if isinstance(error, KNOWN_ERRORS):
             raise
@@ -330,6 +204,14 @@ def _precheck(args: list[str]) -> None:
     cfg = compose_from_args(args)
     if cfg is None:
         return
+    from hydra._internal.utils import get_args_parser
+
+    if get_args_parser().parse_args(args).multirun:
+        from trainer.track.sweep import direction
+
+        if cfg.get("optimized_metric"):  # checked before the first job starts
+            direction(cfg.optimized_metric, cfg.hydra.sweeper)
+        return
     logs = OmegaConf.select(cfg, "hydra.run.dir")
     if logs is not None:
         check_writable(Path(logs))
@@ -346,9 +228,7 @@ def _precheck(args: list[str]) -> None:
                               cfg.cluster.port_base)
     if cluster is not None and not cluster.is_chief:
         return  # the chief checks and writes the run directory
-    from trainer.track.loggers import check_loggers
-
-    check_loggers(cfg.logger, reach=True)
+    check_config(cfg, reach=True)
     check_resume_target(cfg.get("resume"), logs)
     run_dir = Path(cfg.resume if cfg.get("resume") else logs)
     check_unlocked(run_dir)
@@ -379,7 +259,7 @@ def _exit_config_error(error: BaseException) -> None:
         raise error
     print(f"error: {one_line(error)}", file=sys.stderr, flush=True)
     _remove_fresh_run_dir()
-    sys.exit(EXIT_CONFIG)
+    sys.exit(ConfigError.exit_code)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Errors that end a run, with their exit codes; importable without TensorFlow."""
+"""Errors that end a run, each with its exit code; importable without TensorFlow."""
 
 from __future__ import annotations
 
@@ -11,14 +11,22 @@ EXIT_INTERRUPTED = 75  # EX_TEMPFAIL: stopped cleanly; rerun the same command to
 class ConfigError(ValueError):
     """A configuration the run cannot start with; reported as one line with exit code 2."""
 
+    exit_code = EXIT_CONFIG
+
 
 class Interrupted(Exception):
     """Training stopped on SIGTERM or SIGINT after writing a backup; rerun to resume."""
+
+    exit_code = EXIT_INTERRUPTED
 
 
 class Diverged(RuntimeError):
     """The loss became NaN or infinite; the last good backup and checkpoints are kept."""
 
+    exit_code = EXIT_DIVERGED
+
 
 class WorkerLost(RuntimeError):
     """A peer of a multi-worker run crashed, vanished or timed out; the chief's backup is kept."""
+
+    exit_code = EXIT_WORKER_LOST

@@ -6,9 +6,22 @@ from trainer.config.errors import ConfigError
 
 # Words in metric names that say which way is better, for metrics that do not say it
 # themselves (a Keras metric's `_direction`).
-RISING = ("acc", "auc", "precision", "recall", "f1", "iou", "r2")
+RISING = ("acc", "auc", "precision", "recall", "f1", "iou", "r2", "per_sec")
 FALLING = ("loss", "error", "mae", "mse", "mape", "msle", "crossentropy", "hinge",
            "divergence", "poisson", "cosh")
+
+
+def name_direction(metric: str) -> str | None:
+    """`max` or `min` from a logged name alone, or None where the name does not say.
+
+    Accuracies, AUCs and throughputs rise; losses, errors and times (`time.wall_s`) fall.
+    """
+    name = metric.lower().removeprefix("val_").removeprefix("test_")
+    if name.startswith("time.") or any(word in name for word in FALLING):
+        return "min"
+    if any(word in name for word in RISING):
+        return "max"
+    return None
 
 
 def monitor_mode(monitor: str, mode: str = "auto",
@@ -17,7 +30,7 @@ def monitor_mode(monitor: str, mode: str = "auto",
 
     Keras infers this from compiled metrics, which a custom loop never builds, so it is
     decided here: from the metric's own direction where known (`directions`, name to
-    `up`/`down`), else from its name: accuracies and AUCs up, losses and errors down.
+    `up`/`down`), else from its name (`name_direction`).
 
     Args:
         monitor: a logged metric name, e.g. `val_accuracy`.
@@ -29,13 +42,35 @@ def monitor_mode(monitor: str, mode: str = "auto",
     """
     if mode != "auto":
         return mode
-    name = monitor.removeprefix("val_")
-    direction = (directions or {}).get(name)
+    direction = (directions or {}).get(monitor.removeprefix("val_"))
     if direction in ("up", "down"):
         return "max" if direction == "up" else "min"
-    if any(word in name for word in FALLING):
-        return "min"
-    if any(word in name for word in RISING):
-        return "max"
-    raise ConfigError(f"cannot tell whether checkpoint.monitor={monitor!r} should rise or fall; "
-                      "set checkpoint.mode=max or checkpoint.mode=min")
+    found = name_direction(monitor)
+    if found is None:
+        raise ConfigError(f"cannot tell whether checkpoint.monitor={monitor!r} should rise or "
+                          "fall; set checkpoint.mode=max or checkpoint.mode=min")
+    return found
+
+
+def sweep_mode(metric: str, declared: str | None) -> str:
+    """Which way a sweep ranks `metric`: the metric's own direction, where its name says it.
+
+    Args:
+        metric: the optimized (or monitored) metric, e.g. `val_mae`.
+        declared: the sweeper's `direction` (`maximize`/`minimize`), or None.
+
+    Returns:
+        `max` or `min`.
+
+    Raises:
+        ConfigError: the sweeper's direction contradicts the metric's.
+    """
+    declared = str(declared or "").lower() or None
+    wanted = {"maximize": "max", "minimize": "min"}.get(declared) if declared else None
+    found = name_direction(metric)
+    if wanted and found and wanted != found:
+        fix = "minimize" if found == "min" else "maximize"
+        raise ConfigError(f"optimized_metric={metric} {'falls' if found == 'min' else 'rises'} "
+                          f"as it improves, but the sweeper's direction is {declared}; set "
+                          f"hydra.sweeper.direction={fix}")
+    return wanted or found or "max"

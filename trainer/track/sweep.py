@@ -18,10 +18,15 @@ import fcntl
 import json
 import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
-from trainer.config.errors import ConfigError
+from omegaconf import DictConfig
+
+from trainer.config.errors import EXIT_CONFIG, EXIT_INTERRUPTED, ConfigError
+from trainer.config.metrics import sweep_mode
 
 # Numeric summary keys a sweep may optimize besides the logged metrics (dots go into nodes).
 SUMMARY_KEYS = ("examples_per_sec", "time.wall_s", "time.first_step_s", "time.first_epoch_s",
@@ -87,14 +92,12 @@ def metric_value(summary: dict[str, Any], name: str) -> float:
 
 
 def direction(metric: str, sweeper: Any = None) -> str:
-    """`max` or `min`: the sweeper's own `direction` where it has one, else from the name
-    (losses and times down, everything else up)."""
+    """`max` or `min` for ranking a sweep's trials by `metric` (`sweep_mode`'s rule), the
+    sweeper's own `direction` checked against the metric's where it has one."""
     declared = sweeper.get("direction") if sweeper is not None else None
-    declared = str(getattr(declared, "name", declared) or "").lower()  # a str or an enum
-    if declared in ("maximize", "minimize"):
-        return "max" if declared == "maximize" else "min"
-    lowered = metric.lower()
-    return "min" if any(w in lowered for w in ("loss", "error", "time.")) else "max"
+    declared = getattr(declared, "name", declared)  # a str or an enum
+    # A multi-objective sweeper's list of directions is its own business.
+    return sweep_mode(metric, declared if isinstance(declared, str) else None)
 
 
 def record_trial(job_dir: Path, sweep_dir: Path, trial: dict[str, Any], mode: str) -> Path:
@@ -176,3 +179,128 @@ def _number(value: Any) -> str:
     if value is None:
         return "n/a"
     return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+# Set when a sweep job re-runs itself in a fresh process (see `run_job_in_subprocess`).
+CHILD_ENV = "TRAINER_SWEEP_CHILD"
+
+
+def in_sweep() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+# A job stopped by a signal (Ctrl-C, SIGTERM) stops the sweep; any other failure fails its
+# trial only.
+_STOPS_SWEEP = (EXIT_INTERRUPTED, 130, -2, -15)
+
+
+def run_job_in_subprocess(cfg: DictConfig, full_error: bool = False) -> Any:
+    """Runs one sweep job as `python -m trainer` in a fresh process.
+
+    TensorFlow's devices can be set once per process, before its runtime starts, and Hydra's
+    basic launcher runs every job of a sweep in this one process; so each job re-executes
+    itself with its own overrides, writing into the job's own directory. The job's stderr is
+    passed through, its last line kept as the reason of a failed trial.
+
+    Returns:
+        The value of `optimized_metric` where it is set (what an optimizing sweeper needs),
+        else the job's summary.
+
+    Raises:
+        TrialFailed: the job failed; the trial table records it.
+    """
+    from hydra.core.hydra_config import HydraConfig
+
+    from trainer.distribute.cluster import resolve_cluster
+
+    hc = HydraConfig.get()
+    out = Path(hc.runtime.output_dir)
+    command = [sys.executable, "-m", "trainer", *config_options(), *hc.overrides.task,
+               "hydra.mode=RUN", f"hydra.run.dir={out}", f"hydra.job.name={hc.job.name}"]
+    # A job of several tasks (a SLURM launcher's nodes x tasks): each task is a worker;
+    # the chief writes the job's directory and reports, the others only train.
+    try:
+        cluster = resolve_cluster(list(cfg.cluster.workers), cfg.cluster.task_index,
+                                  os.environ.get("TF_CONFIG"), os.environ,
+                                  cfg.cluster.port_base)
+    except ConfigError:
+        cluster = None  # the job itself says what is wrong, and fails this trial only
+    chief = cluster is None or cluster.is_chief
+    if not chief:
+        command.append("hydra.output_subdir=null")
+    env = {**os.environ, CHILD_ENV: "1"}
+    if not full_error:
+        env.pop("HYDRA_FULL_ERROR", None)
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True,
+                               errors="replace")
+    last = ""
+
+    def relay() -> None:
+        nonlocal last
+        for line in process.stderr:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            last = line.strip() or last
+
+    try:
+        relay()
+    except KeyboardInterrupt:
+        # The job got the same Ctrl-C: it writes its backup and stops; pass its lines on
+        # until it has, then stop the sweep with its exit code.
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        relay()
+        sys.exit(process.wait() or EXIT_INTERRUPTED)
+    code = process.wait()
+    if not chief:
+        if code:
+            raise TrialFailed(f"sweep job {hc.job.num}, worker {cluster.task_id}: "
+                              f"{last.removeprefix('error: ') or f'exit code {code}'}", code)
+        return None
+    optimized = cfg.get("optimized_metric")
+    metric = optimized or cfg.checkpoint.monitor
+    mode = direction(metric, hc.sweeper if optimized else None)
+    trial = {"job": hc.job.num, "overrides": list(hc.overrides.task), "metric": metric,
+             "value": None, "status": "failed", "exit_code": code, "error": None}
+    summary = None
+    try:
+        if code in _STOPS_SWEEP:
+            sys.exit(EXIT_INTERRUPTED if code < 0 else code)  # the job said why
+        if code:
+            trial["error"] = last.removeprefix("error: ") or f"exit code {code}"
+            raise TrialFailed(f"sweep job {hc.job.num} ({' '.join(hc.overrides.task)}) "
+                              f"failed: {trial['error']}", code)
+        if not (out / "summary.json").is_file():
+            trial["error"] = f"the job ended without writing {out / 'summary.json'}"
+            raise TrialFailed(f"sweep job {hc.job.num}: {trial['error']}")
+        summary = json.loads((out / "summary.json").read_text())
+        try:
+            trial["value"] = metric_value(summary, metric)
+        except ConfigError as error:
+            if optimized:
+                trial["error"] = str(error)
+                raise TrialFailed(f"sweep job {hc.job.num}: {error}", EXIT_CONFIG) from None
+        trial["status"] = "completed"
+    finally:
+        if trial["status"] == "completed" or trial["error"]:
+            table = record_trial(out, Path(hc.sweep.dir), trial, mode)
+            print(f"[sweep] job {hc.job.num} {trial['status']}; all trials: {table}",
+                  file=sys.stderr, flush=True)
+    return trial["value"] if optimized else summary
+
+
+def config_options() -> list[str]:
+    """The sweep's own --config-name / --config-dir / --config-path, for each job."""
+    from hydra._internal.utils import get_args_parser
+
+    parsed, _ = get_args_parser().parse_known_args(sys.argv[1:])
+    options = []
+    for flag, value in (("--config-name", parsed.config_name), ("--config-dir",
+                        parsed.config_dir), ("--config-path", parsed.config_path)):
+        if value is not None:
+            options += [flag, os.path.abspath(value) if flag == "--config-dir" else value]
+    return options
