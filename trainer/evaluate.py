@@ -24,6 +24,7 @@ from trainer.config.errors import ConfigError
 from trainer.config.schema import register_configs
 from trainer.models.checkpoint import load_checkpoint  # noqa: F401 - the public name, kept here
 from trainer.run.preflight import check_config
+from trainer.run.resolve import resolve
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if os.environ.get("TRAINER_TF_LOGS") == "1"
                       else "2")
@@ -44,6 +45,7 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
     run_dir = Path(run_dir)
     split, rest = _take("split", SPLITS, list(overrides))
     cfg, which = compose_run_config(run_dir, rest)
+    spec = resolve(cfg)
     checkpoint = run_dir / "checkpoints" / f"{which}.keras"
     if not checkpoint.is_file():
         raise ConfigError(f"no checkpoint {checkpoint}; valid: checkpoint=best or "
@@ -52,11 +54,12 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
     from trainer.run.assemble import assemble
     from trainer.run.train import visible_gpu_count
 
-    plan = plan_devices(cfg.accelerator, cfg.devices, visible_gpu_count(),
-                        cfg.soft_placement)
-    configure_devices(plan, memory_option(cfg.gpu.memory_growth, cfg.gpu.memory_limit_mb),
-                      cfg.soft_placement)
-    run = assemble(cfg, plan)
+    asked = spec.devices
+    plan = plan_devices(asked.accelerator, asked.devices, visible_gpu_count(),
+                        asked.soft_placement)
+    configure_devices(plan, memory_option(asked.memory_growth, asked.memory_limit_mb),
+                      asked.soft_placement)
+    run = assemble(spec, plan)
     data = run.data.validation if split == "validation" else run.data.test
     if data is None:
         raise ConfigError(f"the dataset of {run_dir} has no test split; valid: "

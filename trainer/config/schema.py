@@ -5,12 +5,12 @@ Nothing here imports TensorFlow: a bad config must fail before the runtime start
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig
+from omegaconf import MISSING
 
 ACCELERATORS = ("auto", "gpu", "cpu")
 STRATEGIES = ("auto", "mirrored", "one_device", "multi_worker", "default")
@@ -57,10 +57,30 @@ class ClusterConfig:
 
 
 # The optimizer node is open: `_target_` names any Keras optimizer class (or the user's), its
-# other keys are that class's arguments, and these keys are trainer's learning-rate plan,
-# checked by `validate` and never passed to the class.
-LR_PLAN = {"lr": 0.001, "reference_batch": 256, "lr_scaling": "linear", "warmup_epochs": 0.0,
-           "decay": "none", "decay_rate": 0.1, "decay_epochs": 1.0, "staircase": True}
+# other keys are that class's arguments, and the fields of `LrPlan` are trainer's
+# learning-rate plan, checked by `validate` and never passed to the class.
+@dataclass(frozen=True)
+class LrPlan:
+    """The learning-rate plan as the optimizer node states it (defaults filled in)."""
+
+    lr: float = 0.001
+    reference_batch: int = 256
+    lr_scaling: str = "linear"
+    warmup_epochs: float = 0.0
+    decay: str = "none"
+    decay_rate: float = 0.1
+    decay_epochs: float = 1.0
+    staircase: bool = True
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """The optimizer node's keys that belong to the plan, not to the optimizer class."""
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def of(cls, opt: Any) -> LrPlan:
+        """The plan of an optimizer node: its plan keys, the defaults for the others."""
+        return cls(**{k: opt[k] for k in cls.keys() if k in opt})
 
 
 @dataclass
@@ -227,8 +247,3 @@ def config_dir() -> Path:
     if (packaged / "config.yaml").is_file():
         return packaged
     return package.parent / "conf"
-
-
-def lr_plan(opt: DictConfig) -> dict[str, Any]:
-    """The learning-rate plan keys of the optimizer node, with their defaults filled in."""
-    return {**LR_PLAN, **{k: opt[k] for k in LR_PLAN if k in opt}}

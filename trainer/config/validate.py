@@ -17,10 +17,10 @@ from trainer.config.schema import (
     CROSS_DEVICE_OPS,
     DECAYS,
     LOOPS,
-    LR_PLAN,
     LR_SCALING,
     PRECISIONS,
     STRATEGIES,
+    LrPlan,
 )
 
 
@@ -211,22 +211,22 @@ def _validate_optimizer(opt: Any) -> None:
              f"optimizer must name a Keras optimizer class with _target_; received: {opt!r}")
     _require("learning_rate" not in opt, "optimizer.learning_rate is set by trainer from "
              "optimizer.lr, scaled to the global batch; set optimizer.lr instead")
-    plan = {**LR_PLAN, **{k: opt[k] for k in LR_PLAN if k in opt}}
+    plan = {k: opt[k] for k in LrPlan.keys() if k in opt}
     for key in ("lr", "warmup_epochs", "decay_rate", "decay_epochs"):
-        value = plan[key]
+        value = plan.get(key, 1)
         _require(isinstance(value, (int, float)) and not isinstance(value, bool),
                  f"optimizer.{key} must be a number; received: {value!r}")
-    _require(plan["lr"] > 0, f"optimizer.lr must be positive; received: {plan['lr']!r}")
-    _positive_int("optimizer.reference_batch", plan["reference_batch"])
-    _one_of("optimizer.lr_scaling", plan["lr_scaling"], LR_SCALING)
-    _require(plan["warmup_epochs"] >= 0,
-             f"optimizer.warmup_epochs must be >= 0; received: {plan['warmup_epochs']!r}")
-    _one_of("optimizer.decay", plan["decay"], DECAYS)
-    _require(0 < plan["decay_rate"] <= 1,
-             f"optimizer.decay_rate must be in (0, 1]; received: {plan['decay_rate']!r}")
-    _require(plan["decay_epochs"] > 0,
-             f"optimizer.decay_epochs must be positive; received: {plan['decay_epochs']!r}")
-
+    plan = LrPlan.of(opt)
+    _require(plan.lr > 0, f"optimizer.lr must be positive; received: {plan.lr!r}")
+    _positive_int("optimizer.reference_batch", plan.reference_batch)
+    _one_of("optimizer.lr_scaling", plan.lr_scaling, LR_SCALING)
+    _require(plan.warmup_epochs >= 0,
+             f"optimizer.warmup_epochs must be >= 0; received: {plan.warmup_epochs!r}")
+    _one_of("optimizer.decay", plan.decay, DECAYS)
+    _require(0 < plan.decay_rate <= 1,
+             f"optimizer.decay_rate must be in (0, 1]; received: {plan.decay_rate!r}")
+    _require(plan.decay_epochs > 0,
+             f"optimizer.decay_epochs must be positive; received: {plan.decay_epochs!r}")
 
 
 def _validate_task(cfg: DictConfig) -> None:

@@ -1,8 +1,9 @@
 """Everything a run builds before it trains, returned as a typed `Run`.
 
-`assemble` turns a config and the chosen devices into a strategy, the data, a compiled model
-with its optimizer, the learning-rate plan and the speed options; `build_callbacks` adds
-the built-in and the user's callbacks. Training (`trainer.run.train`) and evaluation
+`assemble` turns a run's `Spec` (the config resolved once, `trainer.run.resolve`) and the
+chosen devices into a strategy, the data, a compiled model with its optimizer, the
+learning-rate plan and the speed options; `build_callbacks` adds the built-in and the
+user's callbacks. Training (`trainer.run.train`) and evaluation
 (`trainer.evaluate`) share this wiring.
 """
 
@@ -14,12 +15,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 from trainer.config.errors import ConfigError
 from trainer.config.metrics import monitor_mode
-from trainer.config.schema import lr_plan
-from trainer.config.validate import runtime_seed
+from trainer.config.schema import LrPlan
 from trainer.distribute.cluster import Cluster, choose_communication
 from trainer.distribute.devices import DevicePlan
 from trainer.distribute.strategy import (
@@ -31,6 +29,7 @@ from trainer.distribute.strategy import (
 from trainer.plan.scaling import BatchPlan, plan_batch, scaled_learning_rate, steps_per_epoch
 from trainer.plan.scaling import warmup_steps as to_steps
 from trainer.plan.speed import SpeedPlan, apply_precision, choose_speed, compute_capability
+from trainer.run.resolve import Spec
 
 PIPELINE_KEYS = ("cache", "shuffle_buffer")
 
@@ -119,11 +118,11 @@ class Run:
         return monitor_mode(monitor, mode, self.metric_directions)
 
 
-def assemble(cfg: DictConfig, plan: DevicePlan, cluster: Cluster | None = None) -> Run:
+def assemble(spec: Spec, plan: DevicePlan, cluster: Cluster | None = None) -> Run:
     """Builds strategy, data, model and optimizer: everything that holds variables in scope.
 
     Args:
-        cfg: the validated config.
+        spec: the run's resolved config.
         plan: the devices chosen (and already configured) for this process.
         cluster: the multi-worker cluster, or None on one machine.
 
@@ -136,25 +135,25 @@ def assemble(cfg: DictConfig, plan: DevicePlan, cluster: Cluster | None = None) 
 
     replicas = len(plan.names)
     workers = cluster.num_workers if cluster is not None else 1
-    strategy_name = choose_strategy(cfg.strategy.name, replicas, workers, plan.kind)
+    strategy_name = choose_strategy(spec.strategy.name, replicas, workers, plan.kind)
     multi = strategy_name == "multi_worker"
-    loop = "custom" if multi else cfg.loop
+    loop = "custom" if multi else spec.loop
     if multi:
-        strategy, cross = _multi_worker_strategy(cfg, plan, cluster)
-    speed = choose_speed(cfg.precision, cfg.jit_compile, cfg.steps_per_execution, plan.kind,
+        strategy, cross = _multi_worker_strategy(spec, plan, cluster)
+    speed = choose_speed(spec.precision, spec.jit_compile, spec.steps_per_execution, plan.kind,
                          replicas * workers, loop,
                          compute_capability() if plan.kind == "gpu" else None)
-    if multi and cfg.loop != loop:
+    if multi and spec.loop != loop:
         speed = replace(speed, reasons=(*speed.reasons, MULTI_WORKER_LOOP))
     check_steps_per_execution(loop, speed.steps_per_execution, replicas)
     apply_precision(speed.precision)
     if not multi:
-        cross = choose_cross_device_ops(cfg.strategy.cross_device_ops, plan.kind, replicas,
+        cross = choose_cross_device_ops(spec.strategy.cross_device_ops, plan.kind, replicas,
                                         _nccl_available(plan.kind))
         strategy = build_strategy(strategy_name, plan.names, cross)
-    batch = plan_batch(cfg.batch.per_replica, cfg.batch.global_size,
-                       strategy.num_replicas_in_sync, cfg.batch.accumulate,
-                       cfg.batch.max_per_replica)
+    batch = plan_batch(spec.batch.per_replica, spec.batch.global_size,
+                       strategy.num_replicas_in_sync, spec.batch.accumulate,
+                       spec.batch.max_per_replica)
     if batch.accumulate > 1 and loop == "fit" and speed.jit_compile is not False:
         # XLA compiles fit's whole step, and the micro-batch loop's slices have shapes it
         # cannot fix; the custom loop compiles each micro-batch's gradients instead.
@@ -163,34 +162,33 @@ def assemble(cfg: DictConfig, plan: DevicePlan, cluster: Cluster | None = None) 
                               "(fit's whole step cannot be XLA-compiled around the "
                               "micro-batch loop); received: loop=fit")
         speed = replace(speed, jit_compile=False, reasons=(*speed.reasons, ACCUMULATE_JIT))
-    seed = runtime_seed(cfg.seed)
-    if seed is not None:
-        keras.utils.set_random_seed(seed)
+    if spec.runtime_seed is not None:
+        keras.utils.set_random_seed(spec.runtime_seed)
     from trainer.data.augment import check as check_augment
     from trainer.data.augment import mixers
 
-    mixing = bool(mixers(check_augment(OmegaConf.to_container(cfg.augment))))
+    mixing = bool(mixers(check_augment(spec.augment)))
     # MixUp / CutMix mix labels: one-hot everywhere, and the loss that reads them
     loss = build_loss("categorical_crossentropy" if mixing
-                      and cfg.loss == "sparse_categorical_crossentropy" else cfg.loss)
+                      and spec.loss == "sparse_categorical_crossentropy" else spec.loss)
     with strategy.scope():
-        data = build_data(cfg, batch.global_size, batch.shards,
+        data = build_data(spec, batch.global_size, batch.shards,
                           batch.per_replica * batch.replicas, batch.replicas)
         source = data.source
-        steps = steps_per_epoch(source.train_size, batch.global_size, cfg.batch.drop_remainder)
-        lr = learning_rate(cfg.optimizer, batch.global_size, steps, cfg.epochs)
+        steps = steps_per_epoch(source.train_size, batch.global_size, spec.batch.drop_remainder)
+        lr = learning_rate(spec.lr, batch.global_size, steps, spec.epochs)
         from trainer.task.build import build_model
 
-        model = build_model(cfg.model, input_shape=source.input_shape,
+        model = build_model(spec.model, input_shape=source.input_shape,
                             num_classes=source.num_classes, num_outputs=source.num_outputs)
         label_shape = (None, *source.train.element_spec[1].shape)
-        specs = OmegaConf.to_container(cfg.metrics, resolve=True)
+        specs = spec.metrics
 
         def metrics() -> list:
             return build_metrics(specs, label_shape, model.output_shape)
 
         compiled = metrics()
-        model.compile(optimizer=build_optimizer(cfg.optimizer, lr.schedule), loss=loss,
+        model.compile(optimizer=build_optimizer(spec.optimizer, lr.schedule), loss=loss,
                       metrics=compiled, steps_per_execution=speed.steps_per_execution,
                       jit_compile=speed.jit_compile)
         if batch.accumulate > 1 and loop == "fit":
@@ -209,8 +207,8 @@ ACCUMULATE_JIT = ("jit_compile=false: with batch.accumulate>1 fit's step loops o
                   "micro-batch)")
 
 
-def _multi_worker_strategy(cfg: DictConfig, plan: DevicePlan, cluster: Cluster):
-    if cfg.seed is None:
+def _multi_worker_strategy(spec: Spec, plan: DevicePlan, cluster: Cluster):
+    if spec.seed is None:
         raise ConfigError("strategy=multi_worker needs a seed: every worker shuffles the "
                           "data alike and takes its share of the same global batches; "
                           "received: seed=null (set seed=N)")
@@ -218,7 +216,7 @@ def _multi_worker_strategy(cfg: DictConfig, plan: DevicePlan, cluster: Cluster):
     # warns on every run; nothing for a user to act on.
     warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data")
     # MultiWorkerMirroredStrategy must exist before any other TensorFlow op runs.
-    communication = choose_communication(cfg.strategy.communication, plan.kind)
+    communication = choose_communication(spec.strategy.communication, plan.kind)
     cross = f"collective ({communication})"
     return build_strategy("multi_worker", plan.names, cross, cluster, communication), cross
 
@@ -229,9 +227,9 @@ def _nccl_available(kind: str) -> bool:
     return kind == "gpu" and nccl_available()
 
 
-def build_data(cfg: DictConfig, global_batch: int, shards: int,
+def build_data(spec: Spec, global_batch: int, shards: int,
                eval_batch: int | None = None, replicas: int = 1) -> Data:
-    """Loads the dataset the config names, with its training epochs and validation batches.
+    """Loads the dataset the spec names, with its training epochs and validation batches.
 
     `shards` (replicas x micro-batches) keeps every shard of a last partial batch non-empty;
     validation batches hold `eval_batch` examples over `replicas` (one micro-batch per
@@ -241,22 +239,22 @@ def build_data(cfg: DictConfig, global_batch: int, shards: int,
     from trainer.config.build import build_object
     from trainer.data.pipeline import Source, build_pipeline, build_training_epochs
 
-    options = OmegaConf.to_container(cfg.dataset, resolve=True)
+    options = dict(spec.dataset)
     pipeline = {key: options.pop(key) for key in PIPELINE_KEYS if key in options}
-    seed = runtime_seed(cfg.seed)
+    seed = spec.runtime_seed
     source = build_object(options, "dataset", seed=seed)
     if not isinstance(source, Source):
         raise ConfigError(f"dataset {options['_target_']} must return a trainer.data.Source "
                           f"(Source.from_arrays for arrays); received: {type(source).__name__}")
-    source = _one_hot_if_mixing(cfg, source)
+    source = _one_hot_if_mixing(spec.augment, source)
     common = dict(preprocess=source.preprocess, scale=source.scale, seed=seed, **pipeline)
 
     def make_train(first_epoch: int, epochs: int, skip_steps: int):
         return build_training_epochs(source.train, global_batch, first_epoch=first_epoch,
                                      epochs=epochs, skip_steps=skip_steps,
-                                     drop_remainder=cfg.batch.drop_remainder,
+                                     drop_remainder=spec.batch.drop_remainder,
                                      examples=source.train_size, replicas=shards,
-                                     augment=OmegaConf.to_container(cfg.augment), **common)
+                                     augment=spec.augment, **common)
 
     def evaluation(dataset, examples, cache=None):
         options = common if cache is None else {**common, "cache": cache}
@@ -271,7 +269,7 @@ def build_data(cfg: DictConfig, global_batch: int, shards: int,
                 validation=evaluation(source.validation, source.validation_size), test=test)
 
 
-def _one_hot_if_mixing(cfg: DictConfig, source: Any) -> Any:
+def _one_hot_if_mixing(augment: Any, source: Any) -> Any:
     """Every split's labels one-hot where MixUp or CutMix mixes them (the same shape for
     training and evaluation, so the loss and the metrics read both)."""
     import dataclasses
@@ -280,7 +278,7 @@ def _one_hot_if_mixing(cfg: DictConfig, source: Any) -> Any:
 
     from trainer.data.augment import check, mixers
 
-    names = mixers(check(OmegaConf.to_container(cfg.augment)))
+    names = mixers(check(augment))
     if not names:
         return source
     if source.num_classes is None:
@@ -297,19 +295,18 @@ def _one_hot_if_mixing(cfg: DictConfig, source: Any) -> Any:
                                validation=hot(source.validation), test=hot(source.test))
 
 
-def learning_rate(opt: DictConfig, global_batch: int, steps: int, epochs: int) -> LearningRate:
+def learning_rate(plan: LrPlan, global_batch: int, steps: int, epochs: int) -> LearningRate:
     """The scaled rate, warm-up and decay for a global batch, as one Keras schedule."""
     from trainer.plan.schedule import WarmupSchedule
 
-    p = lr_plan(opt)
-    scaled = scaled_learning_rate(p["lr"], global_batch, p["reference_batch"], p["lr_scaling"])
-    warm = to_steps(p["warmup_epochs"], steps)
-    schedule = WarmupSchedule(p["lr"], scaled, warm, steps * epochs, p["decay"],
-                              p["decay_rate"], to_steps(p["decay_epochs"], steps),
-                              p["staircase"])
-    return LearningRate(base=p["lr"], scaled=scaled, rule=p["lr_scaling"],
-                        reference_batch=p["reference_batch"], warmup_steps=warm,
-                        decay=p["decay"], schedule=schedule)
+    scaled = scaled_learning_rate(plan.lr, global_batch, plan.reference_batch, plan.lr_scaling)
+    warm = to_steps(plan.warmup_epochs, steps)
+    schedule = WarmupSchedule(plan.lr, scaled, warm, steps * epochs, plan.decay,
+                              plan.decay_rate, to_steps(plan.decay_epochs, steps),
+                              plan.staircase)
+    return LearningRate(base=plan.lr, scaled=scaled, rule=plan.lr_scaling,
+                        reference_batch=plan.reference_batch, warmup_steps=warm,
+                        decay=plan.decay, schedule=schedule)
 
 
 @dataclass(frozen=True)
@@ -330,12 +327,12 @@ class Callbacks:
         return [c for c in found if c is not None]
 
 
-def build_callbacks(cfg: DictConfig, run: Run, run_dir: Path, started: float,
+def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
                     start: tuple[int, int], request: Any, extra: tuple = ()) -> Callbacks:
     """Throughput, backup, checkpoints, trackers, the watchdog, then the user's callbacks.
 
     Args:
-        cfg: the config.
+        spec: the run's resolved config.
         run: what `assemble` built.
         run_dir: where the run writes.
         started: `time.perf_counter()` at the start of the run.
@@ -349,30 +346,30 @@ def build_callbacks(cfg: DictConfig, run: Run, run_dir: Path, started: float,
     from trainer.task.build import build_callbacks as build_user_callbacks
     from trainer.track.trackers import build_trackers
 
-    best_mode = (run.monitor_mode(cfg.checkpoint.monitor, cfg.checkpoint.mode)
-                 if cfg.checkpoint.save_best else None)
-    user = build_user_callbacks(cfg.callbacks, run_dir, run.monitor_mode)
+    saving = spec.checkpoint
+    best_mode = (run.monitor_mode(saving.monitor, saving.mode) if saving.save_best else None)
+    user = build_user_callbacks(spec.callbacks, run_dir, run.monitor_mode)
     checkpoints = run_dir / "checkpoints"
     checkpoints.mkdir(parents=True, exist_ok=True)
-    meta = {"config": OmegaConf.to_container(cfg, resolve=True),
+    meta = {"config": spec.record,
             "global_batch": run.batch.global_size, "replicas": run.batch.replicas,
             "accumulate": run.batch.accumulate}
-    backup = Backup(BackupStore(run_dir / "backup", meta=meta), cfg.checkpoint.backup_every,
-                    cfg.checkpoint.nan_check_every, request, *start,
+    backup = Backup(BackupStore(run_dir / "backup", meta=meta), saving.backup_every,
+                    saving.nan_check_every, request, *start,
                     agree=stop_agreement(run.strategy) if run.workers > 1 else None)
     saved = [AtomicModelCheckpoint(str(checkpoints / "last.keras"))]
-    if cfg.checkpoint.save_best:
+    if saving.save_best:
         saved.append(AtomicModelCheckpoint(
-            str(checkpoints / "best.keras"), monitor=cfg.checkpoint.monitor,
+            str(checkpoints / "best.keras"), monitor=saving.monitor,
             save_best_only=True, mode=best_mode))
     watchdog = None
-    if run.workers > 1 and cfg.strategy.timeout_s is not None:
+    timeout = spec.strategy.timeout_s
+    if run.workers > 1 and timeout is not None:
         # Last of the built-in ones, so a step's time includes Backup's stop agreement.
-        watchdog = StepWatchdog(cfg.strategy.timeout_s,
-                                on_stuck(cfg.strategy.timeout_s, run.is_chief, run_dir, backup))
+        watchdog = StepWatchdog(timeout, on_stuck(timeout, run.is_chief, run_dir, backup))
     return Callbacks(
         throughput=Throughput(run.data.source.train_size, run.batch.global_size, started),
         backup=backup, checkpoints=tuple(saved),
-        trackers=tuple(build_trackers(cfg.logger, run_dir, meta["config"], run.is_chief,
-                                      cfg.profile)),
+        trackers=tuple(build_trackers(spec.loggers, run_dir, meta["config"], run.is_chief,
+                                      spec.profile)),
         watchdog=watchdog, user=(*user, *extra))

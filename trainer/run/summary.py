@@ -26,13 +26,13 @@ def _loss_name(spec: Any) -> str:
     return spec if isinstance(spec, str) else str(spec.get("_target_"))
 
 
-def build_summary(cfg: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, callbacks: Any,
+def build_summary(spec: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, callbacks: Any,
                   started: float, start: tuple[int, int],
                   changes: dict[str, list] | None = None) -> dict[str, Any]:
     """Everything a finished run reports, as a JSON-ready dict.
 
     Args:
-        cfg: the config.
+        spec: the run's resolved config (`trainer.run.resolve.Spec`).
         run: the assembled `trainer.run.assemble.Run`.
         plan: the `DevicePlan`.
         run_dir: the run directory.
@@ -51,8 +51,8 @@ def build_summary(cfg: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, ca
     cluster = run.cluster
     return {
         "run_dir": str(run_dir),
-        "model": _name(cfg.model._target_),
-        "dataset": _name(cfg.dataset._target_),
+        "model": _name(spec.model["_target_"]),
+        "dataset": _name(spec.dataset["_target_"]),
         "accelerator": plan.kind,
         "devices": list(plan.names),
         "replicas": run.strategy.num_replicas_in_sync,
@@ -60,26 +60,26 @@ def build_summary(cfg: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, ca
         "cross_device_ops": run.cross_device_ops,
         "batch": {"per_replica": run.batch.per_replica, "replicas": run.batch.replicas,
                   "accumulate": run.batch.accumulate, "global": run.batch.global_size,
-                  "max_per_replica": cfg.batch.max_per_replica,
-                  "drop_remainder": cfg.batch.drop_remainder},
+                  "max_per_replica": spec.batch.max_per_replica,
+                  "drop_remainder": spec.batch.drop_remainder},
         "learning_rate": run.lr.report(),
         "optimizer": type(run.model.optimizer).__name__,
-        "loss": getattr(run.loss, "name", None) or _loss_name(cfg.loss),
+        "loss": getattr(run.loss, "name", None) or _loss_name(spec.loss),
         "metrics": list(run.metric_names),
         "callbacks": [type(c).__name__ for c in callbacks.user],
         "loop": run.loop,
         "workers": run.workers,
         "cluster": None if cluster is None else {
             "source": cluster.source, "tasks": cluster.addresses, "task_id": cluster.task_id,
-            "communication": cfg.strategy.communication,
-            "step_timeout_s": cfg.strategy.timeout_s},
+            "communication": spec.strategy.communication,
+            "step_timeout_s": spec.strategy.timeout_s},
         "steps_per_execution": run.speed.steps_per_execution,
         "precision": run.speed.precision,
         "jit_compile": run.speed.jit_compile,
         "speed_reasons": list(run.speed.reasons),
-        "epochs": cfg.epochs,
+        "epochs": spec.epochs,
         "epochs_done": outcome.epochs_done,
-        "stopped_early": ({"epoch": outcome.epochs_done, "of": cfg.epochs}
+        "stopped_early": ({"epoch": outcome.epochs_done, "of": spec.epochs}
                           if outcome.stopped_early else None),
         "resumed_from": ({"epoch": start[0] + 1, "step": start[1], "changed": changes or {}}
                          if any(start) else None),
@@ -93,23 +93,21 @@ def build_summary(cfg: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, ca
         "epoch_examples_per_sec": throughput.epoch_rates,
         "train_metrics": train_metrics,
         "validation_metrics": dict(outcome.validation),
-        "augment": _augment(cfg),
+        "augment": _augment(spec.augment),
         "splits": run.data.source.splits,
         "test_examples": run.data.source.test_size,
         "test_metrics": None if outcome.test is None else dict(outcome.test),
         "test_checkpoint": outcome.test_checkpoint,
-        "seed": cfg.seed,
+        "seed": spec.seed,
         "warnings": list(plan.warnings),
         "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
     }
 
 
-def _augment(cfg: Any) -> dict[str, Any] | None:
-    from omegaconf import OmegaConf
-
+def _augment(augment: Any) -> dict[str, Any] | None:
     from trainer.data.augment import describe
 
-    return describe(OmegaConf.to_container(cfg.augment) if cfg.get("augment") else None)
+    return describe(augment or None)
 
 
 def _epochs_row(summary: dict[str, Any]) -> str:

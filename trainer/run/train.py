@@ -25,6 +25,7 @@ from trainer.distribute.multiworker import (
 )
 from trainer.run.assemble import Callbacks, Run, assemble, build_callbacks
 from trainer.run.preflight import check_config
+from trainer.run.resolve import Spec, resolve
 from trainer.run.summary import refuse_finished_run
 from trainer.rundir.backup import BackupStore, StopNow, StopRequest, stop_on_signals, tidy
 
@@ -58,44 +59,44 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None,
     """
     started = time.perf_counter()
     check_config(cfg)
-    cluster = resolve_cluster(list(cfg.cluster.workers), cfg.cluster.task_index,
+    spec = resolve(cfg)
+    cluster = resolve_cluster(list(spec.cluster.workers), spec.cluster.task_index,
                               os.environ.get("TF_CONFIG"), os.environ,
-                              cfg.cluster.port_base)
+                              spec.cluster.port_base)
     if cluster is None or cluster.is_chief:
         from trainer.rundir.lock import run_lock
 
-        place = _run_dir(cfg, run_dir)
+        check_config(cfg, reach=True)  # the chief's trackers write to their servers
+        place = _run_dir(spec, run_dir)
         with run_lock(place):
-            return _train(cfg, place, callbacks, started, cluster)
+            return _train(spec, place, callbacks, started, cluster)
     # Another worker: it saves what the chief saves (some reads of distributed variables are
     # collectives every worker must join) but into a temporary place, removed at the end.
     scratch = Path(tempfile.mkdtemp(prefix=f"trainer-worker{cluster.task_id}-"))
     try:
-        return _train(cfg, scratch, callbacks, started, cluster)
+        return _train(spec, scratch, callbacks, started, cluster)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _train(cfg: DictConfig, run_dir: Path, extra: Sequence[Any], started: float,
+def _train(spec: Spec, run_dir: Path, extra: Sequence[Any], started: float,
            cluster: Cluster | None) -> dict[str, Any]:
     chief = cluster is None or cluster.is_chief
     if chief:
-        from trainer.track.loggers import check_loggers
-
-        refuse_finished_run(run_dir, resume=cfg.resume is not None)
-        check_loggers(cfg.logger, reach=True)
+        refuse_finished_run(run_dir, resume=spec.resume is not None)
     from trainer.distribute.cluster import slurm_devices
 
+    asked = spec.devices
     gpus = visible_gpu_count()
-    plan = plan_devices(cfg.accelerator,
-                        slurm_devices(cfg.devices, cluster, gpus, cfg.accelerator), gpus,
-                        cfg.soft_placement)
-    configure_devices(plan, memory_option(cfg.gpu.memory_growth, cfg.gpu.memory_limit_mb),
-                      cfg.soft_placement, cfg.log_device_placement)
-    _set_determinism(cfg.deterministic)
+    plan = plan_devices(asked.accelerator,
+                        slurm_devices(asked.devices, cluster, gpus, asked.accelerator), gpus,
+                        asked.soft_placement)
+    configure_devices(plan, memory_option(asked.memory_growth, asked.memory_limit_mb),
+                      asked.soft_placement, asked.log_placement)
+    _set_determinism(spec.deterministic)
     wired: list[Callbacks] = []
     try:
-        return _run(cfg, plan, run_dir, extra, started, cluster, wired)
+        return _run(spec, plan, run_dir, extra, started, cluster, wired)
     except Exception as error:
         if cluster is not None and cluster.num_workers > 1 and peer_failure(error):
             epoch = wired[0].backup.epoch if wired else None
@@ -107,43 +108,43 @@ def _train(cfg: DictConfig, run_dir: Path, extra: Sequence[Any], started: float,
             wired[0].watchdog.stop()  # a failed fit never reaches on_train_end
 
 
-def _run(cfg: DictConfig, plan: DevicePlan, run_dir: Path, extra: Sequence[Any],
+def _run(spec: Spec, plan: DevicePlan, run_dir: Path, extra: Sequence[Any],
          started: float, cluster: Cluster | None, wired: list) -> dict[str, Any]:
     """Builds, trains, evaluates and reports; `wired` receives the callbacks once built."""
     from trainer.rundir.space import check_free_space, disk_full, full_message, needed_bytes
 
-    run = assemble(cfg, plan, cluster)
+    run = assemble(spec, plan, cluster)
     needed = needed_bytes(run.model)
     if run.is_chief:
         check_free_space(run_dir, needed)
     try:
-        return _train_and_report(cfg, plan, run, run_dir, extra, started, wired)
+        return _train_and_report(spec, plan, run, run_dir, extra, started, wired)
     except Exception as error:
         if run.is_chief and not isinstance(error, ConfigError) and disk_full(error):
             raise ConfigError(full_message(run_dir, needed)) from error
         raise
 
 
-def _train_and_report(cfg: DictConfig, plan: DevicePlan, run: Run, run_dir: Path,
+def _train_and_report(spec: Spec, plan: DevicePlan, run: Run, run_dir: Path,
                       extra: Sequence[Any], started: float, wired: list) -> dict[str, Any]:
     from trainer.track.sweep import check_metric_name
     from trainer.track.trackers import finish_trackers
 
     cluster = run.cluster
-    check_metric_name(cfg.optimized_metric, run.logged, tested=run.data.test is not None)
-    start, changes = _resume_point(cfg, run, run_dir)
+    check_metric_name(spec.optimized_metric, run.logged, tested=run.data.test is not None)
+    start, changes = _resume_point(spec, run, run_dir)
     from trainer.task.finetune import phase_report, scale_backbone_gradients
 
     # after the optimizer is built over every variable (in _resume_point)
-    phases = phase_report(run.model, cfg.finetune, cfg.epochs)
+    phases = phase_report(run.model, spec.finetune, spec.epochs)
     if phases is not None:
-        scale_backbone_gradients(run.model, cfg.finetune.backbone_lr_scale)
+        scale_backbone_gradients(run.model, spec.finetune.backbone_lr_scale)
     request = StopRequest()
-    callbacks = build_callbacks(cfg, run, run_dir, started, start, request, tuple(extra))
+    callbacks = build_callbacks(spec, run, run_dir, started, start, request, tuple(extra))
     wired.append(callbacks)
     try:
         with stop_on_signals(request):
-            outcome = _fit(cfg, run, callbacks, start)
+            outcome = _fit(spec, run, callbacks, start)
     except BaseException:
         finish_trackers(list(callbacks.trackers), None, "FAILED")
         raise
@@ -158,9 +159,9 @@ def _train_and_report(cfg: DictConfig, plan: DevicePlan, run: Run, run_dir: Path
     from trainer.run.summary import build_summary
     from trainer.track.trackers import logged_to
 
-    summary = build_summary(cfg, run, plan, run_dir, outcome, callbacks, started, start,
+    summary = build_summary(spec, run, plan, run_dir, outcome, callbacks, started, start,
                             changes)
-    if cfg.export:
+    if spec.export:
         run.model.export(str(run_dir / "saved_model"), verbose=False)
         summary["saved_model"] = str(run_dir / "saved_model")
     summary["loggers"] = logged_to(callbacks.trackers, run_dir)
@@ -174,16 +175,16 @@ def _train_and_report(cfg: DictConfig, plan: DevicePlan, run: Run, run_dir: Path
     return summary
 
 
-def _run_dir(cfg: DictConfig, run_dir: str | Path | None) -> Path:
-    if cfg.resume is not None:
+def _run_dir(spec: Spec, run_dir: str | Path | None) -> Path:
+    if spec.resume is not None:
         from trainer.rundir.resume import check_resume_target
 
-        check_resume_target(cfg.resume, None)
-        return Path(cfg.resume)
+        check_resume_target(spec.resume, None)
+        return Path(spec.resume)
     return Path(run_dir) if run_dir is not None else _hydra_run_dir()
 
 
-def _resume_point(cfg: DictConfig, run: Run, run_dir: Path) -> tuple[tuple[int, int], dict]:
+def _resume_point(spec: Spec, run: Run, run_dir: Path) -> tuple[tuple[int, int], dict]:
     """Restores the newest good backup.
 
     Returns:
@@ -193,14 +194,12 @@ def _resume_point(cfg: DictConfig, run: Run, run_dir: Path) -> tuple[tuple[int, 
         ConfigError: the config or the global batch differs from the backup's in a way
             that would train something else (`trainer.rundir.resume`).
     """
-    from omegaconf import OmegaConf
-
     from trainer.rundir.resume import check_global_batch, check_resume, latest_state
 
     changes = {}
     if run.is_chief:
         state = latest_state(run_dir)
-        changes = check_resume(run_dir, state, OmegaConf.to_container(cfg, resolve=True))
+        changes = check_resume(run_dir, state, spec.record)
         check_global_batch(run_dir, state, run.batch.global_size, run.batch.replicas,
                            run.batch.accumulate)
         tidy(run_dir)
@@ -222,7 +221,7 @@ def _resume_point(cfg: DictConfig, run: Run, run_dir: Path) -> tuple[tuple[int, 
     return (point.epoch, point.step), changes
 
 
-def _segments(cfg: DictConfig, run: Run, start: tuple[int, int]) -> list:
+def _segments(spec: Spec, run: Run, start: tuple[int, int]) -> list:
     """(first epoch, end epoch, steps per epoch, dataset) to train, in order.
 
     A run resumed mid-epoch first finishes that epoch's remaining steps, then trains whole
@@ -237,8 +236,8 @@ def _segments(cfg: DictConfig, run: Run, start: tuple[int, int]) -> list:
         segments.append((epoch, epoch + 1, run.steps - step, make(epoch, epoch + 1, step)))
         epoch += 1
     # a fine-tuning phase change starts a new segment (its step is compiled anew)
-    ends = sorted({*(b for b in boundaries(cfg.finetune, cfg.epochs) if b > epoch),
-                   cfg.epochs})
+    ends = sorted({*(b for b in boundaries(spec.finetune, spec.epochs) if b > epoch),
+                   spec.epochs})
     for end in ends:
         if epoch < end:
             segments.append((epoch, end, run.steps, make(epoch, end, 0)))
@@ -246,7 +245,7 @@ def _segments(cfg: DictConfig, run: Run, start: tuple[int, int]) -> list:
     return segments
 
 
-def _fit(cfg: DictConfig, run: Run, callbacks: Callbacks, start: tuple[int, int]) -> Outcome:
+def _fit(spec: Spec, run: Run, callbacks: Callbacks, start: tuple[int, int]) -> Outcome:
     """Trains with the chosen loop, then evaluates every validation example once."""
     from trainer.task.finetune import apply_phase, phase_at
 
@@ -264,27 +263,27 @@ def _fit(cfg: DictConfig, run: Run, callbacks: Callbacks, start: tuple[int, int]
         loop = new_loop()
     backup, stopped_early = callbacks.backup, False
     progress = []
-    if cfg.verbose != 0:
+    if spec.verbose != 0:
         from trainer.run.callbacks import RunProgress
 
-        progress = [RunProgress(cfg.epochs, run.steps, start)]
-    for first, end, steps, dataset in _segments(cfg, run, start):
-        if phase_at(first, cfg.finetune) != phase:
+        progress = [RunProgress(spec.epochs, run.steps, start)]
+    for first, end, steps, dataset in _segments(spec, run, start):
+        if phase_at(first, spec.finetune) != phase:
             if phase is not None:  # the trainable variables change: compile the step anew
                 model.train_function = None
                 loop = new_loop() if loop is not None else None
-            phase = phase_at(first, cfg.finetune)
-            apply_phase(model, phase, cfg.finetune.unfreeze_layers)
+            phase = phase_at(first, spec.finetune)
+            apply_phase(model, phase, spec.finetune.unfreeze_layers)
         kwargs = dict(initial_epoch=first, epochs=end, steps_per_epoch=steps,
                       validation_data=run.data.validation,
-                      callbacks=[*callbacks.all(), *progress], verbose=cfg.verbose)
+                      callbacks=[*callbacks.all(), *progress], verbose=spec.verbose)
         try:
             if loop is not None:
                 part = loop.fit(dataset, **kwargs)
             else:
                 part = model.fit(dataset, shuffle=False, **kwargs)  # already shuffled
         except StopNow:
-            if cfg.verbose in (1, "auto"):
+            if spec.verbose in (1, "auto"):
                 print(flush=True)  # end the progress bar's line
             break
         for key, values in part.history.items():
@@ -308,14 +307,14 @@ def _fit(cfg: DictConfig, run: Run, callbacks: Callbacks, start: tuple[int, int]
         # Every worker decides alike (each has its own copy of the checkpoints); a run that
         # ended no epoch tests the weights as they are. The last weights come back after,
         # for the export and anything the caller does with the model.
-        checkpoint = test_checkpoint(cfg, callbacks) if history else None
+        checkpoint = test_checkpoint(spec.checkpoint.test_with, callbacks) if history else None
         last = model.get_weights() if checkpoint is not None else None
         if checkpoint is not None:
             model.load_weights(checkpoint)
         test = test_metrics(run, loop)
         if last is not None:
             model.set_weights(last)
-    return Outcome(history, final, epochs_done, stopped_early and epochs_done < cfg.epochs,
+    return Outcome(history, final, epochs_done, stopped_early and epochs_done < spec.epochs,
                    test, None if checkpoint is None else str(checkpoint))
 
 
@@ -330,11 +329,11 @@ def test_metrics(run: Run, loop: Any = None) -> dict[str, float]:
     return {k: float(v) for k, v in loop.evaluate(run.data.test).items()}
 
 
-def test_checkpoint(cfg: DictConfig, callbacks: Callbacks) -> Path:
+def test_checkpoint(test_with: str, callbacks: Callbacks) -> Path:
     """The checkpoint the test split is evaluated with: `checkpoint.test_with` (best, or
     last where no best is kept)."""
     saved = {Path(c.filepath).stem: Path(c.filepath) for c in callbacks.checkpoints}
-    which = cfg.checkpoint.test_with if cfg.checkpoint.test_with in saved else "last"
+    which = test_with if test_with in saved else "last"
     return saved[which]
 
 

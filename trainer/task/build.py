@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from trainer.config.build import build_object
 from trainer.config.errors import ConfigError
-from trainer.config.schema import LR_PLAN
+from trainer.config.schema import LrPlan
 
 LOSS_EXAMPLES = ("sparse_categorical_crossentropy", "categorical_crossentropy",
                  "binary_crossentropy", "mean_squared_error", "mean_absolute_error", "huber")
@@ -114,7 +114,7 @@ def directions(metrics: Sequence[keras.metrics.Metric]) -> dict[str, str]:
     return {m.name: m._direction for m in metrics if getattr(m, "_direction", None)}
 
 
-def build_optimizer(node: DictConfig, learning_rate: Any) -> keras.optimizers.Optimizer:
+def build_optimizer(node: Mapping, learning_rate: Any) -> keras.optimizers.Optimizer:
     """The optimizer `node._target_` names, with its arguments and trainer's learning rate.
 
     Args:
@@ -126,8 +126,9 @@ def build_optimizer(node: DictConfig, learning_rate: Any) -> keras.optimizers.Op
     Returns:
         A Keras optimizer.
     """
-    options = OmegaConf.to_container(node, resolve=True)
-    arguments = {k: v for k, v in options.items() if k not in LR_PLAN and k != "_target_"}
+    options = (OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig)
+               else dict(node))
+    arguments = {k: v for k, v in options.items() if k not in LrPlan.keys() and k != "_target_"}
     target = options["_target_"]
     try:
         cls = get_object(target)
@@ -145,7 +146,7 @@ def build_optimizer(node: DictConfig, learning_rate: Any) -> keras.optimizers.Op
     return optimizer
 
 
-def build_callbacks(nodes: DictConfig, run_dir: Path,
+def build_callbacks(nodes: Mapping, run_dir: Path,
                     mode_of: Callable[..., str]) -> list[keras.callbacks.Callback]:
     """The user's callbacks in config order; null entries are left out.
 
@@ -158,10 +159,10 @@ def build_callbacks(nodes: DictConfig, run_dir: Path,
     for name, node in nodes.items():
         if node is None:
             continue
-        target = get_object(node._target_) if isinstance(node._target_, str) else None
+        target = get_object(node["_target_"]) if isinstance(node["_target_"], str) else None
         extra = _paths_in_run_dir(node, run_dir)
         if "monitor" in node:
-            mode = mode_of(node.monitor, node.get("mode", "auto"), f"callbacks.{name}")
+            mode = mode_of(node["monitor"], node.get("mode", "auto"), f"callbacks.{name}")
             if node.get("mode", "auto") == "auto" and _takes(target, "mode"):
                 extra["mode"] = mode
         callback = build_object(node, f"callbacks.{name}", **extra)
@@ -172,7 +173,7 @@ def build_callbacks(nodes: DictConfig, run_dir: Path,
     return built
 
 
-def _paths_in_run_dir(node: DictConfig, run_dir: Path) -> dict[str, str]:
+def _paths_in_run_dir(node: Mapping, run_dir: Path) -> dict[str, str]:
     return {key: str(run_dir / node[key]) for key in PATH_ARGUMENTS
             if isinstance(node.get(key), str) and not Path(node[key]).is_absolute()}
 
@@ -186,7 +187,7 @@ def _takes(target: Callable | None, argument: str) -> bool:
         return False
 
 
-def build_model(node: DictConfig, input_shape: tuple[int, ...], num_classes: int | None,
+def build_model(node: Mapping, input_shape: tuple[int, ...], num_classes: int | None,
                 num_outputs: int) -> keras.Model:
     """Calls the model builder with what the data says, as far as its signature asks.
 
@@ -194,9 +195,9 @@ def build_model(node: DictConfig, input_shape: tuple[int, ...], num_classes: int
     names; a regression task has no classes), plus its own config keys.
     """
     try:
-        target = get_object(node._target_)
+        target = get_object(node["_target_"])
     except Exception:  # noqa: BLE001 - any import failure is the same bad value
-        raise ConfigError(f"model._target_={node._target_!r} cannot be imported; is its module "
+        raise ConfigError(f"model._target_={node['_target_']!r} cannot be imported; is its module "
                           "in the working directory or installed?") from None
     offered = {"input_shape": input_shape, "num_classes": num_classes,
                "num_outputs": num_outputs}
@@ -206,10 +207,10 @@ def build_model(node: DictConfig, input_shape: tuple[int, ...], num_classes: int
         wanted = offered
     kwargs = {k: v for k, v in offered.items() if k in wanted and k not in node}
     if "num_classes" in kwargs and num_classes is None:
-        raise ConfigError(f"model {node._target_} asks for num_classes, but the dataset has "
+        raise ConfigError(f"model {node['_target_']} asks for num_classes, but the dataset has "
                           "no classes (a regression target); give the builder num_outputs")
     model = build_object(node, "model", **kwargs)
     if not isinstance(model, keras.Model):
-        raise ConfigError(f"model {node._target_} must return a keras.Model; received: "
+        raise ConfigError(f"model {node['_target_']} must return a keras.Model; received: "
                           f"{type(model).__name__}")
     return model

@@ -1,0 +1,128 @@
+"""The config resolved once: the composed `DictConfig` becomes one frozen, typed `Spec`.
+
+`resolve` is the only reader of the composed config in a run: it runs after the pre-flight
+(`check_config`), and everything after it (assembling, the loops, callbacks, the summary,
+evaluation) reads the `Spec`. Its sections are the schema's own dataclasses (Hydra's
+`OmegaConf.to_object`), plus what is derived from them once: the parsed `devices`, the
+runtime seed and the learning-rate plan. The open nodes (`model`, `dataset`, `optimizer`,
+`callbacks`, `logger`), whose keys are their builders' arguments, are plain dicts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from trainer.config.schema import (
+    BatchConfig,
+    CheckpointConfig,
+    ClusterConfig,
+    FinetuneConfig,
+    LrPlan,
+    StrategyConfig,
+)
+from trainer.config.validate import parse_devices, runtime_seed
+
+
+@dataclass(frozen=True)
+class DeviceRequest:
+    """What the config asks of the devices; `DevicePlan` is what this machine gives."""
+
+    accelerator: str
+    devices: str | int | tuple[int, ...]
+    soft_placement: bool
+    log_placement: bool
+    memory_growth: bool
+    memory_limit_mb: int | None
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A run's config, resolved once.
+
+    Attributes:
+        record: the whole config, interpolations resolved, as plain data: what backups,
+            trackers and resume checks record and compare.
+        seed: the config's `seed` as written (reported); `runtime_seed` is what is used.
+    """
+
+    record: dict[str, Any]
+    devices: DeviceRequest
+    strategy: StrategyConfig
+    cluster: ClusterConfig
+    batch: BatchConfig
+    checkpoint: CheckpointConfig
+    finetune: FinetuneConfig
+    lr: LrPlan
+    optimizer: dict[str, Any]
+    model: dict[str, Any]
+    dataset: dict[str, Any]
+    loss: Any
+    metrics: list[Any]
+    callbacks: dict[str, Any]
+    loggers: dict[str, Any]
+    augment: list[Any] | None
+    loop: str
+    precision: str
+    jit_compile: bool | str
+    steps_per_execution: int | str
+    epochs: int
+    seed: int | None
+    runtime_seed: int | None
+    deterministic: bool
+    verbose: int | str
+    export: bool
+    resume: str | None
+    profile: tuple[int, int] | None
+    optimized_metric: str | None
+
+
+def resolve(cfg: DictConfig) -> Spec:
+    """Turns a composed, checked config into a `Spec`.
+
+    Args:
+        cfg: the composed config, already through `trainer.run.preflight.check_config`.
+
+    Returns:
+        The run's `Spec`.
+    """
+    record = OmegaConf.to_container(cfg, resolve=True)
+
+    def node(key: str) -> Any:
+        return record.get(key)
+
+    return Spec(
+        record=record,
+        devices=DeviceRequest(cfg.accelerator, parse_devices(record["devices"]),
+                              cfg.soft_placement, cfg.log_device_placement,
+                              cfg.gpu.memory_growth, cfg.gpu.memory_limit_mb),
+        strategy=StrategyConfig(**record["strategy"]),
+        cluster=ClusterConfig(**record["cluster"]),
+        batch=BatchConfig(**record["batch"]),
+        checkpoint=CheckpointConfig(**record["checkpoint"]),
+        finetune=FinetuneConfig(**record["finetune"]),
+        lr=LrPlan.of(record["optimizer"]),
+        optimizer=dict(record["optimizer"]),
+        model=dict(record["model"]),
+        dataset=dict(record["dataset"]),
+        loss=node("loss"),
+        metrics=list(record["metrics"]),
+        callbacks=dict(record["callbacks"] or {}),
+        loggers=dict(node("logger") or {}),
+        augment=node("augment"),
+        loop=cfg.loop,
+        precision=cfg.precision,
+        jit_compile=cfg.jit_compile,
+        steps_per_execution=cfg.steps_per_execution,
+        epochs=cfg.epochs,
+        seed=cfg.seed,
+        runtime_seed=runtime_seed(cfg.seed),
+        deterministic=cfg.deterministic,
+        verbose=cfg.verbose,
+        export=cfg.export,
+        resume=cfg.get("resume"),
+        profile=tuple(record["profile"]) if node("profile") is not None else None,
+        optimized_metric=node("optimized_metric"),
+    )
