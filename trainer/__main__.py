@@ -247,9 +247,11 @@ def _remove_fresh_run_dir() -> None:
     import logging
     import shutil
 
+    from trainer.rundir.layout import RunDir
+
+
     for path in _fresh_run_dir:
-        if path.is_dir() and not any((path / name).exists()
-                                     for name in ("backup", "checkpoints", "summary.json")):
+        if path.is_dir() and not RunDir(path).holds_run():
             logging.shutdown()
             shutil.rmtree(path, ignore_errors=True)
 

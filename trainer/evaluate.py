@@ -25,6 +25,7 @@ from trainer.config.schema import register_configs
 from trainer.models.checkpoint import load_checkpoint  # noqa: F401 - the public name, kept here
 from trainer.run.preflight import check_config
 from trainer.run.resolve import resolve
+from trainer.rundir.layout import RunDir
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if os.environ.get("TRAINER_TF_LOGS") == "1"
                       else "2")
@@ -46,7 +47,7 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
     split, rest = _take("split", SPLITS, list(overrides))
     cfg, which = compose_run_config(run_dir, rest)
     spec = resolve(cfg)
-    checkpoint = run_dir / "checkpoints" / f"{which}.keras"
+    checkpoint = RunDir(run_dir).checkpoint(which)
     if not checkpoint.is_file():
         raise ConfigError(f"no checkpoint {checkpoint}; valid: checkpoint=best or "
                           "checkpoint=last of a finished run")
@@ -105,7 +106,7 @@ def compose_run_config(run_dir: Path, overrides: list[str]) -> tuple[DictConfig,
     """
     from hydra import compose, initialize_config_dir
 
-    saved = run_dir / ".hydra" / "config.yaml"
+    saved = RunDir(run_dir).config
     if not saved.is_file():
         raise ConfigError(f"{run_dir} is not a run directory (no .hydra/config.yaml)")
     which, rest = _take("checkpoint", CHECKPOINTS, overrides)

@@ -19,6 +19,7 @@ import keras
 from trainer.config.errors import EXIT_WORKER_LOST
 from trainer.distribute.cluster import Cluster, lost_tasks
 from trainer.rundir.backup import ResumePoint
+from trainer.rundir.layout import RunDir
 
 
 def share_from_chief(strategy: Any, model: keras.Model,
@@ -105,7 +106,7 @@ def peer_failure(error: BaseException) -> bool:
 
 def backup_place(run_dir: Path, chief: bool) -> str:
     """Where the backup to resume from is, as this worker can say it."""
-    return str(run_dir / "backup") if chief else "the chief's run directory"
+    return str(RunDir(run_dir).backup) if chief else "the chief's run directory"
 
 
 def lost_message(error: BaseException, cluster: Cluster, epoch: int | None,

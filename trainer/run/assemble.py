@@ -30,6 +30,7 @@ from trainer.plan.scaling import BatchPlan, plan_batch, scaled_learning_rate, st
 from trainer.plan.scaling import warmup_steps as to_steps
 from trainer.plan.speed import SpeedPlan, apply_precision, choose_speed, compute_capability
 from trainer.run.resolve import Spec
+from trainer.rundir.layout import RunDir
 
 PIPELINE_KEYS = ("cache", "shuffle_buffer")
 
@@ -349,18 +350,18 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
     saving = spec.checkpoint
     best_mode = (run.monitor_mode(saving.monitor, saving.mode) if saving.save_best else None)
     user = build_user_callbacks(spec.callbacks, run_dir, run.monitor_mode)
-    checkpoints = run_dir / "checkpoints"
-    checkpoints.mkdir(parents=True, exist_ok=True)
+    layout = RunDir(run_dir)
+    layout.checkpoints.mkdir(parents=True, exist_ok=True)
     meta = {"config": spec.record,
             "global_batch": run.batch.global_size, "replicas": run.batch.replicas,
             "accumulate": run.batch.accumulate}
-    backup = Backup(BackupStore(run_dir / "backup", meta=meta), saving.backup_every,
+    backup = Backup(BackupStore(layout.backup, meta=meta), saving.backup_every,
                     saving.nan_check_every, request, *start,
                     agree=stop_agreement(run.strategy) if run.workers > 1 else None)
-    saved = [AtomicModelCheckpoint(str(checkpoints / "last.keras"))]
+    saved = [AtomicModelCheckpoint(str(layout.checkpoint("last")))]
     if saving.save_best:
         saved.append(AtomicModelCheckpoint(
-            str(checkpoints / "best.keras"), monitor=saving.monitor,
+            str(layout.checkpoint("best")), monitor=saving.monitor,
             save_best_only=True, mode=best_mode))
     watchdog = None
     timeout = spec.strategy.timeout_s

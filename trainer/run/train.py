@@ -28,6 +28,7 @@ from trainer.run.preflight import check_config
 from trainer.run.resolve import Spec, resolve
 from trainer.run.summary import refuse_finished_run
 from trainer.rundir.backup import BackupStore, StopNow, StopRequest, stop_on_signals, tidy
+from trainer.rundir.layout import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -162,8 +163,8 @@ def _train_and_report(spec: Spec, plan: DevicePlan, run: Run, run_dir: Path,
     summary = build_summary(spec, run, plan, run_dir, outcome, callbacks, started, start,
                             changes)
     if spec.export:
-        run.model.export(str(run_dir / "saved_model"), verbose=False)
-        summary["saved_model"] = str(run_dir / "saved_model")
+        run.model.export(str(RunDir(run_dir).saved_model), verbose=False)
+        summary["saved_model"] = str(RunDir(run_dir).saved_model)
     summary["loggers"] = logged_to(callbacks.trackers, run_dir)
     summary["finetune"] = phases
     if run.is_chief:
@@ -209,7 +210,7 @@ def _resume_point(spec: Spec, run: Run, run_dir: Path) -> tuple[tuple[int, int],
             model.optimizer.build(model.trainable_variables)
     # Loaded outside the scope: Keras's loader creates throwaway variables, which under
     # MultiWorkerMirroredStrategy's scope would start collectives on the chief alone.
-    point = BackupStore(run_dir / "backup").restore(model)
+    point = BackupStore(RunDir(run_dir).backup).restore(model)
     if run.strategy_name == "multi_worker":
         # Only the chief keeps backups: every worker continues from the chief's.
         point = share_from_chief(run.strategy, model, point)
@@ -368,8 +369,8 @@ def _finish(summary: dict[str, Any], run_dir: Path) -> None:
     from trainer.run.summary import format_summary
     from trainer.rundir.atomic import write_json
 
-    write_json(run_dir / "summary.json", summary)
+    write_json(RunDir(run_dir).summary, summary)
     # A good finish keeps the newest backup only: what `resume=DIR` extends the run from.
-    BackupStore(run_dir / "backup").prune(keep=1)
+    BackupStore(RunDir(run_dir).backup).prune(keep=1)
     tidy(run_dir)
     print(format_summary(summary), flush=True)

@@ -28,6 +28,7 @@ import numpy as np
 
 from trainer.config.errors import ConfigError, Diverged
 from trainer.rundir.checksum import sha256, verify
+from trainer.rundir.layout import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -163,9 +164,9 @@ def tidy(run_dir: Path) -> None:
     """Removes what a kill in the middle of a write left in a run directory: temporary
     backups (`backup/.tmp-*`), checkpoints (`checkpoints/.tmp-*`) and summary; never a
     complete file."""
-    run_dir = Path(run_dir)
-    leftovers = [*run_dir.glob("backup/.tmp-*"), *run_dir.glob("checkpoints/.tmp-*"),
-                 *run_dir.glob(".summary.json.tmp")]
+    layout = RunDir(run_dir)
+    leftovers = [*layout.backup.glob(".tmp-*"), *layout.checkpoints.glob(".tmp-*"),
+                 *layout.root.glob(f".{layout.summary.name}.tmp")]
     for path in leftovers:
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)

@@ -15,8 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from trainer.config.errors import ConfigError
-
-LOCK = ".lock"
+from trainer.rundir.layout import LOCK
 
 
 def _refuse(run_dir: Path, fd: int) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config.errors import ConfigError
+from trainer.rundir.layout import RunDir
 
 # Keys (and key prefixes) that may change on any resume.
 FREE = ("epochs", "verbose", "tensorboard", "export", "resume", "checkpoint", "callbacks",
@@ -69,7 +70,7 @@ def _matches(key: str, names: tuple[str, ...]) -> bool:
 
 def latest_state(run_dir: Path) -> dict[str, Any] | None:
     """The newest backup's `state.json` in a run directory, None when there is none."""
-    backup = Path(run_dir) / "backup"
+    backup = RunDir(run_dir).backup
     if not backup.is_dir():
         return None
     for path in sorted(backup.glob("ckpt-*"), reverse=True):
@@ -156,9 +157,7 @@ def check_global_batch(run_dir: Path, state: dict[str, Any] | None, global_batch
 
 def is_run_dir(path: Path) -> bool:
     """Whether `path` holds a run of trainer's (a backup, checkpoints or a summary)."""
-    path = Path(path)
-    return ((path / "backup").is_dir() or (path / "checkpoints").is_dir()
-            or (path / "summary.json").is_file())
+    return RunDir(path).holds_run()
 
 
 def check_resume_target(resume: str | None, hydra_run_dir: str | None) -> None:
@@ -173,7 +172,7 @@ def check_resume_target(resume: str | None, hydra_run_dir: str | None) -> None:
     if hydra_run_dir is None:
         return
     logs = Path(hydra_run_dir)
-    if logs.resolve() != target.resolve() and (logs / "summary.json").is_file():
+    if logs.resolve() != target.resolve() and RunDir(logs).finished():
         raise ConfigError(f"hydra.run.dir={hydra_run_dir} holds another finished run, whose "
                           f".hydra/ and log this resume would overwrite; pass "
                           f"hydra.run.dir={resume} (or a new directory) with resume={resume}")

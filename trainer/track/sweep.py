@@ -27,6 +27,7 @@ from omegaconf import DictConfig
 
 from trainer.config.errors import EXIT_CONFIG, EXIT_INTERRUPTED, ConfigError
 from trainer.config.metrics import sweep_mode
+from trainer.rundir.layout import RunDir
 
 # Numeric summary keys a sweep may optimize besides the logged metrics (dots go into nodes).
 SUMMARY_KEYS = ("examples_per_sec", "time.wall_s", "time.first_step_s", "time.first_epoch_s",
@@ -112,11 +113,11 @@ def record_trial(job_dir: Path, sweep_dir: Path, trial: dict[str, Any], mode: st
     """
     from trainer.rundir.atomic import write_json
 
-    write_json(Path(job_dir) / "trial.json", trial)
+    write_json(RunDir(job_dir).trial, trial)
     sweep_dir = Path(sweep_dir)
     with open(sweep_dir / ".trials.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        trials = [json.loads(p.read_text()) for p in sweep_dir.glob("*/trial.json")]
+        trials = [json.loads(p.read_text()) for p in sweep_dir.glob(f"*/{RunDir('.').trial.name}")]
         table = sweep_dir / "trials.md"
         tmp = sweep_dir / f".trials.md.{os.getpid()}.tmp"
         tmp.write_text(trial_table(trials, mode))
@@ -274,10 +275,10 @@ def run_job_in_subprocess(cfg: DictConfig, full_error: bool = False) -> Any:
             trial["error"] = last.removeprefix("error: ") or f"exit code {code}"
             raise TrialFailed(f"sweep job {hc.job.num} ({' '.join(hc.overrides.task)}) "
                               f"failed: {trial['error']}", code)
-        if not (out / "summary.json").is_file():
-            trial["error"] = f"the job ended without writing {out / 'summary.json'}"
+        if not RunDir(out).finished():
+            trial["error"] = f"the job ended without writing {RunDir(out).summary}"
             raise TrialFailed(f"sweep job {hc.job.num}: {trial['error']}")
-        summary = json.loads((out / "summary.json").read_text())
+        summary = json.loads(RunDir(out).summary.read_text())
         try:
             trial["value"] = metric_value(summary, metric)
         except ConfigError as error:

@@ -1,0 +1,76 @@
+"""The run directory's layout: every name trainer writes in a run directory, in one place.
+
+```
+RUN_DIR/
+  .hydra/config.yaml    the composed config (Hydra's)
+  .lock                 held by the one process that runs here
+  checkpoints/          last.keras, best.keras (+ NAME.sha256 beside each)
+  backup/ckpt-*/        the newest backups: weights, optimizer, state.json
+  tensorboard/          TensorBoard's logs (logger=[tensorboard])
+  saved_model/          export=true
+  summary.json          written last: the run finished
+  trial.json            a sweep job's outcome
+```
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+LOCK = ".lock"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The paths of one run directory."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    def checkpoint(self, which: str) -> Path:
+        """`checkpoints/best.keras` or `checkpoints/last.keras`."""
+        return self.checkpoints / f"{which}.keras"
+
+    @property
+    def backup(self) -> Path:
+        return self.root / "backup"
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.json"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / LOCK
+
+    @property
+    def config(self) -> Path:
+        """The composed config Hydra saved for the run."""
+        return self.root / ".hydra" / "config.yaml"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
+
+    @property
+    def saved_model(self) -> Path:
+        return self.root / "saved_model"
+
+    @property
+    def trial(self) -> Path:
+        return self.root / "trial.json"
+
+    def holds_run(self) -> bool:
+        """Whether a run of trainer's wrote here (a backup, checkpoints or a summary)."""
+        return self.backup.is_dir() or self.checkpoints.is_dir() or self.summary.is_file()
+
+    def finished(self) -> bool:
+        """Whether a run finished here (its summary is written last)."""
+        return self.summary.is_file()
