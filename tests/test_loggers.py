@@ -9,7 +9,7 @@ import json
 import socket
 
 import pytest
-from conftest import error_lines, run_cli
+from conftest import TINY, error_lines, run_cli
 
 from trainer.config.errors import ConfigError
 from trainer.run.train import train
@@ -157,3 +157,49 @@ def test_csv_logger_and_the_csv_callback_on_one_file_are_refused(make_run):
         validate(make_run("logger=[csv]", "callbacks=[csv_logger]"))
     validate(make_run("logger=[csv]", "logger.csv.filename=epochs.csv", "callbacks=[csv_logger]"))
 
+
+
+OWN_TRACKER = '''
+import json
+
+import keras
+
+
+class EpochFile(keras.callbacks.Callback):
+    def __init__(self, path):
+        super().__init__()
+        self.path = path
+
+    def on_epoch_end(self, epoch, logs=None):
+        with open(self.path, "a") as f:
+            row = {"epoch": epoch, **{k: float(v) for k, v in (logs or {}).items()}}
+            f.write(json.dumps(row) + "\\n")
+
+
+def build(run_dir, params, chief, name="epochs.jsonl"):
+    assert params["epochs"] == 2
+    return EpochFile(str(run_dir / name)) if chief else None
+'''
+
+
+def test_a_tracker_of_ones_own_is_a_yaml_file_away(tmp_path):
+    (tmp_path / "my_tracker.py").write_text(OWN_TRACKER)
+    (tmp_path / "conf" / "logger").mkdir(parents=True)
+    (tmp_path / "conf" / "logger" / "mine.yaml").write_text(
+        "mine:\n  _target_: my_tracker.build\n  name: epochs.jsonl\n")
+    run_dir = tmp_path / "run"
+    tiny = [o for o in TINY if not o.startswith("logger=")]
+    out = run_cli("--config-dir", str(tmp_path / "conf"), *tiny, "logger=[mine,csv]",
+                  "epochs=2", f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in (run_dir / "epochs.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [0, 1] and "val_loss" in rows[0]
+    assert (run_dir / "metrics.csv").is_file()
+
+
+def test_a_logger_without_a_builder_or_an_unimportable_one_is_one_line():
+    with pytest.raises(ConfigError, match="unknown logger 'mine'; available: tensorboard, "
+                       "csv, mlflow, wandb, or a node with _target_"):
+        check_loggers({"mine": {"name": "x"}})
+    with pytest.raises(ConfigError, match="logger mine: cannot import 'no_such_module.build'"):
+        check_loggers({"mine": {"_target_": "no_such_module.build"}})

@@ -21,6 +21,9 @@ from urllib.parse import urlparse
 from trainer.config.errors import ConfigError
 
 LOGGERS = ("tensorboard", "csv", "mlflow", "wandb")
+# What builds each built-in logger (`conf/logger/NAME.yaml` names the same `_target_`); a
+# logger of the user's own is any node whose `_target_` builds a Keras callback.
+BUILT_IN = {name: f"trainer.track.trackers.{name}" for name in LOGGERS}
 PACKAGES = {"mlflow": "mlflow", "wandb": "wandb"}
 
 
@@ -41,9 +44,14 @@ def check_loggers(loggers: Mapping | None, reach: bool = False) -> None:
             tracking server that does not answer.
     """
     loggers = loggers or {}
-    for name in loggers:
-        if name not in LOGGERS:
-            raise ConfigError(f"unknown logger {name!r}; available: {', '.join(LOGGERS)}")
+    for name, node in loggers.items():
+        target = (node or {}).get("_target_")
+        if target is None and name not in LOGGERS:
+            raise ConfigError(f"unknown logger {name!r}; available: {', '.join(LOGGERS)}, or "
+                              "a node with _target_ (a builder of a Keras callback)")
+        if target is not None and importlib.util.find_spec(str(target).split(".")[0]) is None:
+            raise ConfigError(f"logger {name}: cannot import {target!r}; is its module in the "
+                              "working directory or installed?")
         package = PACKAGES.get(name)
         if package and importlib.util.find_spec(package) is None:
             raise ConfigError(f"logger {name} needs the {package} package, which is not "

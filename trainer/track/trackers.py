@@ -13,8 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import keras
+from hydra.utils import instantiate
 
+from trainer.rundir.layout import RunDir
 from trainer.rundir.resume import flatten
+from trainer.track.loggers import BUILT_IN
 
 
 def _numbers(logs: Mapping | None) -> dict[str, float]:
@@ -118,12 +121,12 @@ class MlflowTracker(Tracker):
                 final["examples_per_sec"] = summary["examples_per_sec"]
             final["wall_s"] = summary["time"]["wall_s"]
             self._log_metrics(_numbers(final), summary.get("epochs_done", 0))
-            path = self.run_dir / "summary.json"
+            path = RunDir(self.run_dir).summary
             if path.exists():
                 self.client.log_artifact(self.run_id, str(path))
             if self.log_checkpoint:
-                for name in ("best.keras", "last.keras"):
-                    checkpoint = self.run_dir / "checkpoints" / name
+                for name in ("best", "last"):
+                    checkpoint = RunDir(self.run_dir).checkpoint(name)
                     if checkpoint.exists():
                         self.client.log_artifact(self.run_id, str(checkpoint), "checkpoints")
                         break
@@ -172,9 +175,42 @@ class WandbTracker(Tracker):
         wandb.teardown()
 
 
+def tensorboard(run_dir: Path, params: dict[str, Any], chief: bool,
+                update_freq: Any = "epoch", profile: Any = None) -> keras.callbacks.Callback:
+    """`logger=[tensorboard]`: Keras's TensorBoard callback, in `RUN_DIR/tensorboard`."""
+    return keras.callbacks.TensorBoard(
+        str(RunDir(run_dir).tensorboard), update_freq=update_freq,
+        profile_batch=tuple(profile) if profile is not None and chief else 0)
+
+
+def csv(run_dir: Path, params: dict[str, Any], chief: bool,
+        filename: str = "metrics.csv") -> keras.callbacks.Callback | None:
+    """`logger=[csv]`: one row per epoch in `RUN_DIR/metrics.csv` (the chief's only)."""
+    return keras.callbacks.CSVLogger(str(run_dir / filename), append=True) if chief else None
+
+
+def mlflow(run_dir: Path, params: dict[str, Any], chief: bool,
+           **options: Any) -> Tracker | None:
+    """`logger=[mlflow]`: an `MlflowTracker` on the chief."""
+    return MlflowTracker(options, run_dir, params) if chief else None
+
+
+def wandb(run_dir: Path, params: dict[str, Any], chief: bool, **options: Any) -> Tracker | None:
+    """`logger=[wandb]`: a `WandbTracker` on the chief, offline by default."""
+    if not chief:
+        return None
+    os.environ.setdefault("WANDB_SILENT", "true")
+    return WandbTracker(options, run_dir, params)
+
+
 def build_trackers(loggers: Mapping | None, run_dir: Path, config: dict[str, Any],
                    chief: bool, profile: Any = None) -> list[keras.callbacks.Callback]:
     """The run's tracker callbacks, in the order of the `logger` node.
+
+    Each logger is a node whose `_target_` builds it (the built-in ones' files in
+    `conf/logger/` name the builders above; a node without one is a built-in by its name),
+    called with `run_dir`, `params` (the flattened config), `chief` and the node's other
+    keys; it returns a Keras callback, or None where it logs nothing (on other workers).
 
     Args:
         loggers: the config's `logger` node.
@@ -183,37 +219,28 @@ def build_trackers(loggers: Mapping | None, run_dir: Path, config: dict[str, Any
         chief: whether this process logs for the run (only TensorBoard runs elsewhere too).
         profile: `[first, last]` training steps to profile into the TensorBoard directory.
     """
-    loggers = dict(loggers or {})
+    loggers = {name: dict(node or {}) for name, node in (loggers or {}).items()}
+    if profile is not None and chief:
+        loggers.setdefault("tensorboard", {})["profile"] = profile
     params = flatten(config)
     trackers: list[keras.callbacks.Callback] = []
-    tensorboard = "tensorboard" in loggers or (profile is not None and chief)
-    if tensorboard:
-        options = loggers.get("tensorboard") or {}
-        trackers.append(keras.callbacks.TensorBoard(
-            str(run_dir / "tensorboard"), update_freq=options.get("update_freq", "epoch"),
-            profile_batch=tuple(profile) if profile is not None and chief else 0))
-    if not chief:
-        return trackers
-    if "csv" in loggers:
-        options = loggers.get("csv") or {}
-        trackers.append(keras.callbacks.CSVLogger(
-            str(run_dir / options.get("filename", "metrics.csv")), append=True))
-    for name, kind in (("mlflow", MlflowTracker), ("wandb", WandbTracker)):
-        if name not in loggers:
-            continue
-        if name == "wandb":
-            os.environ.setdefault("WANDB_SILENT", "true")
+    for name, options in loggers.items():
+        target = options.pop("_target_", None) or BUILT_IN[name]
         try:
-            trackers.append(kind(loggers.get(name) or {}, run_dir, params))
+            tracker = instantiate({"_target_": target, **options}, run_dir=run_dir,
+                                  params=params, chief=chief, _convert_="all")
         except Exception as error:
             from trainer.config.errors import ConfigError
             from trainer.track.loggers import _drop
 
-            text = str(error).strip().splitlines()[0] if str(error).strip() else \
-                type(error).__name__
+            cause = getattr(error, "__cause__", None) or error
+            text = str(cause).strip().splitlines()[0] if str(cause).strip() else \
+                type(cause).__name__
             raise ConfigError(f"logger {name} could not start ({text[:300]}); fix its "
                               f"logger.{name} options, or drop it: {_drop(name, loggers)}") \
                 from None
+        if tracker is not None:
+            trackers.append(tracker)
     return trackers
 
 
@@ -233,7 +260,7 @@ def logged_to(trackers: Any, run_dir: Path) -> dict[str, str]:
     where: dict[str, str] = {}
     for tracker in trackers:
         if isinstance(tracker, keras.callbacks.TensorBoard):
-            where["tensorboard"] = f"tensorboard --logdir {run_dir / 'tensorboard'}"
+            where["tensorboard"] = f"tensorboard --logdir {RunDir(run_dir).tensorboard}"
         elif isinstance(tracker, keras.callbacks.CSVLogger):
             where["csv"] = str(tracker.filename)
         elif isinstance(tracker, MlflowTracker):
