@@ -2,7 +2,7 @@
 
 Both sides train the same model on the same synthetic data with MirroredStrategy over the
 same logical CPU devices, in one process, alternating (A B A B ...) because this machine's
-speed drifts by tens of percent within minutes (PERF_NOTES.md). Each side's steady rate is
+speed drifts by tens of percent within minutes. Each side's steady rate is
 the median over epochs 2..E of examples per second inside `fit`'s training steps; the result
 is the median of the per-pair ratios trainer / plain. Targets: fit >= 0.97 of plain;
 loop=custom >= 0.95 of fit.

@@ -27,8 +27,8 @@ QUIET = ["verbose=0", "logger=[]"]
 
 
 def readme_project() -> tuple[dict[str, str], str]:
-    """The files and the command of the README's own-project example, verbatim."""
-    text = (REPO / "README.md").read_text()
+    """The files and the command of the own-project example in docs/own-task.md, verbatim."""
+    text = (REPO / "docs" / "own-task.md").read_text()
     blocks = re.findall(r"<!-- own-project: (\S+) -->\n```\w*\n(.*?)```", text, re.S)
     files = {name: body for name, body in blocks if name != "command"}
     command = next(body for name, body in blocks if name == "command").strip()

@@ -2,7 +2,7 @@
 
 The table is a pure function of the device kind and, for GPUs, the compute capability, so
 it is tested without a GPU. Its CPU rows come from measurements on the 2-core machines this
-project runs on (PERF_NOTES.md, `scripts/bench_precision.py`): through trainer, MobileNetV2
+project runs on (`scripts/bench_precision.py`): through trainer, MobileNetV2
 (alpha 0.35, 32x32, batch 256) ran at 0.58x the float32 throughput with mixed_bfloat16,
 although the CPU reports AVX512_BF16, and at 0.25x with XLA (plain Keras: 0.33x, 0.15x).
 """
