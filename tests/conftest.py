@@ -15,6 +15,13 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 
 from trainer.config.schema import config_dir, register_configs  # noqa: E402
 
+# Listing physical devices does not start TensorFlow's runtime, so the split below still works.
+GPUS = tf.config.list_physical_devices("GPU")
+# The runtime started below would otherwise reserve nearly all of every GPU's memory in this
+# process, leaving none to the subprocesses the gpu-marked tests start.
+for _gpu in GPUS:
+    tf.config.experimental.set_memory_growth(_gpu, True)
+
 # Devices can be split only before TensorFlow's runtime starts: once, here, for the session.
 LOGICAL_CPUS = 4
 tf.config.set_logical_device_configuration(
@@ -27,6 +34,16 @@ register_configs()
 REPO = Path(__file__).resolve().parent.parent
 # Small and fast: 8x8 digits (no resize), one epoch, no progress bar.
 TINY = ["epochs=1", "verbose=0", "dataset.image_size=8", "logger=[]"]
+NO_GPU = "needs a GPU: none visible to TensorFlow"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skips the gpu-marked tests where TensorFlow sees no GPU, saying so."""
+    if GPUS:
+        return
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(pytest.mark.skip(reason=NO_GPU))
 
 
 def make_config(*overrides: str):

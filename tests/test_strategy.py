@@ -45,6 +45,32 @@ def test_nccl_needs_gpus():
         choose_cross_device_ops("nccl", "cpu", 2, False)
 
 
+@pytest.mark.parametrize("replicas, physical, nccl, chosen", [
+    (2, 1, True, "reduction_to_one_device"),  # two logical GPUs of one physical GPU
+    (4, 2, True, "reduction_to_one_device"),  # two logical GPUs on each of two
+    (2, 1, False, "reduction_to_one_device"),
+    (2, 2, True, "nccl"),  # one physical GPU per replica
+    (8, 8, True, "nccl"),
+    (2, 2, False, "hierarchical_copy"),
+    (2, None, True, "nccl"),  # not told: one per replica, as the framework's own plans give
+])
+def test_logical_gpus_sharing_a_physical_gpu_never_get_nccl(replicas, physical, nccl, chosen):
+    assert choose_cross_device_ops("auto", "gpu", replicas, nccl, physical_gpus=physical) == chosen
+
+
+def test_physical_gpus_do_not_change_the_cpu_choice():
+    assert choose_cross_device_ops("auto", "cpu", 4, False, physical_gpus=0) == "collective"
+
+
+def test_nccl_asked_for_on_logical_gpus_of_one_gpu_is_refused():
+    with pytest.raises(ConfigError, match="needs a physical GPU per replica.*received: 2 "
+                                          r"replicas on 1 physical GPU\(s\)$"):
+        choose_cross_device_ops("nccl", "gpu", 2, True, physical_gpus=1)
+    assert choose_cross_device_ops("nccl", "gpu", 2, True, physical_gpus=2) == "nccl"
+    assert choose_cross_device_ops("hierarchical_copy", "gpu", 2, True,
+                                   physical_gpus=1) == "hierarchical_copy"
+
+
 @pytest.mark.parametrize("replicas", [1, 2, 4])
 def test_mirrored_on_logical_cpus(replicas):
     devices = tuple(f"/cpu:{i}" for i in range(replicas))

@@ -150,7 +150,8 @@ def assemble(spec: Spec, plan: DevicePlan, cluster: Cluster | None = None) -> Ru
     apply_precision(speed.precision)
     if not multi:
         cross = choose_cross_device_ops(spec.strategy.cross_device_ops, plan.kind, replicas,
-                                        _nccl_available(plan.kind))
+                                        _nccl_available(plan.kind),
+                                        physical_gpus=len(plan.visible))
         strategy = build_strategy(strategy_name, plan.names, cross)
     batch = plan_batch(spec.batch.per_replica, spec.batch.global_size,
                        strategy.num_replicas_in_sync, spec.batch.accumulate,
