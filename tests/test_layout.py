@@ -124,3 +124,16 @@ def test_every_subpackage_says_what_it_holds_and_may_import():
     for name in FLOORS:
         doc = ast.get_docstring(ast.parse((PACKAGE / name / "__init__.py").read_text()))
         assert doc and "import" in doc, name
+
+
+def test_the_entry_points_import_without_tensorflow():
+    """TensorFlow starts only once the devices are chosen (and its start-up lines quieted)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['tensorflow'] = sys.modules['keras'] = None; "
+            "import trainer.__main__, trainer.evaluate, trainer.launch, trainer.run.preflight, "
+            "trainer.run.resolve")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=PACKAGE.parent)
+    assert out.returncode == 0, out.stderr.strip().splitlines()[-1:]

@@ -203,3 +203,23 @@ def test_a_logger_without_a_builder_or_an_unimportable_one_is_one_line():
         check_loggers({"mine": {"name": "x"}})
     with pytest.raises(ConfigError, match="logger mine: cannot import 'no_such_module.build'"):
         check_loggers({"mine": {"_target_": "no_such_module.build"}})
+
+
+SEEN = {}
+
+
+def capture_params(run_dir, params, chief):
+    """A logger builder of the test's own: keeps what it was handed."""
+    SEEN.update(params=params, chief=chief)
+    return None
+
+
+def test_a_tracker_gets_the_config_as_written_not_instantiated(tmp_path):
+    from trainer.track.trackers import build_trackers
+
+    config = {"augment": [{"_target_": "collections.OrderedDict"}], "note": "${not_resolved}"}
+    trackers = build_trackers({"mine": {"_target_": "test_loggers.capture_params"}}, tmp_path,
+                              config, chief=True)
+    assert trackers == [] and SEEN["chief"] is True
+    assert SEEN["params"] == {"augment": [{"_target_": "collections.OrderedDict"}],
+                              "note": "${not_resolved}"}

@@ -319,3 +319,12 @@ def test_rerunning_with_fewer_epochs_than_reached_is_refused(tiny_config, tmp_pa
                                           "epochs>=2"):
         train(tiny_config("epochs=1", f"resume={tmp_path}"))
     assert _digest(tmp_path) == before
+
+
+def test_a_backup_from_before_loggers_named_their_builders_resumes_unchanged(tmp_path):
+    from trainer.rundir.resume import check_resume
+
+    old = {"epochs": 2, "logger": {"tensorboard": {"update_freq": "epoch"}}}
+    new = {"epochs": 2, "logger": {"tensorboard": {
+        "_target_": "trainer.track.trackers.tensorboard", "update_freq": "epoch"}}}
+    assert check_resume(tmp_path, {"config": old, "epoch": 0, "step": 0}, new) == {}

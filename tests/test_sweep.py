@@ -182,3 +182,14 @@ def test_a_sweeper_direction_against_the_metric_is_one_line_before_any_job(tmp_p
         "error: optimized_metric=val_loss falls as it improves, but the sweeper's direction "
         "is maximize; set hydra.sweeper.direction=minimize"]
     assert not (tmp_path / "sweep").exists()
+
+
+def test_a_sweep_whose_shared_overrides_do_not_compose_alone_is_left_to_its_jobs():
+    from trainer.__main__ import _check_sweep_direction
+
+    # optimizer.momentum exists only in the swept optimizers: each job composes it.
+    _check_sweep_direction(["-m", "optimizer=sgd,rmsprop", "optimizer.momentum=0.9",
+                            "optimized_metric=val_loss", "hparams_search=digits_optuna"])
+    with pytest.raises(ConfigError, match="hydra.sweeper.direction=minimize"):
+        _check_sweep_direction(["-m", "epochs=1,2", "optimized_metric=val_loss",
+                                "hparams_search=digits_optuna"])

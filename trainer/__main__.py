@@ -201,16 +201,13 @@ def _precheck(args: list[str]) -> None:
 
     if os.environ.get(CHILD_ENV) is not None:
         return
-    cfg = compose_from_args(args)
-    if cfg is None:
-        return
     from hydra._internal.utils import get_args_parser
 
     if get_args_parser().parse_args(args).multirun:
-        from trainer.track.sweep import direction
-
-        if cfg.get("optimized_metric"):  # checked before the first job starts
-            direction(cfg.optimized_metric, cfg.hydra.sweeper)
+        _check_sweep_direction(args)
+        return
+    cfg = compose_from_args(args)
+    if cfg is None:
         return
     logs = OmegaConf.select(cfg, "hydra.run.dir")
     if logs is not None:
@@ -240,6 +237,24 @@ def _precheck(args: list[str]) -> None:
     except OmegaConfBaseException:  # an interpolation only a running job resolves
         new = OmegaConf.to_container(cfg, resolve=False)
     check_resume(run_dir, state, new)
+
+
+def _check_sweep_direction(args: list[str]) -> None:
+    """Refuses a sweeper direction against the optimized metric before the first job.
+
+    Composed from the overrides every job shares (the swept ones left out): where those
+    alone do not compose or resolve (`optimizer=sgd,rmsprop optimizer.momentum=0.9`), each
+    job composes and checks its own config instead.
+    """
+    from trainer.track.sweep import direction
+
+    try:
+        cfg = compose_from_args(args)
+        metric = cfg.get("optimized_metric") if cfg is not None else None
+    except (*KNOWN_ERRORS, ValueError):
+        return
+    if metric:
+        direction(metric, cfg.hydra.sweeper)
 
 
 def _remove_fresh_run_dir() -> None:

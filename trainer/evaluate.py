@@ -22,7 +22,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from trainer.config.errors import ConfigError
 from trainer.config.schema import register_configs
-from trainer.models.checkpoint import load_checkpoint  # noqa: F401 - the public name, kept here
 from trainer.run.preflight import check_config
 from trainer.run.resolve import resolve
 from trainer.rundir.layout import RunDir
@@ -85,6 +84,14 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
 
 
 
+def load_checkpoint(path: str | Path) -> Any:
+    """`trainer.models.checkpoint.load_checkpoint`, imported on first use (it imports Keras,
+    which must not start before this module has quieted TensorFlow)."""
+    from trainer.models.checkpoint import load_checkpoint as load
+
+    return load(path)
+
+
 def _take(key: str, valid: tuple[str, ...], overrides: list[str]) -> tuple[str, list[str]]:
     """Evaluation's own `key=value` (the first of `valid` by default), and the rest."""
     value, rest = valid[0], []
@@ -121,6 +128,11 @@ def compose_run_config(run_dir: Path, overrides: list[str]) -> tuple[DictConfig,
     # only to load the checkpoint into it (no ImageNet download, no earlier weights file).
     primary.pop("tensorboard", None)  # runs from before the logger group
     primary.logger = {}
+    # Nor callbacks, a sweep's metric or a profile: their values may read Hydra's job
+    # (`${hydra:...}`), which evaluation does not run in.
+    primary.callbacks = {}
+    primary.optimized_metric = None
+    primary.profile = None
     if "weights" in primary.model:
         primary.model.weights = None
     _same_split_as_trained(primary, run_dir)

@@ -57,6 +57,8 @@ def _predates(key: str, old: dict[str, Any], now: dict[str, Any]) -> bool:
     """Whether a key missing from an older backup's config leaves the run as it was."""
     if key in old:
         return False
+    if key.startswith("logger.") and key.endswith("._target_"):
+        return True  # loggers named their builders later; the same built-in tracker
     if key in LEGACY:
         return now.get(key) == LEGACY[key]
     # only read when validation_split is auto, which such a run could not have had

@@ -232,6 +232,16 @@ def run_job_in_subprocess(cfg: DictConfig, full_error: bool = False) -> Any:
     chief = cluster is None or cluster.is_chief
     if not chief:
         command.append("hydra.output_subdir=null")
+    optimized = cfg.get("optimized_metric")
+    metric = optimized or cfg.checkpoint.monitor
+    try:
+        mode = direction(metric, hc.sweeper if optimized else None) if chief else "max"
+    except ConfigError as error:  # before the job trains: it would train for nothing
+        record_trial(out, Path(hc.sweep.dir), {
+            "job": hc.job.num, "overrides": list(hc.overrides.task), "metric": metric,
+            "value": None, "status": "failed", "exit_code": EXIT_CONFIG,
+            "error": str(error)}, "max")
+        raise TrialFailed(f"sweep job {hc.job.num}: {error}", EXIT_CONFIG) from None
     env = {**os.environ, CHILD_ENV: "1"}
     if not full_error:
         env.pop("HYDRA_FULL_ERROR", None)
@@ -262,9 +272,6 @@ def run_job_in_subprocess(cfg: DictConfig, full_error: bool = False) -> Any:
             raise TrialFailed(f"sweep job {hc.job.num}, worker {cluster.task_id}: "
                               f"{last.removeprefix('error: ') or f'exit code {code}'}", code)
         return None
-    optimized = cfg.get("optimized_metric")
-    metric = optimized or cfg.checkpoint.monitor
-    mode = direction(metric, hc.sweeper if optimized else None)
     trial = {"job": hc.job.num, "overrides": list(hc.overrides.task), "metric": metric,
              "value": None, "status": "failed", "exit_code": code, "error": None}
     summary = None

@@ -221,14 +221,17 @@ def build_trackers(loggers: Mapping | None, run_dir: Path, config: dict[str, Any
     """
     loggers = {name: dict(node or {}) for name, node in (loggers or {}).items()}
     if profile is not None and chief:
-        loggers.setdefault("tensorboard", {})["profile"] = profile
+        loggers = {"tensorboard": {}, **loggers}  # first, as the profile's home
+        loggers["tensorboard"]["profile"] = profile
     params = flatten(config)
     trackers: list[keras.callbacks.Callback] = []
     for name, options in loggers.items():
         target = options.pop("_target_", None) or BUILT_IN[name]
         try:
-            tracker = instantiate({"_target_": target, **options}, run_dir=run_dir,
-                                  params=params, chief=chief, _convert_="all")
+            # Partial: the flattened config is handed over as it is, not instantiated.
+            build = instantiate({"_target_": target, "_partial_": True, **options},
+                                _convert_="all")
+            tracker = build(run_dir=run_dir, params=params, chief=chief)
         except Exception as error:
             from trainer.config.errors import ConfigError
             from trainer.track.loggers import _drop
