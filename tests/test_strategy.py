@@ -119,3 +119,16 @@ def test_strategies_in_one_process_do_not_share_collective_keys():
             model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(width)])
             model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+
+
+def test_one_record_per_strategy_kind_says_what_differs():
+    from trainer.config.schema import STRATEGIES
+    from trainer.distribute.strategy import KINDS
+
+    assert set(KINDS) == set(STRATEGIES) - {"auto"}
+    multi = KINDS["multi_worker"]
+    assert (multi.several_workers, multi.fit_works, multi.needs_seed,
+            multi.resume_from_chief, multi.evaluate_as) == (True, False, True, True, "auto")
+    for name in ("default", "one_device", "mirrored"):
+        kind = KINDS[name]
+        assert kind.fit_works and not kind.needs_seed and kind.evaluate_as == name

@@ -21,8 +21,13 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from trainer.config.errors import ConfigError
+from trainer.config.messages import one_line
 from trainer.config.schema import register_configs
+from trainer.distribute.devices import configure_devices, memory_option, plan_devices
+from trainer.distribute.strategy import KINDS
+from trainer.run.assemble import assemble
 from trainer.run.preflight import check_config
+from trainer.run.quiet import tensorflow_started
 from trainer.run.resolve import resolve
 from trainer.rundir.layout import RunDir
 
@@ -50,8 +55,7 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
     if not checkpoint.is_file():
         raise ConfigError(f"no checkpoint {checkpoint}; valid: checkpoint=best or "
                           "checkpoint=last of a finished run")
-    from trainer.distribute.devices import configure_devices, memory_option, plan_devices
-    from trainer.run.assemble import assemble
+    # lazy: it imports TensorFlow, which starts after the devices are set
     from trainer.run.train import visible_gpu_count
 
     asked = spec.devices
@@ -66,10 +70,12 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
                           "split=validation")
     run.model.load_weights(checkpoint)
     if split == "test":
+        # lazy: it imports TensorFlow, which starts after the devices are set
         from trainer.run.train import test_metrics
 
         metrics = test_metrics(run)
     elif run.loop == "custom":
+        # lazy: it imports TensorFlow, which starts after the devices are set
         from trainer.run.loop import CustomLoop
 
         metrics = CustomLoop(run.model, run.strategy, loss=run.loss,
@@ -87,6 +93,7 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
 def load_checkpoint(path: str | Path) -> Any:
     """`trainer.models.checkpoint.load_checkpoint`, imported on first use (it imports Keras,
     which must not start before this module has quieted TensorFlow)."""
+    # lazy: it imports TensorFlow, which starts after the devices are set
     from trainer.models.checkpoint import load_checkpoint as load
 
     return load(path)
@@ -121,8 +128,8 @@ def compose_run_config(run_dir: Path, overrides: list[str]) -> tuple[DictConfig,
     primary = OmegaConf.load(saved)
     primary.defaults = ["config_schema", "_self_"]
     # Evaluation runs on this machine's devices, not a cluster's.
-    if primary.strategy.name == "multi_worker":
-        primary.strategy.name = "auto"
+    name = primary.strategy.name
+    primary.strategy.name = KINDS[name].evaluate_as if name in KINDS else name
     primary.cluster = {"workers": [], "task_index": 0}
     # Evaluation logs nothing (a tracker's package need not be here), and rebuilds the model
     # only to load the checkpoint into it (no ImageNet download, no earlier weights file).
@@ -163,8 +170,6 @@ def main(argv: list[str] | None = None) -> int:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from trainer.config.messages import one_line
-
     args = sys.argv[1:] if argv is None else argv
     if not args:
         print("error: usage: python -m trainer.evaluate RUN_DIR [key=value ...]; received "
@@ -172,8 +177,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sys.path.insert(0, os.getcwd())  # the user's own modules, as for training
     try:
-        from trainer.run.quiet import tensorflow_started
-
         tensorflow_started()
         result = evaluate_run(args[0], args[1:])
     except (ConfigError, HydraException, OmegaConfBaseException) as error:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import Any
 
 from trainer.config.errors import ConfigError
@@ -15,6 +16,37 @@ from trainer.distribute.cluster import Cluster
 # Ranges start at 1: range 0 stays TensorFlow's default, for strategies built by other code.
 _KEY_RANGE = 100_000
 _strategies_built = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class StrategyKind:
+    """What differs between the kinds of strategy, in one record per kind.
+
+    Attributes:
+        name: the config's name for it.
+        several_workers: it spans worker processes (a cluster); one machine otherwise.
+        fit_works: Keras 3.15's `fit` trains under it (under MultiWorkerMirroredStrategy it
+            fails: keras-team/keras#20585; the custom loop runs instead).
+        needs_seed: every worker must shuffle alike, so a run needs a seed.
+        resume_from_chief: only the chief keeps backups; every worker continues from its.
+        evaluate_as: the kind evaluation uses on one machine.
+    """
+
+    name: str
+    several_workers: bool = False
+    fit_works: bool = True
+    needs_seed: bool = False
+    resume_from_chief: bool = False
+    evaluate_as: str = "auto"
+
+
+KINDS = {kind.name: kind for kind in (
+    StrategyKind("default", evaluate_as="default"),
+    StrategyKind("one_device", evaluate_as="one_device"),
+    StrategyKind("mirrored", evaluate_as="mirrored"),
+    StrategyKind("multi_worker", several_workers=True, fit_works=False, needs_seed=True,
+                 resume_from_chief=True),
+)}
 
 
 def choose_strategy(name: str, replicas: int, workers: int = 1, kind: str = "cpu") -> str:
@@ -139,7 +171,7 @@ def build_strategy(name: str, devices: tuple[str, ...], cross_device_ops: str,
     """
     import tensorflow as tf
 
-    if name == "multi_worker":
+    if KINDS[name].several_workers:
         return _multi_worker(tf, devices, cluster, communication)
     if name == "mirrored":
         return _mirrored(tf, list(devices), build_cross_device_ops(cross_device_ops))

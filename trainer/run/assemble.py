@@ -5,6 +5,11 @@ chosen devices into a strategy, the data, a compiled model with its optimizer, t
 learning-rate plan and the speed options; `build_callbacks` adds the built-in and the
 user's callbacks. Training (`trainer.run.train`) and evaluation
 (`trainer.evaluate`) share this wiring.
+
+The modules that import TensorFlow (the task's builders, the data pipeline, callbacks,
+trackers) are imported inside the functions that use them, each marked `# lazy`:
+`trainer.evaluate` imports this module at its start, before the devices are chosen and
+TensorFlow's start-up lines are quieted, and TensorFlow may start only after that.
 """
 
 from __future__ import annotations
@@ -15,16 +20,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from trainer.config.build import build_object
 from trainer.config.errors import ConfigError
 from trainer.config.metrics import monitor_mode
 from trainer.config.schema import LrPlan
+from trainer.data.augment import check, mixers
+from trainer.data.augment import check as check_augment
 from trainer.distribute.cluster import Cluster, choose_communication
 from trainer.distribute.devices import DevicePlan
 from trainer.distribute.strategy import (
+    KINDS,
     build_strategy,
     check_steps_per_execution,
     choose_cross_device_ops,
     choose_strategy,
+    nccl_available,
 )
 from trainer.plan.scaling import BatchPlan, plan_batch, scaled_learning_rate, steps_per_epoch
 from trainer.plan.scaling import warmup_steps as to_steps
@@ -132,19 +142,25 @@ def assemble(spec: Spec, plan: DevicePlan, cluster: Cluster | None = None) -> Ru
     """
     import keras
 
+    # lazy: it imports TensorFlow (see the module docstring)
     from trainer.task.build import build_loss, build_metrics, build_optimizer, directions
 
     replicas = len(plan.names)
     workers = cluster.num_workers if cluster is not None else 1
     strategy_name = choose_strategy(spec.strategy.name, replicas, workers, plan.kind)
-    multi = strategy_name == "multi_worker"
-    loop = "custom" if multi else spec.loop
+    kind = KINDS[strategy_name]
+    if kind.needs_seed and spec.seed is None:
+        raise ConfigError(f"strategy={strategy_name} needs a seed: every worker shuffles the "
+                          "data alike and takes its share of the same global batches; "
+                          "received: seed=null (set seed=N)")
+    multi = kind.several_workers
+    loop = spec.loop if kind.fit_works else "custom"
     if multi:
         strategy, cross = _multi_worker_strategy(spec, plan, cluster)
     speed = choose_speed(spec.precision, spec.jit_compile, spec.steps_per_execution, plan.kind,
                          replicas * workers, loop,
                          compute_capability() if plan.kind == "gpu" else None)
-    if multi and spec.loop != loop:
+    if spec.loop != loop:
         speed = replace(speed, reasons=(*speed.reasons, MULTI_WORKER_LOOP))
     check_steps_per_execution(loop, speed.steps_per_execution, replicas)
     apply_precision(speed.precision)
@@ -166,8 +182,6 @@ def assemble(spec: Spec, plan: DevicePlan, cluster: Cluster | None = None) -> Ru
         speed = replace(speed, jit_compile=False, reasons=(*speed.reasons, ACCUMULATE_JIT))
     if spec.runtime_seed is not None:
         keras.utils.set_random_seed(spec.runtime_seed)
-    from trainer.data.augment import check as check_augment
-    from trainer.data.augment import mixers
 
     mixing = bool(mixers(check_augment(spec.augment)))
     # MixUp / CutMix mix labels: one-hot everywhere, and the loss that reads them
@@ -179,6 +193,7 @@ def assemble(spec: Spec, plan: DevicePlan, cluster: Cluster | None = None) -> Ru
         source = data.source
         steps = steps_per_epoch(source.train_size, batch.global_size, spec.batch.drop_remainder)
         lr = learning_rate(spec.lr, batch.global_size, steps, spec.epochs)
+        # lazy: it imports TensorFlow (see the module docstring)
         from trainer.task.build import build_model
 
         model = build_model(spec.model, input_shape=source.input_shape,
@@ -194,6 +209,7 @@ def assemble(spec: Spec, plan: DevicePlan, cluster: Cluster | None = None) -> Ru
                       metrics=compiled, steps_per_execution=speed.steps_per_execution,
                       jit_compile=speed.jit_compile)
         if batch.accumulate > 1 and loop == "fit":
+            # lazy: it imports TensorFlow (see the module docstring)
             from trainer.run.accumulate import accumulating_train_step
 
             model.train_step = accumulating_train_step(model, batch.accumulate)
@@ -210,10 +226,6 @@ ACCUMULATE_JIT = ("jit_compile=false: with batch.accumulate>1 fit's step loops o
 
 
 def _multi_worker_strategy(spec: Spec, plan: DevicePlan, cluster: Cluster):
-    if spec.seed is None:
-        raise ConfigError("strategy=multi_worker needs a seed: every worker shuffles the "
-                          "data alike and takes its share of the same global batches; "
-                          "received: seed=null (set seed=N)")
     # tf.distribute's multi-worker input code reads dataset options in graph mode, which
     # warns on every run; nothing for a user to act on.
     warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data")
@@ -224,8 +236,6 @@ def _multi_worker_strategy(spec: Spec, plan: DevicePlan, cluster: Cluster):
 
 
 def _nccl_available(kind: str) -> bool:
-    from trainer.distribute.strategy import nccl_available
-
     return kind == "gpu" and nccl_available()
 
 
@@ -238,7 +248,7 @@ def build_data(spec: Spec, global_batch: int, shards: int,
     replica: evaluation does not accumulate, and must fit the same memory), `global_batch`
     over `shards` when None.
     """
-    from trainer.config.build import build_object
+    # lazy: it imports TensorFlow (see the module docstring)
     from trainer.data.pipeline import Source, build_pipeline, build_training_epochs
 
     options = dict(spec.dataset)
@@ -278,8 +288,6 @@ def _one_hot_if_mixing(augment: Any, source: Any) -> Any:
 
     import tensorflow as tf
 
-    from trainer.data.augment import check, mixers
-
     names = mixers(check(augment))
     if not names:
         return source
@@ -299,6 +307,7 @@ def _one_hot_if_mixing(augment: Any, source: Any) -> Any:
 
 def learning_rate(plan: LrPlan, global_batch: int, steps: int, epochs: int) -> LearningRate:
     """The scaled rate, warm-up and decay for a global batch, as one Keras schedule."""
+    # lazy: it imports TensorFlow (see the module docstring)
     from trainer.plan.schedule import WarmupSchedule
 
     scaled = scaled_learning_rate(plan.lr, global_batch, plan.reference_batch, plan.lr_scaling)
@@ -342,6 +351,7 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
         request: the stop request signals set.
         extra: callbacks passed to `train()` in code, after the configured ones.
     """
+    # lazy: they import TensorFlow (see the module docstring)
     from trainer.distribute.multiworker import on_stuck, stop_agreement
     from trainer.run.callbacks import AtomicModelCheckpoint, StepWatchdog, Throughput
     from trainer.rundir.backup import Backup, BackupStore

@@ -15,7 +15,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from trainer.config.errors import ConfigError, Interrupted, WorkerLost
-from trainer.distribute.cluster import Cluster, resolve_cluster
+from trainer.distribute.cluster import Cluster, resolve_cluster, slurm_devices
 from trainer.distribute.devices import DevicePlan, configure_devices, memory_option, plan_devices
 from trainer.distribute.multiworker import (
     backup_place,
@@ -23,12 +23,33 @@ from trainer.distribute.multiworker import (
     peer_failure,
     share_from_chief,
 )
+from trainer.distribute.strategy import KINDS
 from trainer.run.assemble import Callbacks, Run, assemble, build_callbacks
+from trainer.run.callbacks import RunProgress
+from trainer.run.loop import CustomLoop
 from trainer.run.preflight import check_config
 from trainer.run.resolve import Spec, resolve
-from trainer.run.summary import refuse_finished_run
+from trainer.run.summary import build_summary, format_summary, refuse_finished_run
+from trainer.rundir.atomic import write_json
 from trainer.rundir.backup import BackupStore, StopNow, StopRequest, stop_on_signals, tidy
 from trainer.rundir.layout import RunDir
+from trainer.rundir.lock import run_lock
+from trainer.rundir.resume import (
+    check_global_batch,
+    check_resume,
+    check_resume_target,
+    latest_state,
+)
+from trainer.rundir.space import check_free_space, disk_full, full_message, needed_bytes
+from trainer.task.finetune import (
+    apply_phase,
+    boundaries,
+    phase_at,
+    phase_report,
+    scale_backbone_gradients,
+)
+from trainer.track.sweep import check_metric_name
+from trainer.track.trackers import finish_trackers, logged_to
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +86,6 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None,
                               os.environ.get("TF_CONFIG"), os.environ,
                               spec.cluster.port_base)
     if cluster is None or cluster.is_chief:
-        from trainer.rundir.lock import run_lock
-
         check_config(cfg, reach=True)  # the chief's trackers write to their servers
         place = _run_dir(spec, run_dir)
         with run_lock(place):
@@ -85,7 +104,6 @@ def _train(spec: Spec, run_dir: Path, extra: Sequence[Any], started: float,
     chief = cluster is None or cluster.is_chief
     if chief:
         refuse_finished_run(run_dir, resume=spec.resume is not None)
-    from trainer.distribute.cluster import slurm_devices
 
     asked = spec.devices
     gpus = visible_gpu_count()
@@ -112,8 +130,6 @@ def _train(spec: Spec, run_dir: Path, extra: Sequence[Any], started: float,
 def _run(spec: Spec, plan: DevicePlan, run_dir: Path, extra: Sequence[Any],
          started: float, cluster: Cluster | None, wired: list) -> dict[str, Any]:
     """Builds, trains, evaluates and reports; `wired` receives the callbacks once built."""
-    from trainer.rundir.space import check_free_space, disk_full, full_message, needed_bytes
-
     run = assemble(spec, plan, cluster)
     needed = needed_bytes(run.model)
     if run.is_chief:
@@ -128,13 +144,9 @@ def _run(spec: Spec, plan: DevicePlan, run_dir: Path, extra: Sequence[Any],
 
 def _train_and_report(spec: Spec, plan: DevicePlan, run: Run, run_dir: Path,
                       extra: Sequence[Any], started: float, wired: list) -> dict[str, Any]:
-    from trainer.track.sweep import check_metric_name
-    from trainer.track.trackers import finish_trackers
-
     cluster = run.cluster
     check_metric_name(spec.optimized_metric, run.logged, tested=run.data.test is not None)
     start, changes = _resume_point(spec, run, run_dir)
-    from trainer.task.finetune import phase_report, scale_backbone_gradients
 
     # after the optimizer is built over every variable (in _resume_point)
     phases = phase_report(run.model, spec.finetune, spec.epochs)
@@ -157,9 +169,6 @@ def _train_and_report(spec: Spec, plan: DevicePlan, run: Run, run_dir: Path,
         raise Interrupted(f"{why}{who} at epoch {callbacks.backup.epoch + 1}; backup in "
                           f"{backup_place(run_dir, run.is_chief)}; rerun the same command to "
                           "resume")
-    from trainer.run.summary import build_summary
-    from trainer.track.trackers import logged_to
-
     summary = build_summary(spec, run, plan, run_dir, outcome, callbacks, started, start,
                             changes)
     if spec.export:
@@ -178,8 +187,6 @@ def _train_and_report(spec: Spec, plan: DevicePlan, run: Run, run_dir: Path,
 
 def _run_dir(spec: Spec, run_dir: str | Path | None) -> Path:
     if spec.resume is not None:
-        from trainer.rundir.resume import check_resume_target
-
         check_resume_target(spec.resume, None)
         return Path(spec.resume)
     return Path(run_dir) if run_dir is not None else _hydra_run_dir()
@@ -195,8 +202,6 @@ def _resume_point(spec: Spec, run: Run, run_dir: Path) -> tuple[tuple[int, int],
         ConfigError: the config or the global batch differs from the backup's in a way
             that would train something else (`trainer.rundir.resume`).
     """
-    from trainer.rundir.resume import check_global_batch, check_resume, latest_state
-
     changes = {}
     if run.is_chief:
         state = latest_state(run_dir)
@@ -211,7 +216,7 @@ def _resume_point(spec: Spec, run: Run, run_dir: Path) -> tuple[tuple[int, int],
     # Loaded outside the scope: Keras's loader creates throwaway variables, which under
     # MultiWorkerMirroredStrategy's scope would start collectives on the chief alone.
     point = BackupStore(RunDir(run_dir).backup).restore(model)
-    if run.strategy_name == "multi_worker":
+    if KINDS[run.strategy_name].resume_from_chief:
         # Only the chief keeps backups: every worker continues from the chief's.
         point = share_from_chief(run.strategy, model, point)
     if point is None:
@@ -228,8 +233,6 @@ def _segments(spec: Spec, run: Run, start: tuple[int, int]) -> list:
     A run resumed mid-epoch first finishes that epoch's remaining steps, then trains whole
     epochs; each dataset starts exactly where the interrupted run would have been.
     """
-    from trainer.task.finetune import boundaries
-
     epoch, step = start
     make = run.data.make_train
     segments = []
@@ -248,14 +251,10 @@ def _segments(spec: Spec, run: Run, start: tuple[int, int]) -> list:
 
 def _fit(spec: Spec, run: Run, callbacks: Callbacks, start: tuple[int, int]) -> Outcome:
     """Trains with the chosen loop, then evaluates every validation example once."""
-    from trainer.task.finetune import apply_phase, phase_at
-
     model, history = run.model, {}
     loop, phase = None, None
 
     def new_loop():
-        from trainer.run.loop import CustomLoop
-
         return CustomLoop(model, run.strategy, run.speed.steps_per_execution,
                           jit_compile=run.speed.jit_compile is True, loss=run.loss,
                           metrics=run.metrics, accumulate=run.batch.accumulate)
@@ -265,8 +264,6 @@ def _fit(spec: Spec, run: Run, callbacks: Callbacks, start: tuple[int, int]) -> 
     backup, stopped_early = callbacks.backup, False
     progress = []
     if spec.verbose != 0:
-        from trainer.run.callbacks import RunProgress
-
         progress = [RunProgress(spec.epochs, run.steps, start)]
     for first, end, steps, dataset in _segments(spec, run, start):
         if phase_at(first, spec.finetune) != phase:
@@ -323,8 +320,6 @@ def test_metrics(run: Run, loop: Any = None) -> dict[str, float]:
     """Every test example evaluated once, by the custom loop's evaluation (whatever the
     training loop): Keras's `evaluate` under a strategy takes a batch from a first iterator
     to build the model and starts another, so its prefetching reads the data twice."""
-    from trainer.run.loop import CustomLoop
-
     if loop is None:
         loop = CustomLoop(run.model, run.strategy, loss=run.loss, metrics=run.metrics)
     return {k: float(v) for k, v in loop.evaluate(run.data.test).items()}
@@ -366,9 +361,6 @@ def _hydra_run_dir() -> Path:
 
 
 def _finish(summary: dict[str, Any], run_dir: Path) -> None:
-    from trainer.run.summary import format_summary
-    from trainer.rundir.atomic import write_json
-
     write_json(RunDir(run_dir).summary, summary)
     # A good finish keeps the newest backup only: what `resume=DIR` extends the run from.
     BackupStore(RunDir(run_dir).backup).prune(keep=1)
