@@ -137,3 +137,23 @@ def test_the_entry_points_import_without_tensorflow():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, cwd=PACKAGE.parent)
     assert out.returncode == 0, out.stderr.strip().splitlines()[-1:]
+
+
+def test_every_function_local_import_of_ours_says_why():
+    """An import inside a function hides an arrow; it is kept only where TensorFlow must not
+    start yet, and says so (`# lazy: ...` on the line above its block)."""
+    unexplained = []
+    for name, path in _modules().items():
+        lines = path.read_text().splitlines()
+        for function in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                        "trainer"):
+                    row = node.lineno - 1
+                    while row > 0 and lines[row - 1].strip().startswith(("from ", "import ")):
+                        row -= 1
+                    if "# lazy" not in lines[row - 1]:
+                        unexplained.append(f"{name}:{node.lineno}")
+    assert unexplained == []

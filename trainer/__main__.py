@@ -27,8 +27,14 @@ from trainer.config.errors import (
 )
 from trainer.config.messages import one_line
 from trainer.config.schema import config_dir, register_configs
+from trainer.distribute.cluster import resolve_cluster
 from trainer.run.preflight import check_config
-from trainer.track.sweep import CHILD_ENV, TrialFailed, in_sweep, run_job_in_subprocess
+from trainer.run.quiet import tensorflow_started
+from trainer.run.summary import refuse_finished_run
+from trainer.rundir.layout import RunDir
+from trainer.rundir.lock import check_unlocked, check_writable
+from trainer.rundir.resume import check_resume, check_resume_target, latest_state
+from trainer.track.sweep import CHILD_ENV, TrialFailed, direction, in_sweep, run_job_in_subprocess
 
 # TensorFlow's C++ INFO and WARNING lines (tf.distribute's notes on its own datasets, an
 # abandoned prefetch) drown the progress and ask nothing of the user; errors still show, and
@@ -47,9 +53,9 @@ def _hydra_main(cfg: DictConfig) -> Any:
     # Handled here, not after Hydra returns: Hydra would add its own "Error executing job" line.
     try:
         check_config(cfg)
-        from trainer.run.quiet import tensorflow_started
 
         tensorflow_started()
+        # lazy: it imports TensorFlow, which starts after the pre-flight
         from trainer.run.train import train
 
         return train(cfg)
@@ -134,8 +140,6 @@ def _refuse_finished_run_dir(args: list[str]) -> None:
     """Checks `hydra.run.dir=` before Hydra writes its .hydra/ files into a finished run."""
     from pathlib import Path
 
-    from trainer.run.summary import refuse_finished_run
-
     run_dirs = [a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")]
     resume = any(a.startswith("resume=") and a != "resume=null" for a in args)
     if run_dirs and os.environ.get(CHILD_ENV) is None:
@@ -195,10 +199,6 @@ def _precheck(args: list[str]) -> None:
 
     from omegaconf import OmegaConf
 
-    from trainer.distribute.cluster import resolve_cluster
-    from trainer.rundir.lock import check_unlocked, check_writable
-    from trainer.rundir.resume import check_resume, check_resume_target, latest_state
-
     if os.environ.get(CHILD_ENV) is not None:
         return
     from hydra._internal.utils import get_args_parser
@@ -246,8 +246,6 @@ def _check_sweep_direction(args: list[str]) -> None:
     alone do not compose or resolve (`optimizer=sgd,rmsprop optimizer.momentum=0.9`), each
     job composes and checks its own config instead.
     """
-    from trainer.track.sweep import direction
-
     try:
         cfg = compose_from_args(args)
         metric = cfg.get("optimized_metric") if cfg is not None else None
@@ -261,8 +259,6 @@ def _remove_fresh_run_dir() -> None:
     """Removes the run directory this run created (Hydra's `.hydra/` and log only)."""
     import logging
     import shutil
-
-    from trainer.rundir.layout import RunDir
 
 
     for path in _fresh_run_dir:

@@ -12,7 +12,7 @@ __all__ = ["DataError", "Source"]
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        # Imported on first use: the pipeline imports TensorFlow (see the docstring).
+        # lazy: the pipeline imports TensorFlow (see the docstring)
         from trainer.data import pipeline
 
         return getattr(pipeline, name)

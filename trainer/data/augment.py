@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from trainer.config.build import build_object
 from trainer.config.errors import ConfigError
 
 PRESETS = ("flip", "crop", "rotation", "zoom", "contrast")
@@ -140,8 +141,6 @@ _PRESET_OPS = {"flip": _flip, "crop": _crop, "rotation": _rotation, "zoom": _zoo
 def batch_layers(items: list, seed: int | None = None) -> list:
     """The layers applied to whole batches: `randaugment`, and the `_target_` nodes built."""
     import keras
-
-    from trainer.config.build import build_object
 
     layers = []
     for item in items:

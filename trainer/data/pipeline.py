@@ -10,6 +10,8 @@ import numpy as np
 import tensorflow as tf
 
 from trainer.config.errors import ConfigError
+from trainer.data.augment import PRESETS, batch_layers, batch_mixer, check, element_augmenter
+from trainer.data.augment import mixers as mixer_names
 from trainer.plan.scaling import balanced_batch_sizes
 
 
@@ -146,9 +148,6 @@ def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_
     the cache, each with a seed from (seed, epoch, position). Other arguments as
     `build_pipeline`.
     """
-    from trainer.data.augment import PRESETS, batch_layers, batch_mixer, check, element_augmenter
-    from trainer.data.augment import mixers as mixer_names
-
     prepared = prepare(dataset, preprocess, cache, scale)
     items = check(augment)
     presets = [i for i in items if isinstance(i, str) and i in PRESETS]

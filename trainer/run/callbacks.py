@@ -8,6 +8,9 @@ import time
 
 import keras
 
+from trainer.rundir.atomic import write_json
+from trainer.rundir.checksum import write_beside
+
 
 class Throughput(keras.callbacks.Callback):
     """Measures time to the first training step and steady examples per second.
@@ -129,14 +132,10 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
         self._pending = None
         super()._save_model(epoch, batch, logs)
         if self._pending and os.path.exists(self._pending[0]):
-            from trainer.rundir.checksum import write_beside
-
             os.replace(*self._pending)
             write_beside(self._pending[1])
             if self.save_best_only:
                 from pathlib import Path
-
-                from trainer.rundir.atomic import write_json
 
                 write_json(Path(f"{self._pending[1]}.best.json"),
                            {"monitor": self.monitor, "best": float(self.best)})

@@ -20,6 +20,9 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from trainer.run.accumulate import accumulate, batch_size
+from trainer.task.build import per_example
+
 # tf.distribute's input code reads dataset options in graph mode when a dataset is
 # distributed, which warns on every run; nothing for a user to act on.
 warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data")
@@ -47,8 +50,6 @@ class CustomLoop:
                  steps_per_execution: int = 1, jit_compile: bool = False,
                  loss: keras.losses.Loss | None = None,
                  metrics: Callable[[], list] | None = None, accumulate: int = 1) -> None:
-        from trainer.task.build import per_example
-
         self.model = model
         self.accumulate = accumulate
         self.strategy = strategy
@@ -118,8 +119,6 @@ class CustomLoop:
         self.model.optimizer.apply_gradients(zip(gradients, variables, strict=True))
 
     def _accumulated_gradients(self, images, labels, global_batch) -> list:
-        from trainer.run.accumulate import accumulate, batch_size
-
         total = tf.cast(batch_size(labels), tf.float32)
 
         def gradients_of(part, count):

@@ -6,13 +6,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainer.config.errors import ConfigError
+from trainer.data.augment import describe
 from trainer.rundir.layout import RunDir
 
 
 def refuse_finished_run(run_dir: Path, resume: bool) -> None:
     """Refuses to start a new run over a finished one (its summary.json would be lost)."""
-    from trainer.config.errors import ConfigError
-
     if not resume and RunDir(run_dir).summary.exists():
         raise ConfigError(f"run directory {run_dir} holds a finished run (summary.json); "
                           f"choose a new hydra.run.dir, or pass resume={run_dir} to continue it")
@@ -107,8 +107,6 @@ def build_summary(spec: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, c
 
 
 def _augment(augment: Any) -> dict[str, Any] | None:
-    from trainer.data.augment import describe
-
     return describe(augment or None)
 
 

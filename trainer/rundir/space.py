@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config.errors import ConfigError
+from trainer.rundir.lock import nearest_existing
 
 COPIES = 6
 MARGIN = 1.2  # file formats' own overhead, logs, TensorBoard events
@@ -49,8 +50,6 @@ def needed_bytes(model: Any) -> int:
 
 def check_free_space(run_dir: Path, needed: int) -> None:
     """Refuses to start when the run directory's disk has less than `needed` bytes free."""
-    from trainer.rundir.lock import nearest_existing
-
     free = shutil.disk_usage(nearest_existing(run_dir)).free
     if free < needed:
         raise ConfigError(f"the disk of {run_dir} has {free:,} bytes free; this run's backups "

@@ -27,6 +27,8 @@ from omegaconf import DictConfig
 
 from trainer.config.errors import EXIT_CONFIG, EXIT_INTERRUPTED, ConfigError
 from trainer.config.metrics import sweep_mode
+from trainer.distribute.cluster import resolve_cluster
+from trainer.rundir.atomic import write_json
 from trainer.rundir.layout import RunDir
 
 # Numeric summary keys a sweep may optimize besides the logged metrics (dots go into nodes).
@@ -111,8 +113,6 @@ def record_trial(job_dir: Path, sweep_dir: Path, trial: dict[str, Any], mode: st
             `error`.
         mode: `max` or `min`, for the order of the table.
     """
-    from trainer.rundir.atomic import write_json
-
     write_json(RunDir(job_dir).trial, trial)
     sweep_dir = Path(sweep_dir)
     with open(sweep_dir / ".trials.lock", "w") as lock:
@@ -214,8 +214,6 @@ def run_job_in_subprocess(cfg: DictConfig, full_error: bool = False) -> Any:
         TrialFailed: the job failed; the trial table records it.
     """
     from hydra.core.hydra_config import HydraConfig
-
-    from trainer.distribute.cluster import resolve_cluster
 
     hc = HydraConfig.get()
     out = Path(hc.runtime.output_dir)

@@ -15,9 +15,10 @@ from typing import Any
 import keras
 from hydra.utils import instantiate
 
+from trainer.config.errors import ConfigError
 from trainer.rundir.layout import RunDir
 from trainer.rundir.resume import flatten
-from trainer.track.loggers import BUILT_IN
+from trainer.track.loggers import BUILT_IN, _drop
 
 
 def _numbers(logs: Mapping | None) -> dict[str, float]:
@@ -233,9 +234,6 @@ def build_trackers(loggers: Mapping | None, run_dir: Path, config: dict[str, Any
                                 _convert_="all")
             tracker = build(run_dir=run_dir, params=params, chief=chief)
         except Exception as error:
-            from trainer.config.errors import ConfigError
-            from trainer.track.loggers import _drop
-
             cause = getattr(error, "__cause__", None) or error
             text = str(cause).strip().splitlines()[0] if str(cause).strip() else \
                 type(cause).__name__
