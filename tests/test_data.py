@@ -18,7 +18,7 @@ FAST = ["epochs=1", "verbose=0", "logger=[]", "accelerator=cpu", "devices=2"]
 @pytest.mark.parametrize("name, extra", [
     ("mnist", []),
     ("cifar10", []),
-    ("cats_vs_dogs", ["model=mobilenet"]),
+    ("cats_vs_dogs", ["dataset.image_size=32"]),  # images of varying size, resized
 ])
 def test_tfds_datasets_train_on_two_replicas(make_run, tmp_path, name, extra):
     with tfds.testing.mock_data(num_examples=24, policy=tfds.testing.MockPolicy.USE_CODE):

@@ -81,6 +81,7 @@ def test_dry_run_a_passing_row_and_a_crashing_row(tmp_path):
         "replicas_equal", "devices_0"], out.stderr  # one progress line per row, nothing else
 
 
+@pytest.mark.slow  # the negative control of the equality row: a second dry run
 def test_dry_run_detects_replica_runs_that_differ(tmp_path):
     """Negative control: 16 per replica makes the global batch 16 on 1 replica, 32 on 2."""
     out = run_check("--cpu-dry-run", "--rows", "replicas_equal", "--out",
