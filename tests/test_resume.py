@@ -49,6 +49,7 @@ class SigtermAt(keras.callbacks.Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+@pytest.mark.slow  # three runs on up to 4 replicas; the 1-replica resume proofs run by default
 def test_stopped_on_four_replicas_resumed_on_two_equals_an_uninterrupted_run(tiny_config,
                                                                               tmp_path):
     reference = tmp_path / "reference"

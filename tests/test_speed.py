@@ -52,8 +52,9 @@ class Capture(keras.callbacks.Callback):
 @pytest.mark.parametrize("loop, overrides", [
     ("fit", ["precision=mixed_bfloat16", "jit_compile=true", "steps_per_execution=3",
              "devices=1"]),
-    ("custom", ["precision=mixed_float16", "jit_compile=true", "steps_per_execution=3",
-                "devices=2"]),
+    pytest.param("custom", ["precision=mixed_float16", "jit_compile=true",
+                            "steps_per_execution=3", "devices=2"],
+                 marks=pytest.mark.slow),  # a second XLA compile, on 2 replicas
 ])
 def test_options_are_applied_to_the_model(tiny_config, tmp_path, loop, overrides):
     capture = Capture()

@@ -91,6 +91,7 @@ def wheel(tmp_path_factory):
     return site
 
 
+@pytest.mark.slow  # builds and installs a wheel; the same project trains in-process by default
 def test_readme_project_trains_outside_the_repository_from_an_installed_trainer(tmp_path,
                                                                                 wheel):
     files, command = readme_project()
