@@ -15,6 +15,7 @@ import tensorflow as tf
 from tests.test_loop import INITIAL, assert_same, build, make_data, strategy_for
 from trainer.run.accumulate import accumulating_train_step
 from trainer.run.loop import CustomLoop
+from trainer.run.step import exact_train_step
 
 GLOBAL = 128
 # 2 full steps and a last one of 40: 10 examples on every micro-batch of every split
@@ -70,8 +71,8 @@ def test_a_last_batch_smaller_than_the_micro_batches_skips_the_empty_ones():
 class AveragedTwice(CustomLoop):
     """The classic bug: each micro-batch's mean loss, and the summed gradients averaged again."""
 
-    def _accumulated_gradients(self, images, labels, global_batch):
-        summed = super()._accumulated_gradients(images, labels, global_batch)
+    def _accumulated_gradients(self, images, labels, global_batch, weights=None):
+        summed = super()._accumulated_gradients(images, labels, global_batch, weights)
         return [g / self.accumulate for g in summed]
 
 
@@ -110,8 +111,8 @@ def _step_collectives(loop: str, accumulate: int, loop_class=CustomLoop) -> list
     x, y = make_data(GLOBAL)
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL)
     if loop == "fit":
-        if accumulate > 1:
-            model.train_step = accumulating_train_step(model, accumulate)
+        model.train_step = (accumulating_train_step(model, accumulate) if accumulate > 1
+                            else exact_train_step(model))
         model.fit(data, epochs=1, verbose=0, shuffle=False)
         function = model.train_function
         traced = [f for f in (getattr(function, "_list_all_concrete_functions", lambda: [])()
@@ -135,7 +136,7 @@ class ApplyPerMicroBatch(CustomLoop):
     has to unroll the micro-batches, and each brings its own all-reduce.)
     """
 
-    def _accumulated_gradients(self, images, labels, global_batch):
+    def _accumulated_gradients(self, images, labels, global_batch, weights=None):
         variables = self.model.trainable_variables
         size = GLOBAL // 2 // self.accumulate
         for i in range(self.accumulate):
@@ -170,18 +171,16 @@ def test_a_configured_run_on_any_split_ends_with_the_same_weights(tiny_config, t
     from trainer.evaluate import load_checkpoint
     from trainer.run.train import train
 
-    # Keras's fit weights an uneven last batch per replica (README, "Two training loops"),
-    # with or without accumulation; the custom loop weights it by the global count.
-    drop = f"batch.drop_remainder={loop == 'fit'}"
+    # Both loops weight the uneven last batch (1437 = 11 x 128 + 29) by the global count.
     results = {}
     for replicas, accumulate in SPLITS:
         run_dir = tmp_path / f"{replicas}x{accumulate}"
-        summary = train(tiny_config(*CONFIG, f"loop={loop}", f"devices={replicas}", drop,
+        summary = train(tiny_config(*CONFIG, f"loop={loop}", f"devices={replicas}",
                                     f"batch.accumulate={accumulate}"), run_dir=run_dir)
         assert summary["batch"] == {"per_replica": 32, "replicas": replicas,
                                     "accumulate": accumulate, "global": 128,
-                                    "max_per_replica": None, "drop_remainder": loop == "fit"}
-        steps = 11 if loop == "fit" else 12  # 1437 training digits / 128
+                                    "max_per_replica": None, "drop_remainder": False}
+        steps = 12  # 1437 training digits / 128, the last batch of 29
         assert summary["steps_per_epoch"] == steps
         model = load_checkpoint(run_dir / "checkpoints" / "last.keras")
         assert int(model.optimizer.iterations) == 2 * steps  # optimizer steps, not micro-batches

@@ -13,7 +13,9 @@ import pytest
 import tensorflow as tf
 
 from trainer.distribute.strategy import build_strategy
+from trainer.run.accumulate import accumulating_train_step
 from trainer.run.loop import CustomLoop
+from trainer.run.step import build_from_one_replica, exact_train_step
 
 GLOBAL_BATCH, EXAMPLES, FEATURES, CLASSES = 16, 64, 12, 5
 RTOL = 1e-5
@@ -64,17 +66,27 @@ def strategy_for(replicas: int):
     return build_strategy(name, tuple(f"/cpu:{i}" for i in range(replicas)), ops)
 
 
-def train_with(loop: str, kind: str, replicas: int, loop_class=CustomLoop, examples=EXAMPLES):
+def train_with(loop: str, kind: str, replicas: int, loop_class=CustomLoop, examples=EXAMPLES,
+               step: str = "exact", weights=None):
+    """`fit` runs trainer's exact step (`step="keras"`: Keras's own, the negative control;
+    `"accumulate"`: 2 micro-batches per replica); `weights` adds per-example sample weights."""
     strategy = strategy_for(replicas)
     model = build(kind, strategy)
     x, y = make_data(examples)
     steps = -(-examples // GLOBAL_BATCH)
+    data = (batches(x, y) if weights is None
+            else tf.data.Dataset.from_tensor_slices((x, y, weights)).batch(GLOBAL_BATCH))
     if loop == "fit":
-        history = model.fit(batches(x, y), epochs=2, verbose=0, shuffle=False)
+        if step == "exact":
+            model.train_step = exact_train_step(model)
+        elif step == "accumulate":
+            model.train_step = accumulating_train_step(model, 2)
+        build_from_one_replica(model)
+        history = model.fit(data, epochs=2, verbose=0, shuffle=False)
     else:
         # The custom loop reads all epochs from one dataset, as fit does with steps_per_epoch.
         history = loop_class(model, strategy, steps_per_execution=3).fit(
-            batches(x, y).repeat(2), epochs=2, steps_per_epoch=steps, verbose=0)
+            data.repeat(2), epochs=2, steps_per_epoch=steps, verbose=0)
     return model.get_weights(), history.history["loss"]
 
 
@@ -94,10 +106,37 @@ def test_replica_count_does_not_change_weights_or_loss(loop, kind):
         assert_same(one, train_with(loop, kind, replicas))
 
 
-def test_custom_loop_weights_a_partial_last_batch_like_one_replica():
-    """52 examples: the last global batch of 4 is split unevenly (or not at all) on 4 replicas."""
-    one = train_with("custom", "plain", 1, examples=52)
-    assert_same(one, train_with("custom", "plain", 4, examples=52))
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_a_partial_last_batch_weighs_like_one_replica(loop):
+    """50 examples: the last global batch of 2 is split 1/1 on 2 replicas and 1/1/0/0 on 4:
+    every example must still weigh 1/(examples in the step)."""
+    one = train_with(loop, "l2", 1, examples=50)
+    for replicas in (2, 4):
+        assert_same(one, train_with(loop, "l2", replicas, examples=50))
+
+
+def test_fit_sample_weights_and_accumulation_are_exact_on_an_uneven_last_batch():
+    weights = np.random.default_rng(5).uniform(0.1, 2.0, size=53).astype("float32")
+    one = train_with("fit", "plain", 1, examples=53, weights=weights)
+    assert_same(one, train_with("fit", "plain", 2, examples=53, weights=weights))
+    single = train_with("fit", "plain", 1, examples=53, step="keras")
+    assert_same(single, train_with("fit", "plain", 1, examples=53, step="accumulate"))
+    assert_same(single, train_with("fit", "plain", 2, examples=53, step="accumulate"))
+
+
+def test_custom_loop_sample_weights_equal_fit():
+    weights = np.random.default_rng(5).uniform(0.1, 2.0, size=53).astype("float32")
+    single = train_with("fit", "plain", 1, examples=53, weights=weights, step="keras")
+    assert_same(single, train_with("custom", "plain", 2, examples=53, weights=weights))
+
+
+def test_negative_control_keras_per_replica_mean_differs_on_the_last_batch():
+    """Keras's own step averages per replica: on 53 examples (a last batch of 5, split 3/2)
+    2 replicas end elsewhere than 1, which is what the exact step fixes."""
+    one = train_with("fit", "plain", 1, examples=53, step="keras")
+    with pytest.raises(AssertionError):
+        assert_same(one, train_with("fit", "plain", 2, examples=53, step="keras"))
+    assert_same(one, train_with("fit", "plain", 2, examples=53))
 
 
 class PerReplicaAverage(CustomLoop):

@@ -19,11 +19,7 @@ from typing import Any
 
 import tensorflow as tf
 
-
-def batch_size(data: Any) -> tf.Tensor:
-    """Examples in a nested batch (the first axis of its first tensor), as int32."""
-    first = next(t for t in tf.nest.flatten(data) if t is not None)
-    return tf.shape(first)[0]
+from trainer.run.step import batch_size, exact_weights, tracked_loss
 
 
 def accumulate(n: int, data: Any, gradients_of: Callable[[Any, tf.Tensor], list],
@@ -76,35 +72,37 @@ def accumulate(n: int, data: Any, gradients_of: Callable[[Any, tf.Tensor], list]
 def accumulating_train_step(model: Any, n: int) -> Callable[[Any], dict]:
     """A `train_step` for `fit` that accumulates `n` micro-batches per optimizer step.
 
-    It is Keras's TensorFlow `train_step` with the forward and backward pass in the loop of
-    `accumulate`: Keras's loss (mean over the micro-batch, divided by the replicas) is
-    weighted by the micro-batch's share of the replica's batch, so the sum equals the loss
-    Keras computes on the whole batch; the loss tracker and the compiled metrics see every
-    micro-batch; the optimizer applies (and all-reduces) once.
+    It is the exact step of `trainer.run.step` with the forward and backward pass in the
+    loop of `accumulate`: Keras's loss (mean over the micro-batch, divided by the replicas)
+    on the exact sample weights, weighted by the micro-batch's share of the replica's batch,
+    sums to the loss of the whole global step, each example weighing `1 / N`; the loss
+    tracker and the compiled metrics see every micro-batch; the optimizer applies (and
+    all-reduces) once.
     """
-    from keras.src.losses.loss import unscale_loss_for_distribution
     from keras.src.trainers.data_adapters import data_adapter_utils
 
     def train_step(data):
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
         variables = model.trainable_weights
-        total = tf.cast(batch_size(x), tf.float32)
+        local = batch_size(x)
+        total = tf.cast(local, tf.float32)
+        weighted, share = exact_weights(sample_weight, local)
 
         def gradients_of(part, count):
-            mx, my, mw = part
+            mx, my, mw, ow = part
             with tf.GradientTape() as tape:
                 y_pred = model(mx, training=True) if model._call_has_training_arg else model(mx)
                 loss = model._compute_loss(x=mx, y=my, y_pred=y_pred, sample_weight=mw,
                                            training=True)
-                model._loss_tracker.update_state(unscale_loss_for_distribution(loss),
+                model._loss_tracker.update_state(tracked_loss(model, loss, share),
                                                  sample_weight=count)
-                share = tf.cast(count, loss.dtype) / tf.cast(total, loss.dtype)
-                scaled = model.optimizer.scale_loss(loss * share)
+                part_share = tf.cast(count, loss.dtype) / tf.cast(total, loss.dtype)
+                scaled = model.optimizer.scale_loss(loss * part_share)
             gradients = tape.gradient(scaled, variables)
-            model.compute_metrics(mx, my, y_pred, sample_weight=mw)
+            model.compute_metrics(mx, my, y_pred, sample_weight=ow)
             return gradients
 
-        gradients = accumulate(n, (x, y, sample_weight), gradients_of, variables)
+        gradients = accumulate(n, (x, y, weighted, sample_weight), gradients_of, variables)
         model.optimizer.apply_gradients(zip(gradients, variables, strict=True))
         return model.get_metrics_result()
 

@@ -20,7 +20,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from trainer.run.accumulate import accumulate, batch_size
+from trainer.run.accumulate import accumulate
+from trainer.run.step import batch_size
 from trainer.task.build import per_example
 
 # tf.distribute's input code reads dataset options in graph mode when a dataset is
@@ -81,8 +82,8 @@ class CustomLoop:
     def _regularization(self) -> tf.Tensor:
         return tf.add_n(self.model.losses) if self.model.losses else tf.constant(0.0)
 
-    def _gradients(self, images: tf.Tensor, labels: tf.Tensor, global_batch: tf.Tensor,
-                   share: tf.Tensor | float = 1.0):
+    def _gradients(self, images: Any, labels: tf.Tensor, global_batch: tf.Tensor,
+                   share: tf.Tensor | float = 1.0, weights: tf.Tensor | None = None):
         """Forward and backward pass of one replica; no collectives, so XLA can compile it.
 
         `share` is the micro-batch's part of the replica's batch: the regularisation loss,
@@ -90,7 +91,7 @@ class CustomLoop:
         """
         with tf.GradientTape() as tape:
             predictions = self.model(images, training=True)
-            per_example = self._per_example(labels, predictions)
+            per_example = self._per_example(labels, predictions, weights)
             regularization = self._regularization()
             loss = (self.average_loss(per_example, global_batch)
                     + tf.nn.scale_regularization_loss(regularization) * share)
@@ -100,41 +101,46 @@ class CustomLoop:
         gradients = tape.gradient(scaled, self.model.trainable_variables)
         return gradients, predictions, per_example + regularization
 
-    def _per_example(self, labels: tf.Tensor, predictions: tf.Tensor) -> tf.Tensor:
-        """One loss value per example (a loss left per element is averaged over the rest)."""
+    def _per_example(self, labels: tf.Tensor, predictions: tf.Tensor,
+                     weights: tf.Tensor | None = None) -> tf.Tensor:
+        """One loss value per example (a loss left per element is averaged over the rest),
+        times its sample weight where the data has one."""
         values = self.per_example_loss(labels, tf.cast(predictions, tf.float32))
         if values.shape.rank is not None and values.shape.rank > 1:
             values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
+        if weights is not None:
+            values = values * tf.reshape(tf.cast(weights, values.dtype), [-1])
         return values
 
-    def _train_step(self, images: tf.Tensor, labels: tf.Tensor) -> None:
+    def _train_step(self, images: Any, labels: tf.Tensor,
+                    weights: tf.Tensor | None = None) -> None:
         global_batch = self._global_batch(labels)
         variables = self.model.trainable_variables
         if self.accumulate == 1:
-            gradients, predictions, losses = self._replica_gradients(images, labels,
-                                                                     global_batch)
-            self._update_metrics(labels, predictions, losses)
+            gradients, predictions, losses = self._replica_gradients(
+                images, labels, global_batch, 1.0, weights)
+            self._update_metrics(labels, predictions, losses, weights)
         else:
-            gradients = self._accumulated_gradients(images, labels, global_batch)
+            gradients = self._accumulated_gradients(images, labels, global_batch, weights)
         self.model.optimizer.apply_gradients(zip(gradients, variables, strict=True))
 
-    def _accumulated_gradients(self, images, labels, global_batch) -> list:
+    def _accumulated_gradients(self, images, labels, global_batch, weights=None) -> list:
         total = tf.cast(batch_size(labels), tf.float32)
 
         def gradients_of(part, count):
-            x, y = part
+            x, y, w = part
             gradients, predictions, losses = self._replica_gradients(
-                x, y, global_batch, tf.cast(count, tf.float32) / total)
-            self._update_metrics(y, predictions, losses)
+                x, y, global_batch, tf.cast(count, tf.float32) / total, w)
+            self._update_metrics(y, predictions, losses, w)
             return gradients
 
-        return accumulate(self.accumulate, (images, labels), gradients_of,
+        return accumulate(self.accumulate, (images, labels, weights), gradients_of,
                           self.model.trainable_variables)
 
-    def _update_metrics(self, labels, predictions, per_example_loss) -> None:
+    def _update_metrics(self, labels, predictions, per_example_loss, weights=None) -> None:
         self.loss_metric.update_state(per_example_loss)
         for metric in self.metrics:
-            metric.update_state(labels, predictions)
+            metric.update_state(labels, predictions, sample_weight=weights)
 
     def _train_steps(self, iterator: Any, steps: tf.Tensor | None) -> dict[str, tf.Tensor]:
         # Exactly `steps` batches, never past the end: `fit` counts the epoch's steps. One
@@ -148,14 +154,16 @@ class CustomLoop:
         # (reading metrics eagerly after every call would serialise dispatch and compute).
         return {m.name: m.result() for m in (self.loss_metric, *self.metrics)}
 
-    def _test_step(self, images: tf.Tensor, labels: tf.Tensor) -> None:
+    def _test_step(self, images: Any, labels: tf.Tensor,
+                   weights: tf.Tensor | None = None) -> None:
         predictions = self.model(images, training=False)
-        per_example = self._per_example(labels, predictions)
-        self._update_metrics(labels, predictions, per_example + self._regularization())
+        per_example = self._per_example(labels, predictions, weights)
+        self._update_metrics(labels, predictions, per_example + self._regularization(),
+                             weights)
 
     def _test_steps(self, dataset: Any) -> None:
-        for images, labels in dataset:
-            self.strategy.run(self._test_step, args=(images, labels))
+        for batch in dataset:
+            self.strategy.run(self._test_step, args=batch)
 
     def _results(self) -> dict[str, float]:
         return {m.name: float(m.result()) for m in (self.loss_metric, *self.metrics)}

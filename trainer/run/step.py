@@ -1,0 +1,146 @@
+"""The step `fit` runs: Keras's own, with every example weighted by the global step's count.
+
+Keras's `train_step` averages the loss over each replica's own examples and then over the
+replicas. On full batches that is the mean over the global batch; on a last batch split
+unevenly (15 and 14 examples), the examples of the smaller share weigh more, and the
+weights after an epoch depend on the number of replicas. Here each replica's sample weights
+are multiplied by `examples on this replica * replicas / examples in the global step` (one
+scalar all-reduce per step counts them), which turns Keras's per-replica mean (divided by
+the replicas) into `sum of weighted losses / examples in the global step`: each example
+weighs `1 / N` on any number of replicas. Regularisation losses are untouched (counted once
+per step, as Keras counts them), metrics see the sample weights the data gave.
+
+This holds for Keras's default loss reduction (`sum_over_batch_size`), which divides by
+the examples of the batch. A model whose class overrides `train_step` or `compute_loss`
+keeps its own step under `fit`: its author decided what a step is.
+
+`_maybe_symbolic_build` (Keras 3.15) reduces the first batch of a `fit` or `evaluate` over
+the replicas with MEAN to learn the input shapes, which fails on a batch split unevenly and
+on strings; `build_from_one_replica` gives it one replica's share instead (only shapes and
+dtypes are read).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+
+def batch_size(data: Any) -> tf.Tensor:
+    """Examples in a nested batch (the first axis of its first tensor), as int32."""
+    first = next(t for t in tf.nest.flatten(data) if t is not None)
+    return tf.shape(first)[0]
+
+
+def keeps_own_step(model: keras.Model) -> str | None:
+    """The method by which a model's class defines its own training step, or None."""
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+    from keras.src.trainers.trainer import Trainer
+
+    if type(model).train_step is not TensorFlowTrainer.train_step:
+        return "train_step"
+    if type(model).compute_loss is not Trainer.compute_loss:
+        return "compute_loss"
+    return None
+
+
+def global_count(local: tf.Tensor) -> tf.Tensor:
+    """Examples in the global step (float32): this replica's, summed over the replicas."""
+    local = tf.cast(local, tf.float32)
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return local
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, local)
+
+
+def exact_weights(sample_weight: Any, local: tf.Tensor) -> tuple[Any, tf.Tensor]:
+    """Sample weights that make Keras's per-replica mean the global step's mean.
+
+    Args:
+        sample_weight: the batch's sample weights (a tensor, a structure per output) or None.
+        local: examples in this replica's batch.
+
+    Returns:
+        (`sample_weight` (ones where None) times `share`, `share`), where `share` is
+        `local * replicas / examples in the global step` (1 on even shares).
+    """
+    context = tf.distribute.get_replica_context()
+    replicas = 1 if context is None else context.num_replicas_in_sync
+    share = tf.cast(local, tf.float32) * replicas / tf.maximum(global_count(local), 1.0)
+    if sample_weight is None:
+        return tf.fill(tf.reshape(local, [1]), share), share
+    return tf.nest.map_structure(lambda w: tf.cast(w, tf.float32) * share, sample_weight), share
+
+
+def regularization(model: keras.Model) -> tf.Tensor:
+    """The model's own losses (regularisers, `add_loss`), summed, unscaled."""
+    if not model.losses:
+        return tf.constant(0.0)
+    return tf.add_n([tf.cast(tf.reduce_sum(v), tf.float32) for v in model.losses])
+
+
+def tracked_loss(model: keras.Model, loss: tf.Tensor, share: tf.Tensor) -> tf.Tensor:
+    """The loss Keras's tracker records for this replica (its examples' weighted mean plus
+    the regularisation): the step's loss with `share` taken out of the examples' part."""
+    from keras.src.losses.loss import unscale_loss_for_distribution
+
+    unscaled = tf.cast(unscale_loss_for_distribution(loss), tf.float32)
+    reg = regularization(model)
+    return tf.math.divide_no_nan(unscaled - reg, share) + reg
+
+
+def exact_train_step(model: keras.Model) -> Any:
+    """Keras's TensorFlow `train_step`, with `exact_weights` on the loss."""
+    from keras.src.trainers.data_adapters import data_adapter_utils
+
+    def train_step(data):
+        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        local = batch_size(x)
+        weighted, share = exact_weights(sample_weight, local)
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True) if model._call_has_training_arg else model(x)
+            loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=weighted,
+                                       training=True)
+            model._loss_tracker.update_state(tracked_loss(model, loss, share),
+                                             sample_weight=local)
+            scaled = model.optimizer.scale_loss(loss)
+        variables = model.trainable_weights
+        gradients = tape.gradient(scaled, variables)
+        model.optimizer.apply_gradients(zip(gradients, variables, strict=True))
+        return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    return train_step
+
+
+def built(model: keras.Model) -> bool:
+    """Whether the model's layers, compiled loss and compiled metrics all hold their state
+    (what Keras's symbolic build would otherwise create)."""
+    pieces = [*model._flatten_layers(), model._compile_loss, model._compile_metrics]
+    return all(piece is None or piece.built for piece in pieces)
+
+
+def build_from_one_replica(model: keras.Model) -> None:
+    """Makes Keras's symbolic build read one replica's share of the first batch instead of
+    reducing it over the replicas (which fails on uneven shares and on strings)."""
+    original = model._maybe_symbolic_build
+
+    def maybe_symbolic_build(iterator=None, data_batch=None):
+        if built(model):
+            return  # nothing to build: no batch is read (Keras would read one, then reset)
+        if iterator is not None and data_batch is None:
+            strategy = model.distribute_strategy
+
+            def first_replica(value):
+                if isinstance(value, tf.distribute.DistributedValues):
+                    return strategy.experimental_local_results(value)[0]
+                return value
+
+            for _, _, it in iterator:
+                data_batch = tf.nest.map_structure(first_replica, next(it))
+                break
+            iterator = None
+        return original(iterator=iterator, data_batch=data_batch)
+
+    model._maybe_symbolic_build = maybe_symbolic_build
