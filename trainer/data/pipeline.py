@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,33 +69,124 @@ class Source:
             self.test_size = count
 
     @classmethod
-    def from_arrays(cls, x_train: Any, y_train: Any, x_validation: Any, y_validation: Any,
+    def from_arrays(cls, x_train: Any, y_train: Any, x_validation: Any, y_validation: Any, *,
                     num_classes: int | None = None, x_test: Any = None, y_test: Any = None,
-                    **kwargs: Any) -> Source:
-        """A source from in-memory arrays (NumPy or anything `from_tensor_slices` takes).
+                    sample_weight: Any = None, **kwargs: Any) -> Source:
+        """A source from in-memory arrays, as Keras's `fit(x, y)` takes them.
+
+        Features are an array, a tuple of arrays or a dict of named arrays (one per model
+        input); targets an array or a dict per output; every array's first axis the
+        examples. Sizes are counted in examples, and every array of a split must hold the
+        same number.
 
         Args:
-            x_train, y_train: training features and targets, first axis the examples.
+            x_train, y_train: training features and targets.
             x_validation, y_validation: the same for validation.
             num_classes: for class targets; None for regression, where the number of
                 outputs is the size of a target (1 for scalar targets).
             x_test, y_test: the same for the test split, or None for none.
+            sample_weight: one weight per training example (Keras's `sample_weight`), or
+                None.
             **kwargs: other `Source` fields (`preprocess`, `scale`, `input_shape` where the
                 preprocessing changes it).
-        """
-        import numpy as np
 
-        y = np.asarray(y_train)
-        outputs = None if num_classes is not None else (int(np.prod(y.shape[1:])) or 1)
-        test = (None if x_test is None
-                else tf.data.Dataset.from_tensor_slices((x_test, y_test)))
-        return cls(train=tf.data.Dataset.from_tensor_slices((x_train, y_train)),
-                   validation=tf.data.Dataset.from_tensor_slices((x_validation, y_validation)),
-                   train_size=len(x_train), validation_size=len(x_validation),
-                   input_shape=kwargs.pop("input_shape", tuple(np.asarray(x_train).shape[1:])),
-                   num_classes=num_classes,
-                   num_outputs=outputs, test=test,
-                   test_size=0 if x_test is None else len(x_test), **kwargs)
+        Raises:
+            DataError: an argument of the wrong type or size (one line naming it).
+        """
+        if num_classes is not None and (isinstance(num_classes, bool)
+                                        or not isinstance(num_classes, int)
+                                        or num_classes < 1):
+            raise DataError(f"Source.from_arrays(num_classes=...) must be a positive int or "
+                            f"None; received: {num_classes!r}")
+        if (x_test is None) != (y_test is None):
+            raise DataError("Source.from_arrays needs x_test and y_test together; received "
+                            f"only {'x_test' if y_test is None else 'y_test'}")
+        sizes = {}
+        for name, value in (("x_train", x_train), ("y_train", y_train),
+                            ("x_validation", x_validation), ("y_validation", y_validation),
+                            ("x_test", x_test), ("y_test", y_test),
+                            ("sample_weight", sample_weight)):
+            if value is not None:
+                sizes[name] = examples_in(value, name)
+        for features, targets in (("x_train", "y_train"), ("x_validation", "y_validation"),
+                                  ("x_test", "y_test"), ("x_train", "sample_weight")):
+            if targets in sizes and sizes[features] != sizes[targets]:
+                raise DataError(f"Source.from_arrays: {features} holds {sizes[features]} "
+                                f"examples, {targets} {sizes[targets]}; they must match")
+        outputs = None
+        if num_classes is None and not isinstance(y_train, Mapping):
+            outputs = int(np.prod(np.shape(y_train)[1:])) or 1
+
+        def slices(x, y, w=None):
+            return tf.data.Dataset.from_tensor_slices((_tuple(x), y) if w is None
+                                                      else (_tuple(x), y, w))
+
+        test = None if x_test is None else slices(x_test, y_test)
+        return cls(train=slices(x_train, y_train, sample_weight),
+                   validation=slices(x_validation, y_validation),
+                   train_size=sizes["x_train"], validation_size=sizes["x_validation"],
+                   input_shape=kwargs.pop("input_shape", shapes_of(x_train)),
+                   num_classes=num_classes, num_outputs=outputs, test=test,
+                   test_size=sizes.get("x_test", 0), **kwargs)
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, (np.ndarray, tf.Tensor, tf.RaggedTensor))
+
+
+def _parts(value: Any) -> dict | None:
+    """The arrays of a structure of inputs by name or position; None for one array.
+
+    A dict, a tuple, or a list of arrays is a structure (as Keras reads `x`); a list of
+    numbers is one array."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, tuple) or (isinstance(value, list) and value
+                                    and all(_is_array(v) for v in value)):
+        return dict(enumerate(value))
+    return None
+
+
+def _tuple(x: Any) -> Any:
+    """Lists of inputs as tuples (`from_tensor_slices` would stack a list into one array)."""
+    return tuple(x) if _parts(x) is not None and isinstance(x, list) else x
+
+
+def examples_in(value: Any, name: str) -> int:
+    """Examples in an array or a structure of arrays (the first axis, the same in all).
+
+    Raises:
+        DataError: `value` holds something that is not an array, or arrays of different
+            lengths.
+    """
+    parts = _parts(value)
+    leaves = parts if parts is not None else {None: value}
+    counts = {}
+    for key, leaf in leaves.items():
+        where = "" if key is None else f" at {key!r}"
+        if not (_is_array(leaf) or isinstance(leaf, list)):
+            raise DataError(f"Source.from_arrays({name}=...) must be an array (NumPy, a "
+                            f"tensor, a list), or a tuple or dict of arrays; received "
+                            f"{type(leaf).__name__}{where}")
+        shape = leaf.shape if hasattr(leaf, "shape") else np.shape(leaf)
+        if not len(shape):
+            raise DataError(f"Source.from_arrays({name}=...) needs a first axis of examples; "
+                            f"received a scalar{where}")
+        counts[key] = int(shape[0])
+    if len(set(counts.values())) > 1:
+        found = ", ".join(f"{k}={v}" for k, v in counts.items())
+        raise DataError(f"Source.from_arrays({name}=...): its arrays hold different numbers of "
+                        f"examples ({found})")
+    return next(iter(counts.values()))
+
+
+def shapes_of(x: Any) -> Any:
+    """The shape of one example: a tuple, or a dict or tuple of them per input."""
+    parts = _parts(x)
+    if parts is None:
+        return tuple(np.shape(x)[1:])
+    shapes = {k: tuple(np.shape(v)[1:]) for k, v in parts.items()}
+    return shapes if isinstance(x, Mapping) else tuple(shapes.values())
 
 
 class DataError(ConfigError):
@@ -138,15 +229,17 @@ def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_
                           scale: float | None = None, seed: int | None = None, cache: bool = True,
                           shuffle_buffer: int = 2048, drop_remainder: bool = False,
                           replicas: int = 1, examples: int | None = None,
-                          augment: Any = None) -> tf.data.Dataset:
+                          augment: Any = None,
+                          class_weight: dict[int, float] | None = None) -> tf.data.Dataset:
     """The training batches of epochs `first_epoch`..`epochs - 1` as one dataset.
 
     Each epoch's order comes from the seed and the epoch's number alone, not from how many
     passes the process made before, so a run resumed at epoch e, step k sees exactly the
     batches the interrupted run would have seen (`skip_steps` skips the k done ones).
     `augment` (the config's list, `trainer.data.augment`) transforms the training images after
-    the cache, each with a seed from (seed, epoch, position). Other arguments as
-    `build_pipeline`.
+    the cache, each with a seed from (seed, epoch, position). `class_weight` gives each
+    training example its class's weight as a sample weight, as Keras's `fit` does. Other
+    arguments as `build_pipeline`.
     """
     prepared = prepare(dataset, preprocess, cache, scale)
     items = check(augment)
@@ -156,6 +249,13 @@ def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_
     layers = batch_layers(items, seed)
     # an unseeded run still needs seeds for the stateless ops: one drawn for this run
     base = seed if seed is not None else int(np.random.default_rng().integers(1, 2**31 - 1))
+
+    if class_weight:
+        from keras.src.trainers.data_adapters.tf_dataset_adapter import (
+            make_class_weight_map_fn,
+        )
+
+        weigh = make_class_weight_map_fn(class_weight)  # Keras's own rule
 
     def one_epoch(epoch):
         epoch_seed = None if seed is None else seed * 7919 + epoch
@@ -173,7 +273,7 @@ def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_
                            shuffle_buffer if per_element is None else 0, drop_remainder,
                            replicas, examples, reshuffle=False)
         for layer in layers:
-            batches = batches.map(lambda x, y, layer=layer: (layer(x, training=True), y),
+            batches = batches.map(lambda x, *rest, layer=layer: (layer(x, training=True), *rest),
                                   num_parallel_calls=tf.data.AUTOTUNE)
         if mix is not None:
             key = tf.cast(base, tf.int64) * 7919 + epoch + 104729  # apart from the images'
@@ -182,6 +282,8 @@ def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_
                 return mix(*batch, tf.stack([key, position]))
 
             batches = batches.enumerate().map(mixed, num_parallel_calls=tf.data.AUTOTUNE)
+        if class_weight:
+            batches = batches.map(weigh, num_parallel_calls=tf.data.AUTOTUNE)
         return batches
 
     epochs_ds = tf.data.Dataset.range(first_epoch, epochs).flat_map(one_epoch)
@@ -202,13 +304,14 @@ def prepare(dataset: tf.data.Dataset, preprocess: Callable | None, cache: bool,
     if not cache:
         return dataset
     byte_range = scale is not None and abs(scale - 1 / 255) < 1e-12
-    if byte_range and dataset.element_spec[0].dtype == tf.float32:
+    features = dataset.element_spec[0]
+    if byte_range and isinstance(features, tf.TensorSpec) and features.dtype == tf.float32:
         dataset = dataset.map(_to_bytes, num_parallel_calls=tf.data.AUTOTUNE)
     return dataset.cache()
 
 
-def _to_bytes(images, labels):
-    return tf.saturate_cast(tf.round(images), tf.uint8), labels
+def _to_bytes(images, *rest):
+    return (tf.saturate_cast(tf.round(images), tf.uint8), *rest)
 
 
 def _batches(dataset, global_batch, training, scale, seed, shuffle_buffer, drop_remainder,
@@ -227,8 +330,8 @@ def _batches(dataset, global_batch, training, scale, seed, shuffle_buffer, drop_
 
 
 def _scaler(scale: float) -> Callable:
-    def to_unit_range(images, labels):
-        return tf.cast(images, tf.float32) * scale, labels
+    def to_unit_range(images, *rest):
+        return (tf.cast(images, tf.float32) * scale, *rest)
 
     return to_unit_range
 

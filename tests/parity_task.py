@@ -1,0 +1,110 @@
+"""Users' own tasks for the Keras-parity tests: dict inputs, two heads, text, own train_step.
+
+Each `load` returns a `trainer.data.Source` from arrays, each `build` a Keras model; the
+tests name them as `_target_`s (this directory is on the tests' import path).
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from trainer.data.pipeline import Source
+
+ROWS, VALIDATION, CATEGORIES = 301, 29, 7
+
+
+def _table(rows: int, seed: int):
+    """Numeric features and a category; the class and the score depend on both."""
+    rng = np.random.default_rng(seed)
+    num = rng.normal(size=(rows, 4)).astype("float32")
+    cat = rng.integers(0, CATEGORIES, size=(rows, 1)).astype("int32")
+    signal = num[:, 0] + num[:, 1] - 0.8 * (cat[:, 0] % 3 == 0)
+    label = (signal > 0).astype("int32")
+    score = (2.0 * num[:, 2] + 0.5 * signal).astype("float32")
+    return {"num": num, "cat": cat}, label, score
+
+
+def dict_inputs(**_: object) -> Source:
+    """Two named inputs, one class target (301 training rows: an uneven last batch)."""
+    x, y, _score = _table(ROWS, 0)
+    vx, vy, _ = _table(VALIDATION, 1)
+    return Source.from_arrays(x, y, vx, vy, num_classes=2)
+
+
+def two_targets(**_: object) -> Source:
+    """Two named inputs, two targets: a class (`cls`) and a score (`reg`)."""
+    x, y, score = _table(ROWS, 0)
+    vx, vy, vscore = _table(VALIDATION, 1)
+    return Source.from_arrays(x, {"cls": y, "reg": score}, vx, {"cls": vy, "reg": vscore},
+                              num_classes=2)
+
+
+def _trunk():
+    num = keras.Input((4,), name="num")
+    cat = keras.Input((1,), name="cat", dtype="int32")
+    embedded = keras.layers.Flatten()(keras.layers.Embedding(CATEGORIES, 3)(cat))
+    hidden = keras.layers.Dense(16, activation="relu")(
+        keras.layers.Concatenate()([num, embedded]))
+    return {"num": num, "cat": cat}, hidden
+
+
+def dict_model(**_: object) -> keras.Model:
+    inputs, hidden = _trunk()
+    return keras.Model(inputs, keras.layers.Dense(2, activation="softmax")(hidden))
+
+
+def two_head_model(**_: object) -> keras.Model:
+    inputs, hidden = _trunk()
+    cls = keras.layers.Dense(2, activation="softmax", name="cls")(hidden)
+    reg = keras.layers.Dense(1, name="reg")(hidden)
+    return keras.Model(inputs, {"cls": cls, "reg": reg})
+
+
+WORDS = ["good", "great", "fine", "bad", "awful", "poor", "the", "a", "movie", "plot"]
+
+
+def _sentences(rows: int, seed: int):
+    rng = np.random.default_rng(seed)
+    label = rng.integers(0, 2, size=rows).astype("int32")
+    text = []
+    for y in label:
+        mood = WORDS[:3] if y else WORDS[3:6]
+        words = list(rng.choice(WORDS[6:], size=3)) + [str(rng.choice(mood))]
+        rng.shuffle(words)
+        text.append(" ".join(words))
+    return np.array(text), label
+
+
+def text(**_: object) -> Source:
+    """Sentences as strings; the model vectorises them itself."""
+    x, y = _sentences(ROWS, 0)
+    vx, vy = _sentences(VALIDATION, 1)
+    return Source.from_arrays(x, y, vx, vy, num_classes=2)
+
+
+def text_model(**_: object) -> keras.Model:
+    vectorize = keras.layers.TextVectorization(max_tokens=20, output_sequence_length=4,
+                                               vocabulary=WORDS)
+    inputs = keras.Input((), dtype="string")
+    x = keras.layers.Embedding(20, 8)(vectorize(inputs))
+    x = keras.layers.GlobalAveragePooling1D()(x)
+    return keras.Model(inputs, keras.layers.Dense(2, activation="softmax")(x))
+
+
+class CountingModel(keras.Model):
+    """A model with its own `train_step`, which counts its calls (in a variable, since the
+    step runs in a graph)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls = keras.Variable(0, dtype="int32", trainable=False, name="calls")
+
+    def train_step(self, data):
+        self.calls.assign_add(1)
+        return super().train_step(data)
+
+
+def counting_model(**_: object) -> keras.Model:
+    inputs, hidden = _trunk()
+    return CountingModel(inputs, keras.layers.Dense(2, activation="softmax")(hidden))
