@@ -84,6 +84,13 @@ def test_sweep_over_devices_gives_each_job_its_devices(tmp_path):
     (["dataset=tfds"], "error: dataset.name must be set (no default)"),
     (["batch.accumulate=0"], "error: batch.accumulate must be a positive integer or auto"),
     (["batch.max_per_replica=32"], "error: batch.per_replica=64 is above batch.max_per_replica"),
+    # keys no part of a run reads (#22.6), and class weights that are not weights
+    (["+epoch=1"], "error: unknown key epoch (did you mean epochs?): no part of a run reads"),
+    (["+batch.size=32"], "error: unknown key batch.size: no part of a run reads it"),
+    (["class_weight={0: -1}"], "error: class_weight must map class indices to non-negative"),
+    (["+callbacks.mine._target_=nonexistent_mod.Cb"],
+     "error: callbacks.mine._target_='nonexistent_mod.Cb': no module named 'nonexistent_mod' "
+     "(is it installed, or in the working directory?)"),
 ])
 def test_config_errors_are_one_line_and_exit_2(tmp_path, args, message):
     run_dir = tmp_path / "run"
@@ -163,6 +170,20 @@ def test_unknown_experiment_is_one_line_and_trains_nothing(tmp_path):
     assert error_lines(out.stderr) == [
         "error: unknown experiment 'nope'; available: cats_vs_dogs_mobilenet, "
         "cifar10_multi_gpu, mnist_towers"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_unknown_key_in_an_experiment_file_is_one_line(tmp_path):
+    experiments = tmp_path / "conf" / "experiment"
+    experiments.mkdir(parents=True)
+    (experiments / "typo.yaml").write_text("# @package _global_\nepochs: 1\n"
+                                           "class_wieght: {0: 1.0}\n")
+    out = run_cli("--config-dir", str(tmp_path / "conf"), "experiment=typo",
+                  f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=60)
+    assert out.returncode == 2
+    assert error_lines(out.stderr) == [
+        "error: In 'experiment/typo': ConfigKeyError raised while composing config Key "
+        "'class_wieght' not in 'Config'"]
     assert not (tmp_path / "run").exists()
 
 

@@ -69,19 +69,10 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
         raise ConfigError(f"the dataset of {run_dir} has no test split; valid: "
                           "split=validation")
     run.model.load_weights(checkpoint)
-    if split == "test":
-        # lazy: it imports TensorFlow, which starts after the devices are set
-        from trainer.run.train import test_metrics
+    # lazy: it imports TensorFlow, which starts after the devices are set
+    from trainer.run.train import evaluate_split
 
-        metrics = test_metrics(run)
-    elif run.loop == "custom":
-        # lazy: it imports TensorFlow, which starts after the devices are set
-        from trainer.run.loop import CustomLoop
-
-        metrics = CustomLoop(run.model, run.strategy, loss=run.loss,
-                             metrics=run.metrics).evaluate(data)
-    else:
-        metrics = run.model.evaluate(data, return_dict=True, verbose=0)
+    metrics = evaluate_split(run, data)
     examples = (run.data.source.validation_size if split == "validation"
                 else run.data.source.test_size)
     return {"checkpoint": str(checkpoint), "split": split, "examples": examples,

@@ -19,6 +19,18 @@ def build_object(node: Any, what: str, **kwargs: Any) -> Any:
         cause = error.__cause__
         if isinstance(cause, ConfigError):
             raise cause from None
-        detail = str(cause or error).strip().splitlines()
         raise ConfigError(f"{what}: cannot build {node.get('_target_')!r}: "
-                          f"{detail[-1] if detail else type(cause).__name__}") from None
+                          f"{describe(cause or error)}") from None
+
+
+def describe(error: BaseException) -> str:
+    """An exception as `Type: its message's first line` (a message may end in a long repr
+    whose last line says nothing: the first line is the author's sentence)."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    name = type(error).__name__
+    if not lines:
+        return name
+    if lines[0].startswith("Error loading") and len(lines) > 1:
+        return " ".join(lines[1:])  # Hydra's import failure: what is missing, and a hint
+    text = lines[0] if len(lines[0]) <= 300 else f"{lines[0][:297]}..."
+    return f"{name}: {text}"

@@ -27,7 +27,11 @@ def one_line(error: BaseException) -> str:
         if error.override and error.override not in text:
             text = f"cannot parse the override {error.override!r}: {text}"
         return f"{text} (overrides are key=value, e.g. epochs=3 devices=[0,1])"
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    text = lines[0] if lines else type(error).__name__
+    if text.endswith("while composing config:") and len(lines) > 1:
+        # Hydra's first line says where; the next says what (Key 'x' not in 'Config')
+        text = f"{text[:-1]} {lines[1]}"
     cause = error.__cause__
     if cause is not None and str(cause).strip():
         text = f"{text.rstrip('.')}: {str(cause).strip().splitlines()[0]}"

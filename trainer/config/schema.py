@@ -189,7 +189,14 @@ class Config:
     # What is trained for: a Keras loss name or a `_target_` node; metric names or nodes;
     # callbacks by name, each a `_target_` node (null disables one).
     loss: Any = "sparse_categorical_crossentropy"
-    metrics: Any = field(default_factory=lambda: ["accuracy"])
+    # null: [accuracy] for class targets, none otherwise (a mapping replaces null; OmegaConf
+    # cannot merge a mapping over a list)
+    metrics: Any = None
+    # Multi-output models: loss and metrics may be mappings per output name, and the
+    # outputs' losses are weighted by loss_weights (a mapping, as Keras's compile takes it).
+    loss_weights: Any = None
+    # Keras's class_weight: {class index: weight}, applied to the training examples.
+    class_weight: Any = None
     callbacks: Any = field(default_factory=dict)
     seed: int | None = 42
     epochs: int = 8

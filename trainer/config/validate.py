@@ -7,6 +7,7 @@ fine-tuning options) live with that part and are run beside these by the pre-fli
 
 from __future__ import annotations
 
+from dataclasses import fields, is_dataclass
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -20,6 +21,7 @@ from trainer.config.schema import (
     LR_SCALING,
     PRECISIONS,
     STRATEGIES,
+    Config,
     LrPlan,
 )
 
@@ -110,6 +112,64 @@ def _validate_profile(profile: Any) -> None:
              f"profile=[5,8], or null; received: {profile!r}")
 
 
+# Nodes whose keys are their builders' arguments (checked by the builder), not the schema's.
+OPEN_NODES = ("model", "dataset", "optimizer", "callbacks", "logger", "hydra", "loss",
+              "metrics", "loss_weights", "class_weight", "augment", "profile", "devices",
+              "steps_per_execution", "jit_compile", "verbose", "hparams_search", "experiment")
+
+
+def unknown_keys(cfg: DictConfig) -> None:
+    """Refuses a key no part of a run reads (`+epoch=1`, a typo in an experiment file).
+
+    Hydra's `+key=value` adds a key even where the schema has none; the schema's typed
+    sections (`batch`, `checkpoint`, ...) and the top level are checked here, the open
+    nodes by the builders their keys are passed to.
+    """
+    def check(node: Any, schema: type, prefix: str) -> None:
+        known = {f.name: f for f in fields(schema)}
+        for key in node:
+            name = f"{prefix}{key}"
+            if key not in known:
+                close = sorted(k for k in known if k[:3] == str(key)[:3])
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                _require(False, f"unknown key {name}{hint}: no part of a run reads it; "
+                         "remove it, or see conf/config.yaml for the keys there are")
+            default = known[key].default_factory() if callable(
+                known[key].default_factory) else None
+            if is_dataclass(default) and key not in OPEN_NODES and isinstance(node[key],
+                                                                              DictConfig):
+                check(node[key], type(default), f"{name}.")
+
+    check({k: cfg[k] for k in cfg if k not in ("hydra",)}, Config, "")
+
+
+def _plain(value: Any) -> Any:
+    """A config value as plain data, for a message."""
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value)
+    return value
+
+
+def _validate_weights(cfg: DictConfig) -> None:
+    weights = cfg.get("class_weight")
+    if weights is not None:
+        ok = isinstance(weights, DictConfig) and len(weights) > 0
+        for key, value in (weights.items() if ok else []):
+            ok = ok and str(key).isdigit() and isinstance(value, (int, float)) \
+                and not isinstance(value, bool) and value >= 0
+        _require(ok, "class_weight must map class indices to non-negative weights, e.g. "
+                 "class_weight='{0: 1.0, 1: 5.0}'; received: "
+                 f"{_plain(weights)!r}")
+    loss_weights = cfg.get("loss_weights")
+    if loss_weights is not None:
+        values = (list(loss_weights.values()) if isinstance(loss_weights, DictConfig)
+                  else list(loss_weights) if isinstance(loss_weights, ListConfig) else None)
+        _require(values is not None and all(isinstance(v, (int, float))
+                                            and not isinstance(v, bool) for v in values),
+                 "loss_weights must map output names to numbers (or list them in output "
+                 f"order); received: {loss_weights!r}")
+
+
 def validate(cfg: DictConfig) -> None:
     """Checks the values the schema cannot express, before TensorFlow is imported.
 
@@ -122,8 +182,10 @@ def validate(cfg: DictConfig) -> None:
     missing = sorted(OmegaConf.missing_keys(cfg))
     _require(not missing, f"{', '.join(missing)} must be set (no default); e.g. "
              f"{missing[0] if missing else ''}=VALUE on the command line")
+    unknown_keys(cfg)
     _positive_int("epochs", cfg.epochs)
     _validate_profile(cfg.profile)
+    _validate_weights(cfg)
     _one_of("checkpoint.test_with", cfg.checkpoint.test_with, ("best", "last"))
     metric = cfg.optimized_metric
     _require(metric is None or (isinstance(metric, str) and metric), "optimized_metric must be "
@@ -229,17 +291,42 @@ def _validate_optimizer(opt: Any) -> None:
              f"optimizer.decay_epochs must be positive; received: {plan.decay_epochs!r}")
 
 
+def _is_loss(loss: Any) -> bool:
+    return isinstance(loss, str) or (isinstance(loss, DictConfig) and "_target_" in loss)
+
+
+def _is_metric_list(metrics: Any) -> bool:
+    return isinstance(metrics, ListConfig) and all(
+        isinstance(m, str) or (isinstance(m, DictConfig) and "_target_" in m) for m in metrics)
+
+
+def _importable(key: str, target: Any) -> None:
+    """A `_target_` whose top-level package is nowhere is refused before anything starts
+    (found without importing it: importing could start TensorFlow)."""
+    import importlib.util
+
+    top = str(target).split(".")[0]
+    try:
+        found = bool(top) and importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        found = False
+    _require(found, f"{key}._target_={target!r}: no module named {top!r} (is it installed, "
+             "or in the working directory?)")
+
+
 def _validate_task(cfg: DictConfig) -> None:
     loss = cfg.loss
-    _require(isinstance(loss, str) or (isinstance(loss, DictConfig) and "_target_" in loss),
-             f"loss must be a Keras loss name or a node with _target_; received: {loss!r}")
+    per_output = (isinstance(loss, DictConfig) and "_target_" not in loss and len(loss) > 0
+                  and all(_is_loss(v) for v in loss.values()))
+    _require(_is_loss(loss) or per_output, "loss must be a Keras loss name, a node with "
+             "_target_, or a mapping per output name of those; received: "
+             f"{_plain(loss)!r}")
     metrics = cfg.metrics
-    _require(isinstance(metrics, ListConfig), "metrics must be a list of metric names or "
-             f"nodes with _target_, e.g. [accuracy]; received: {metrics!r}")
-    for metric in metrics:
-        _require(isinstance(metric, str) or (isinstance(metric, DictConfig)
-                                             and "_target_" in metric),
-                 f"each of metrics must be a name or a node with _target_; received: {metric!r}")
+    ok = metrics is None or _is_metric_list(metrics) or (
+        isinstance(metrics, DictConfig) and all(_is_metric_list(v) for v in metrics.values()))
+    _require(ok, "metrics must be a list of metric names or nodes with _target_ (e.g. "
+             "[accuracy]), a mapping per output name of such lists, or null; received: "
+             f"{_plain(metrics)!r}")
     callbacks = cfg.callbacks
     _require(isinstance(callbacks, DictConfig), "callbacks must be a mapping of names to nodes "
              f"with _target_, e.g. callbacks=[early_stopping]; received: {callbacks!r}")
@@ -247,6 +334,12 @@ def _validate_task(cfg: DictConfig) -> None:
         _require(node is None or (isinstance(node, DictConfig) and "_target_" in node),
                  f"callbacks.{name} must be a node with _target_ (or null to disable it); "
                  f"received: {node!r}")
+        if node is not None:
+            _importable(f"callbacks.{name}", node._target_)
+    for key in ("model", "dataset", "optimizer"):
+        node = cfg.get(key)
+        if isinstance(node, DictConfig) and isinstance(node.get("_target_"), str):
+            _importable(key, node._target_)
     loggers = cfg.logger or {}
     if "csv" in loggers:
         file = (loggers.get("csv") or {}).get("filename", "metrics.csv")

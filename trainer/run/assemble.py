@@ -143,7 +143,7 @@ def assemble(spec: Spec, plan: DevicePlan, cluster: Cluster | None = None) -> Ru
     import keras
 
     # lazy: it imports TensorFlow (see the module docstring)
-    from trainer.task.build import build_loss, build_metrics, build_optimizer, directions
+    from trainer.task.build import build_losses, build_optimizer, output_metrics
 
     replicas = len(plan.names)
     workers = cluster.num_workers if cluster is not None else 1
@@ -185,8 +185,14 @@ def assemble(spec: Spec, plan: DevicePlan, cluster: Cluster | None = None) -> Ru
 
     mixing = bool(mixers(check_augment(spec.augment)))
     # MixUp / CutMix mix labels: one-hot everywhere, and the loss that reads them
-    loss = build_loss("categorical_crossentropy" if mixing
-                      and spec.loss == "sparse_categorical_crossentropy" else spec.loss)
+    loss = build_losses("categorical_crossentropy" if mixing
+                        and spec.loss == "sparse_categorical_crossentropy" else spec.loss)
+    several = isinstance(loss, dict) or isinstance(spec.metrics, dict)
+    if several and loop == "custom":
+        raise ConfigError("loop=custom trains a model with one output and one loss; this run "
+                          "has a loss or metrics per output: use loop=fit"
+                          + (f" ({MULTI_WORKER_LOOP.split(':')[1].strip()})"
+                             if spec.loop != loop else ""))
     with strategy.scope():
         data = build_data(spec, batch.global_size, batch.shards,
                           batch.per_replica * batch.replicas, batch.replicas)
@@ -198,26 +204,47 @@ def assemble(spec: Spec, plan: DevicePlan, cluster: Cluster | None = None) -> Ru
 
         model = build_model(spec.model, input_shape=source.input_shape,
                             num_classes=source.num_classes, num_outputs=source.num_outputs)
-        label_shape = (None, *source.train.element_spec[1].shape)
-        specs = spec.metrics
+        label_spec = source.train.element_spec[1]
 
-        def metrics() -> list:
-            return build_metrics(specs, label_shape, model.output_shape)
+        classes = source.num_classes is not None
 
-        compiled = metrics()
+        def metrics() -> Any:
+            return output_metrics(spec.metrics, label_spec, model, classes)[0]
+
+        compiled, names, ways = output_metrics(spec.metrics, label_spec, model, classes)
         model.compile(optimizer=build_optimizer(spec.optimizer, lr.schedule), loss=loss,
-                      metrics=compiled, steps_per_execution=speed.steps_per_execution,
+                      loss_weights=spec.loss_weights, metrics=compiled,
+                      steps_per_execution=speed.steps_per_execution,
                       jit_compile=speed.jit_compile)
-        if batch.accumulate > 1 and loop == "fit":
-            # lazy: it imports TensorFlow (see the module docstring)
-            from trainer.run.accumulate import accumulating_train_step
-
-            model.train_step = accumulating_train_step(model, batch.accumulate)
+        _own_the_step(model, loop, batch.accumulate)
     return Run(strategy=strategy, strategy_name=strategy_name, cross_device_ops=cross,
                loop=loop, cluster=cluster, batch=batch, steps=steps, lr=lr, model=model,
                speed=speed, data=data, loss=loss, metrics=metrics,
-               metric_names=tuple(m.name for m in compiled),
-               metric_directions=directions(compiled))
+               metric_names=tuple(names), metric_directions=ways)
+
+
+def _own_the_step(model: Any, loop: str, accumulate: int) -> None:
+    """Installs the exact training step (`trainer.run.step`) for `fit`, or refuses a model
+    whose own step the chosen loop cannot honour."""
+    # lazy: they import TensorFlow (see the module docstring)
+    from trainer.run.accumulate import accumulating_train_step
+    from trainer.run.step import build_from_one_replica, exact_train_step, keeps_own_step
+
+    own = keeps_own_step(model)
+    name = type(model).__name__
+    if own is not None and loop == "custom":
+        raise ConfigError(f"model class {name} defines its own {own}, which loop=custom "
+                          "does not call (it runs trainer's step); use loop=fit")
+    if own is not None and accumulate > 1:
+        raise ConfigError(f"model class {name} defines its own {own}; batch.accumulate="
+                          f"{accumulate} would replace it with trainer's micro-batch step; "
+                          "use batch.accumulate=1")
+    if loop != "fit":
+        return
+    build_from_one_replica(model)
+    if own is None:
+        model.train_step = (accumulating_train_step(model, accumulate) if accumulate > 1
+                            else exact_train_step(model))
 
 
 ACCUMULATE_JIT = ("jit_compile=false: with batch.accumulate>1 fit's step loops over "
@@ -259,6 +286,7 @@ def build_data(spec: Spec, global_batch: int, shards: int,
         raise ConfigError(f"dataset {options['_target_']} must return a trainer.data.Source "
                           f"(Source.from_arrays for arrays); received: {type(source).__name__}")
     source = _one_hot_if_mixing(spec.augment, source)
+    check_class_weight(spec.class_weight, source)
     common = dict(preprocess=source.preprocess, scale=source.scale, seed=seed, **pipeline)
 
     def make_train(first_epoch: int, epochs: int, skip_steps: int):
@@ -266,7 +294,8 @@ def build_data(spec: Spec, global_batch: int, shards: int,
                                      epochs=epochs, skip_steps=skip_steps,
                                      drop_remainder=spec.batch.drop_remainder,
                                      examples=source.train_size, replicas=shards,
-                                     augment=spec.augment, **common)
+                                     augment=spec.augment, class_weight=spec.class_weight,
+                                     **common)
 
     def evaluation(dataset, examples, cache=None):
         options = common if cache is None else {**common, "cache": cache}
@@ -279,6 +308,24 @@ def build_data(spec: Spec, global_batch: int, shards: int,
             if source.test is not None and source.test_size > 0 else None)
     return Data(source=source, make_train=make_train,
                 validation=evaluation(source.validation, source.validation_size), test=test)
+
+
+def check_class_weight(weights: dict[int, float] | None, source: Any) -> None:
+    """Refuses class weights Keras would refuse or that name no class of the dataset."""
+    if weights is None:
+        return
+    spec = source.train.element_spec
+    if source.num_classes is None or isinstance(spec[1], dict):
+        raise ConfigError("class_weight weighs the classes of one class target; this dataset "
+                          + ("has no classes (a regression target)" if source.num_classes is None
+                             else "has a target per output") + "; remove class_weight")
+    if len(spec) > 2:
+        raise ConfigError("class_weight and the dataset's own sample weights cannot be combined "
+                          "(as in Keras's fit); remove class_weight or the sample weights")
+    beyond = sorted(k for k in weights if k >= source.num_classes)
+    if beyond:
+        raise ConfigError(f"class_weight names class {beyond[0]}; this dataset has "
+                          f"{source.num_classes} classes (0-{source.num_classes - 1})")
 
 
 def _one_hot_if_mixing(augment: Any, source: Any) -> Any:
@@ -299,7 +346,8 @@ def _one_hot_if_mixing(augment: Any, source: Any) -> Any:
     def hot(dataset):
         if dataset is None:
             return None
-        return dataset.map(lambda x, y: (x, tf.one_hot(tf.cast(y, tf.int32), classes)))
+        return dataset.map(lambda x, y, *rest: (x, tf.one_hot(tf.cast(y, tf.int32), classes),
+                                                *rest))
 
     return dataclasses.replace(source, train=hot(source.train),
                                validation=hot(source.validation), test=hot(source.test))

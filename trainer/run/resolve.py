@@ -60,7 +60,9 @@ class Spec:
     model: dict[str, Any]
     dataset: dict[str, Any]
     loss: Any
-    metrics: list[Any]
+    metrics: list[Any] | dict[str, list[Any]] | None
+    loss_weights: dict[str, float] | list[float] | None
+    class_weight: dict[int, float] | None
     callbacks: dict[str, Any]
     loggers: dict[str, Any]
     augment: list[Any] | None
@@ -108,7 +110,11 @@ def resolve(cfg: DictConfig) -> Spec:
         model=dict(record["model"]),
         dataset=dict(record["dataset"]),
         loss=node("loss"),
-        metrics=list(record["metrics"]),
+        metrics=(dict(record["metrics"]) if isinstance(record["metrics"], dict)
+                 else None if record["metrics"] is None else list(record["metrics"])),
+        loss_weights=node("loss_weights"),
+        class_weight=({int(k): float(v) for k, v in node("class_weight").items()}
+                      if node("class_weight") is not None else None),
         callbacks=dict(record["callbacks"] or {}),
         loggers=dict(node("logger") or {}),
         augment=node("augment"),

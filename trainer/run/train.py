@@ -293,12 +293,7 @@ def _fit(spec: Spec, run: Run, callbacks: Callbacks, start: tuple[int, int]) -> 
     epochs_done = backup.epoch + 1 if history else start[0]
     if backup.interrupted:  # a stopped run is not evaluated (other workers may be gone)
         return Outcome(history, {}, epochs_done, False)
-    def evaluate(dataset) -> dict[str, float]:
-        found = (loop.evaluate(dataset) if loop is not None
-                 else model.evaluate(dataset, return_dict=True, verbose=0))
-        return {k: float(v) for k, v in found.items()}
-
-    final = evaluate(run.data.validation)
+    final = evaluate_split(run, run.data.validation, loop)
     test, checkpoint = None, None
     if run.data.test is not None:
         # Once, at the end, with the checkpoint validation chose: nothing before read it.
@@ -317,12 +312,21 @@ def _fit(spec: Spec, run: Run, callbacks: Callbacks, start: tuple[int, int]) -> 
 
 
 def test_metrics(run: Run, loop: Any = None) -> dict[str, float]:
-    """Every test example evaluated once, by the custom loop's evaluation (whatever the
-    training loop): Keras's `evaluate` under a strategy takes a batch from a first iterator
-    to build the model and starts another, so its prefetching reads the data twice."""
-    if loop is None:
-        loop = CustomLoop(run.model, run.strategy, loss=run.loss, metrics=run.metrics)
-    return {k: float(v) for k, v in loop.evaluate(run.data.test).items()}
+    """Every test example evaluated once, by the run's loop."""
+    return evaluate_split(run, run.data.test, loop)
+
+
+def evaluate_split(run: Run, dataset: Any, loop: Any = None) -> dict[str, float]:
+    """Loss and metrics over every example of a split, once: Keras's `evaluate` under
+    `fit` (its symbolic build reads no batch once the model is built, see
+    `trainer.run.step`), the custom loop's evaluation under `loop=custom`."""
+    if run.loop == "fit":
+        found = run.model.evaluate(dataset, return_dict=True, verbose=0)
+    else:
+        if loop is None:
+            loop = CustomLoop(run.model, run.strategy, loss=run.loss, metrics=run.metrics)
+        found = loop.evaluate(dataset)
+    return {k: float(v) for k, v in found.items()}
 
 
 def test_checkpoint(test_with: str, callbacks: Callbacks) -> Path:

@@ -109,6 +109,59 @@ def build_metrics(specs: Sequence[Any], label_shape: Sequence[int | None],
     return metrics
 
 
+def build_losses(spec: Any) -> keras.losses.Loss | dict[str, keras.losses.Loss]:
+    """`build_loss` for one loss, or a mapping per output name (a multi-output model)."""
+    if isinstance(spec, Mapping) and "_target_" not in spec:
+        if not spec:
+            raise ConfigError("loss must be a Keras loss name, a _target_ node, or a mapping "
+                              "per output name; received: {}")
+        return {str(name): build_loss(value) for name, value in spec.items()}
+    return build_loss(spec)
+
+
+def output_metrics(specs: Any, label_spec: Any, model: keras.Model,
+                   classes: bool = True) -> tuple[Any, list[str], dict[str, str]]:
+    """The compiled metrics of a model with one output (a list) or several (a mapping per
+    output name, as Keras's `compile` takes them).
+
+    Args:
+        specs: the config's `metrics`: a list, a mapping of output name to a list, or None
+            (accuracy where `classes`, else none).
+        label_spec: the dataset's target spec (a `tf.TensorSpec`, or a dict of them).
+        model: the built model.
+        classes: whether the dataset's targets are classes.
+
+    Returns:
+        (what `compile` takes, the names Keras logs, which way each improves).
+    """
+    if specs is None:  # accuracy where the dataset has classes
+        specs = ["accuracy"] if classes else []
+    if not isinstance(specs, Mapping):
+        if isinstance(label_spec, Mapping) and specs:
+            raise ConfigError("this dataset's targets are a mapping per output ("
+                              f"{', '.join(label_spec)}): metrics must be one too, e.g. "
+                              f"metrics='{{{next(iter(label_spec))}: [accuracy]}}'")
+        compiled = build_metrics(specs, (None, *label_spec.shape), model.output_shape)
+        return compiled, [m.name for m in compiled], directions(compiled)
+    outputs = {name: tuple(t.shape) for name, t in zip(model.output_names, model.outputs,
+                                                       strict=True)}
+    labels = label_spec if isinstance(label_spec, Mapping) else {}
+    unknown = sorted(set(map(str, specs)) - set(outputs))
+    if unknown:
+        raise ConfigError(f"metrics name outputs the model does not have: {', '.join(unknown)};"
+                          f" its outputs: {', '.join(outputs)}")
+    compiled, names, ways = {}, [f"{name}_loss" for name in outputs] if len(outputs) > 1 \
+        else [], {}
+    for name, items in specs.items():
+        label = labels.get(name)
+        shape = (None, *label.shape) if label is not None else outputs[name]
+        built = build_metrics(list(items), shape, outputs[name])
+        compiled[str(name)] = built
+        names += [f"{name}_{m.name}" for m in built]
+        ways.update({f"{name}_{k}": v for k, v in directions(built).items()})
+    return compiled, names, ways
+
+
 def directions(metrics: Sequence[keras.metrics.Metric]) -> dict[str, str]:
     """Which way each metric improves (`up`/`down`), where the metric says it."""
     return {m.name: m._direction for m in metrics if getattr(m, "_direction", None)}
