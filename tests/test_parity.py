@@ -66,6 +66,17 @@ def test_dict_inputs_count_examples_and_equal_one_replica(tiny_config, tmp_path)
     assert two["validation_metrics"]["accuracy"] > 0.75
 
 
+def test_several_steps_per_execution_under_fit_equal_one_step_on_one_replica(tiny_config,
+                                                                            tmp_path):
+    """4 steps per graph call on 2 replicas, 5 steps per epoch (a chunk of 4, then 1): the
+    same weights as one step per call on 1 replica, and no batch of the next epoch read."""
+    one, w1 = run(tiny_config, tmp_path, 1, *DICT)
+    four, w4 = run(tiny_config, tmp_path, 2, *DICT, "steps_per_execution=4", name="four")
+    assert four["steps_per_execution"] == 4
+    same(w1, w4)
+    assert four["validation_metrics"] == pytest.approx(one["validation_metrics"], rel=1e-5)
+
+
 def test_two_heads_train_on_two_replicas_like_one(tiny_config, tmp_path):
     one, w1 = run(tiny_config, tmp_path, 1, *TWO)
     two, w2 = run(tiny_config, tmp_path, 2, *TWO)

@@ -8,7 +8,6 @@ import tensorflow as tf
 from trainer.config.errors import ConfigError
 from trainer.distribute.strategy import (
     build_strategy,
-    check_steps_per_execution,
     choose_cross_device_ops,
     choose_strategy,
 )
@@ -95,14 +94,6 @@ def test_one_device_and_default():
     assert isinstance(one, tf.distribute.OneDeviceStrategy)
     assert one.extended.worker_devices == ("/job:localhost/replica:0/task:0/device:CPU:2",)
     assert build_strategy("default", ("/cpu:0",), "none") is tf.distribute.get_strategy()
-
-
-def test_steps_per_execution_rule():
-    check_steps_per_execution("fit", 8, 1)  # one replica: fine
-    check_steps_per_execution("custom", 8, 4)
-    check_steps_per_execution("fit", 1, 4)
-    with pytest.raises(ConfigError, match="steps_per_execution=8 with loop=fit"):
-        check_steps_per_execution("fit", 8, 2)
 
 
 def test_strategies_in_one_process_do_not_share_collective_keys():

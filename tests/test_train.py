@@ -106,12 +106,6 @@ def test_loops_write_the_same_run_directory(tiny_config, tmp_path, loop, steps):
     assert int(model.optimizer.iterations) == 2 * summary["steps_per_epoch"]
 
 
-def test_fit_with_several_steps_per_execution_on_replicas_is_refused(tiny_config, tmp_path):
-    cfg = tiny_config("accelerator=cpu", "devices=2", "steps_per_execution=4")
-    with pytest.raises(ConfigError, match="steps_per_execution=4 with loop=fit .* loop=custom"):
-        train(cfg, run_dir=tmp_path)
-
-
 @pytest.mark.parametrize("seed", [0, -1, 2**31, 10**20])
 def test_any_integer_seed_trains(tiny_config, tmp_path, seed):
     """TensorFlow's global seed 0 used to crash the per-epoch shuffle (OperatorNotAllowedInGraph

@@ -122,19 +122,6 @@ def choose_cross_device_ops(name: str, kind: str, replicas: int, nccl_available:
     return "collective"
 
 
-def check_steps_per_execution(loop: str, steps: int, replicas: int) -> None:
-    """Refuses what Keras cannot run: `fit` with several steps per execution on several replicas.
-
-    Keras 3.15's `fit` with `steps_per_execution > 1` under MirroredStrategy fails in graph
-    execution ("You must feed a value for placeholder tensor"), with a tf.data dataset and
-    with NumPy arrays alike; `loop=custom` runs several steps per call correctly.
-    """
-    if loop == "fit" and steps > 1 and replicas > 1:
-        raise ConfigError(f"steps_per_execution={steps} with loop=fit fails in Keras under "
-                          f"MirroredStrategy ({replicas} replicas); use loop=custom, which "
-                          "supports it, or steps_per_execution=1")
-
-
 def nccl_available() -> bool:
     """Whether this TensorFlow build registers the NCCL all-reduce kernel (as TF itself checks)."""
     from tensorflow.python.framework import kernels

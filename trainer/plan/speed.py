@@ -78,9 +78,6 @@ def _jit(value: Any, kind: str) -> tuple[bool | str, str]:
 
 def _steps(value: Any, replicas: int, loop: str) -> tuple[int, str]:
     if value == "auto":
-        if loop == "fit" and replicas > 1:
-            return 1, ("steps_per_execution=1: Keras's fit fails with more on several "
-                       "replicas")
         return 1, "steps_per_execution=1: no measured gain from more on these machines yet"
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError("steps_per_execution must be auto or a positive integer; "

@@ -31,7 +31,6 @@ from trainer.distribute.devices import DevicePlan
 from trainer.distribute.strategy import (
     KINDS,
     build_strategy,
-    check_steps_per_execution,
     choose_cross_device_ops,
     choose_strategy,
     nccl_available,
@@ -104,6 +103,8 @@ class Run:
     metrics: Callable[[], list]
     metric_names: tuple[str, ...]
     metric_directions: dict[str, str]
+    # what Keras's fit needs beside the run's callbacks for the installed step
+    fit_callbacks: tuple = ()
 
     @property
     def workers(self) -> int:
@@ -162,7 +163,6 @@ def assemble(spec: Spec, plan: DevicePlan, cluster: Cluster | None = None) -> Ru
                          compute_capability() if plan.kind == "gpu" else None)
     if spec.loop != loop:
         speed = replace(speed, reasons=(*speed.reasons, MULTI_WORKER_LOOP))
-    check_steps_per_execution(loop, speed.steps_per_execution, replicas)
     apply_precision(speed.precision)
     if not multi:
         cross = choose_cross_device_ops(spec.strategy.cross_device_ops, plan.kind, replicas,
@@ -216,19 +216,31 @@ def assemble(spec: Spec, plan: DevicePlan, cluster: Cluster | None = None) -> Ru
                       loss_weights=spec.loss_weights, metrics=compiled,
                       steps_per_execution=speed.steps_per_execution,
                       jit_compile=speed.jit_compile)
-        _own_the_step(model, loop, batch.accumulate)
+        fit_callbacks = _own_the_step(model, loop, batch.accumulate,
+                                      speed.steps_per_execution)
     return Run(strategy=strategy, strategy_name=strategy_name, cross_device_ops=cross,
                loop=loop, cluster=cluster, batch=batch, steps=steps, lr=lr, model=model,
                speed=speed, data=data, loss=loss, metrics=metrics,
-               metric_names=tuple(names), metric_directions=ways)
+               metric_names=tuple(names), metric_directions=ways,
+               fit_callbacks=fit_callbacks)
 
 
-def _own_the_step(model: Any, loop: str, accumulate: int) -> None:
+def _own_the_step(model: Any, loop: str, accumulate: int, steps_per_execution: int) -> tuple:
     """Installs the exact training step (`trainer.run.step`) for `fit`, or refuses a model
-    whose own step the chosen loop cannot honour."""
+    whose own step the chosen loop cannot honour.
+
+    Returns:
+        Callbacks `fit` needs for the installed step (several steps per call), or ().
+    """
     # lazy: they import TensorFlow (see the module docstring)
     from trainer.run.accumulate import accumulating_train_step
-    from trainer.run.step import build_from_one_replica, exact_train_step, keeps_own_step
+    from trainer.run.step import (
+        build_from_one_replica,
+        evaluate_one_step_per_call,
+        exact_train_step,
+        keeps_own_step,
+        steps_in_chunks,
+    )
 
     own = keeps_own_step(model)
     name = type(model).__name__
@@ -240,11 +252,15 @@ def _own_the_step(model: Any, loop: str, accumulate: int) -> None:
                           f"{accumulate} would replace it with trainer's micro-batch step; "
                           "use batch.accumulate=1")
     if loop != "fit":
-        return
+        return ()
     build_from_one_replica(model)
     if own is None:
         model.train_step = (accumulating_train_step(model, accumulate) if accumulate > 1
                             else exact_train_step(model))
+    if steps_per_execution == 1:
+        return ()
+    evaluate_one_step_per_call(model)
+    return (steps_in_chunks(model, steps_per_execution),)
 
 
 ACCUMULATE_JIT = ("jit_compile=false: with batch.accumulate>1 fit's step loops over "

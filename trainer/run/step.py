@@ -144,3 +144,70 @@ def build_from_one_replica(model: keras.Model) -> None:
         return original(iterator=iterator, data_batch=data_batch)
 
     model._maybe_symbolic_build = maybe_symbolic_build
+
+
+class ChunkStart(keras.callbacks.Callback):
+    """Remembers the step a `fit` chunk begins at (Keras calls `on_train_batch_begin` with
+    it just before the train function), for `steps_in_chunks`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.begin = 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.begin = batch
+
+
+def steps_in_chunks(model: keras.Model, steps_per_execution: int) -> ChunkStart:
+    """Makes `fit` run `steps_per_execution` steps per graph call on any number of replicas.
+
+    Keras 3.15's own multi-step function reads the distributed iterator with
+    `get_next_as_optional` inside a `tf.cond`, which fails under MirroredStrategy ("You
+    must feed a value for placeholder tensor"), and runs a whole chunk past the end of an
+    epoch whose steps are not a multiple of the chunk (reading the next epoch's batches).
+    This one runs the chunk's steps in a graph loop of `strategy.run` (as `loop=custom`
+    does) and stops at the epoch's last step. The returned callback must be among `fit`'s.
+    """
+    strategy = model.distribute_strategy
+    start = ChunkStart()
+
+    def one_step(data):
+        strategy.run(model.train_step, args=(data,))
+
+    # as Keras compiles it: each step (with its all-reduce) by XLA when the model asks
+    one_step = tf.function(one_step, jit_compile=model.jit_compile is True)
+
+    @tf.function
+    def run_steps(iterator, steps):
+        for _ in tf.range(steps):
+            one_step(next(iterator))
+        return model.get_metrics_result()
+
+    def train_function(iterator):
+        total = (start.params or {}).get("steps") or steps_per_execution
+        steps = max(1, min(steps_per_execution, total - start.begin))
+        return run_steps(iterator, tf.constant(steps))
+
+    def make_train_function(force=False):
+        model.train_function = train_function
+        return train_function
+
+    model.make_train_function = make_train_function
+    return start
+
+
+def evaluate_one_step_per_call(model: keras.Model) -> None:
+    """Keras's `evaluate` (and `fit`'s validation) with one step per graph call, whatever
+    the model's `steps_per_execution`: Keras's multi-step test function fails under
+    MirroredStrategy (see `steps_in_chunks`), and evaluation's length is the data's."""
+    original = model.evaluate
+
+    def evaluate(*args, _use_cached_eval_dataset=False, **kwargs):
+        saved = model.steps_per_execution
+        model.steps_per_execution = 1  # what the test function and its iterator are built for
+        try:
+            return original(*args, **kwargs)
+        finally:
+            model.steps_per_execution = saved
+
+    model.evaluate = evaluate

@@ -279,6 +279,7 @@ def _fit(spec: Spec, run: Run, callbacks: Callbacks, start: tuple[int, int]) -> 
             if loop is not None:
                 part = loop.fit(dataset, **kwargs)
             else:
+                kwargs["callbacks"] = [*run.fit_callbacks, *kwargs["callbacks"]]
                 part = model.fit(dataset, shuffle=False, **kwargs)  # already shuffled
         except StopNow:
             if spec.verbose in (1, "auto"):
