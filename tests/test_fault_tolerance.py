@@ -123,7 +123,9 @@ def test_diverging_learning_rate_stops_with_the_nan_error(tmp_path):
     assert out.returncode == EXIT_DIVERGED, out.stderr[-3000:]
     assert lines[-1].startswith("error: loss became "), lines
     assert "at epoch 2, step" in lines[-1] and "the last good backup is in" in lines[-1]
-    model = load_checkpoint(run_dir / "checkpoints" / "last.keras")
+    # last.keras is written when training ends well; the best one of epoch 1 is kept
+    assert not (run_dir / "checkpoints" / "last.keras").exists()
+    model = load_checkpoint(run_dir / "checkpoints" / "best.keras")
     assert all(np.isfinite(w).all() for w in model.get_weights())
     point = BackupStore(run_dir / "backup").restore(model)
     assert (point.epoch, point.step) == (1, 0)
@@ -319,11 +321,11 @@ def test_a_disk_that_fills_mid_run_is_one_error_and_keeps_the_last_backup(tmp_pa
 
     original, calls = BackupStore._save, []
 
-    def full_at_the_second(self, model, epoch, step):
+    def full_at_the_second(self, model, epoch, step, same_as=None):
         calls.append((epoch, step))
         if len(calls) == 2:
             raise OSError(errno.ENOSPC, "No space left on device", str(self.directory))
-        return original(self, model, epoch, step)
+        return original(self, model, epoch, step, same_as)
 
     monkeypatch.setattr(BackupStore, "_save", full_at_the_second)
     run_dir = tmp_path / "run"
@@ -337,8 +339,9 @@ def test_a_disk_that_fills_mid_run_is_one_error_and_keeps_the_last_backup(tmp_pa
 
 
 def small_model_like(run_dir: Path):
-    """The run's model, freshly built, to load its backup into."""
-    model = load_checkpoint(run_dir / "checkpoints" / "last.keras")
+    """The run's model, freshly built, to load its backup into (last.keras is written only
+    when training ends well: the best checkpoint of an epoch is there)."""
+    model = load_checkpoint(run_dir / "checkpoints" / "best.keras")
     return model
 
 
@@ -378,3 +381,55 @@ def test_a_resumed_run_keeps_the_best_value_so_far(tmp_path):
     other = AtomicModelCheckpoint(str(path), monitor="val_loss", save_best_only=True,
                                   mode="min")
     assert other.best != 0.93  # another monitor starts afresh
+
+
+def _written() -> int:
+    """Bytes this process has passed to write() so far (Linux's /proc/self/io wchar)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no wchar in /proc/self/io")
+
+
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="needs Linux's /proc/self/io")
+def test_an_epoch_writes_about_one_copy_of_the_state(tiny_config, tmp_path):
+    """What each further epoch writes (the difference of a 3- and a 1-epoch run): at most
+    1.5 x the model's and optimizer's variables. Before: last.keras, best.keras and a backup
+    each epoch, about 3 copies."""
+    from trainer.rundir.space import state_bytes
+
+    class Keep(keras.callbacks.Callback):
+        def on_train_end(self, logs=None):
+            self.state = state_bytes(self.model)
+
+    keep, written = Keep(), {}
+    for epochs in (1, 3):
+        before = _written()
+        train(tiny_config("accelerator=cpu", "devices=1", f"epochs={epochs}",
+                          "checkpoint.monitor=val_loss"),
+              run_dir=tmp_path / f"e{epochs}", callbacks=[keep])
+        written[epochs] = _written() - before
+    per_epoch = (written[3] - written[1]) / 2
+    assert 0.9 * keep.state < per_epoch <= 1.5 * keep.state, (per_epoch, keep.state)
+    backups = sorted((tmp_path / "e3" / "backup").iterdir())
+    assert [p.name for p in backups] == ["ckpt-000003-000000000"]  # the newest, kept
+
+
+def test_an_epoch_backup_links_the_best_checkpoint_written_from_the_same_state(tmp_path):
+    from trainer.rundir.checksum import write_beside
+
+    model = small_model()
+    model.fit(np.ones((8, 3)), np.ones((8, 2)), epochs=3, verbose=0)
+    best = tmp_path / "best.keras"
+    model.save(best)
+    write_beside(best)
+    path = BackupStore(tmp_path / "backup").save(model, 1, 0, same_as=best)
+    assert (path / "model.keras").stat().st_ino == best.stat().st_ino  # no second copy
+    assert not (path / "model.weights.h5").exists()
+    other = small_model()
+    other.fit(np.zeros((8, 3)), np.zeros((8, 2)), verbose=0)
+    point = BackupStore(tmp_path / "backup").restore(other)
+    assert (point.epoch, point.step) == (1, 0)
+    for a, b in zip(model.get_weights(), other.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert int(other.optimizer.iterations) == int(model.optimizer.iterations) == 3

@@ -259,7 +259,12 @@ def test_resume_into_another_finished_run_directory_is_refused(tmp_path, finishe
 def test_unloadable_backups_are_refused_not_replaced(tmp_path, finished_run, damage):
     run_dir = tmp_path / "run"
     shutil.copytree(finished_run, run_dir)
-    for weights in (run_dir / "backup").glob("ckpt-*/model.weights.h5"):
+    # the weights, or the link to the best checkpoint of the same epoch (a new file, so the
+    # checkpoint itself stays whole)
+    for weights in (run_dir / "backup").glob("ckpt-*/model.*"):
+        whole = weights.read_bytes()
+        weights.unlink()
+        weights.write_bytes(whole)
         damage(weights)
     before = _digest(run_dir)
     out = run_cli(*BASE, "epochs=2", f"resume={run_dir}", f"hydra.run.dir={tmp_path / 'logs'}",

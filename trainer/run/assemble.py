@@ -396,8 +396,9 @@ class Callbacks:
     user: tuple
 
     def all(self) -> list:
-        """Built-in ones first (the watchdog last of them), then the user's."""
-        found = [self.throughput, self.backup, *self.checkpoints, *self.trackers,
+        """Built-in ones first (the watchdog last of them), then the user's. The backup
+        follows the checkpoints: at an epoch's end it links the best one just written."""
+        found = [self.throughput, *self.checkpoints, self.backup, *self.trackers,
                  self.watchdog, *self.user]
         return [c for c in found if c is not None]
 
@@ -430,14 +431,17 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
     meta = {"config": spec.record,
             "global_batch": run.batch.global_size, "replicas": run.batch.replicas,
             "accumulate": run.batch.accumulate}
-    backup = Backup(BackupStore(layout.backup, meta=meta), saving.backup_every,
-                    saving.nan_check_every, request, *start,
-                    agree=stop_agreement(run.strategy) if run.workers > 1 else None)
-    saved = [AtomicModelCheckpoint(str(layout.checkpoint("last")))]
+    # last.keras once, at the end (the backup holds that state during the run); best.keras
+    # when it improves, the epoch's backup then a link to it (trainer.rundir.backup)
+    saved = [AtomicModelCheckpoint(str(layout.checkpoint("last")), at_end=True)]
     if saving.save_best:
         saved.append(AtomicModelCheckpoint(
             str(layout.checkpoint("best")), monitor=saving.monitor,
             save_best_only=True, mode=best_mode))
+    backup = Backup(BackupStore(layout.backup, meta=meta), saving.backup_every,
+                    saving.nan_check_every, request, *start,
+                    agree=stop_agreement(run.strategy) if run.workers > 1 else None,
+                    best=saved[1] if saving.save_best else None)
     watchdog = None
     timeout = spec.strategy.timeout_s
     if run.workers > 1 and timeout is not None:

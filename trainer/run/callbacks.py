@@ -104,10 +104,16 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
     A crash while saving leaves the previous checkpoint whole instead of a truncated file;
     a `NAME.sha256` beside it lets `trainer.evaluate.load_checkpoint` find a damaged one.
     With `save_best_only`, the best value so far is kept in `NAME.best.json` and read back
-    by a resumed run, so its first epoch does not replace a better checkpoint.
+    by a resumed run, so its first epoch does not replace a better checkpoint. With
+    `at_end`, it writes once, when training ends (`last.keras`: during the run the backup
+    holds the same state). `saved_epoch` is the epoch it last wrote (None before).
     """
 
-    def __init__(self, filepath, monitor="val_loss", *args, **kwargs) -> None:
+    def __init__(self, filepath, monitor="val_loss", *args, at_end: bool = False,
+                 **kwargs) -> None:
+        self.at_end = at_end
+        self.saved_epoch: int | None = None
+        self._ended: tuple | None = None
         kept = f"{filepath}.best.json"
         if kwargs.get("save_best_only") and os.path.exists(kept):
             import json
@@ -120,6 +126,18 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
             if saved.get("monitor") == monitor and saved.get("best") is not None:
                 kwargs["initial_value_threshold"] = float(saved["best"])  # Keras's own way
         super().__init__(filepath, monitor, *args, **kwargs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.at_end:
+            self._ended = (epoch, dict(logs or {}))
+            return
+        super().on_epoch_end(epoch, logs)
+
+    def on_train_end(self, logs=None):
+        if self.at_end and self._ended is not None:
+            self._save_model(self._ended[0], None, self._ended[1])
+            self._ended = None
+        super().on_train_end(logs)
 
     def _get_file_path(self, epoch, batch, logs):
         final = super()._get_file_path(epoch, batch, logs)
@@ -134,6 +152,7 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
         if self._pending and os.path.exists(self._pending[0]):
             os.replace(*self._pending)
             write_beside(self._pending[1])
+            self.saved_epoch = epoch
             if self.save_best_only:
                 from pathlib import Path
 

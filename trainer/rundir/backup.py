@@ -6,6 +6,10 @@ random states of its dropout layers, and `state.json` with the epoch and the ste
 it. It is written under a temporary name
 and renamed, so a directory named `ckpt-*` is always complete; the newest two are kept, and
 a latest one that does not load falls back to the one before, with a warning.
+
+At the end of an epoch whose best checkpoint was just written (the same state), the backup
+holds a hard link to that `best.keras` (`model.keras`) instead of a second copy: what a run
+writes per epoch is one copy of the model and optimizer state, not two.
 """
 
 from __future__ import annotations
@@ -27,12 +31,13 @@ import keras
 import numpy as np
 
 from trainer.config.errors import ConfigError, Diverged
-from trainer.rundir.checksum import sha256, verify
+from trainer.rundir.checksum import read_beside, sha256, verify
 from trainer.rundir.layout import RunDir
 
 log = logging.getLogger(__name__)
 
 WEIGHTS = "model.weights.h5"
+LINKED = "model.keras"  # a hard link to the checkpoint written at the same point
 RNG = "rng.npz"
 
 
@@ -78,25 +83,34 @@ class BackupStore:
         self.keep = keep
         self.meta = dict(meta or {})
 
-    def save(self, model: keras.Model, epoch: int, step: int) -> Path:
+    def save(self, model: keras.Model, epoch: int, step: int,
+             same_as: Path | None = None) -> Path:
         """Writes a backup of `model` at `epoch` (0-based) after `step` steps of it.
 
-        A `backup/` directory removed meanwhile is made again (once).
+        `same_as` is a `.keras` checkpoint of this very state (with its `.sha256` beside
+        it), linked instead of written again; None writes the weights. A `backup/`
+        directory removed meanwhile is made again (once).
         """
         try:
-            return self._save(model, epoch, step)
+            return self._save(model, epoch, step, same_as)
         except FileNotFoundError:
             log.warning("%s vanished while a backup was written; writing it again",
                         self.directory)
-            return self._save(model, epoch, step)
+            return self._save(model, epoch, step, same_as)
 
-    def _save(self, model: keras.Model, epoch: int, step: int) -> Path:
+    def _save(self, model: keras.Model, epoch: int, step: int, same_as: Path | None) -> Path:
         self.directory.mkdir(parents=True, exist_ok=True)
         final = self.directory / f"ckpt-{epoch:06d}-{step:09d}"
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.directory))
-        model.save_weights(tmp / WEIGHTS)
+        sums = {}
+        digest = read_beside(same_as) if same_as is not None else None
+        if digest is not None and _link(same_as, tmp / LINKED):
+            sums[LINKED] = digest  # hashed when it was written: not read again
+        else:
+            model.save_weights(tmp / WEIGHTS)
+            sums[WEIGHTS] = sha256(tmp / WEIGHTS)
         np.savez(tmp / RNG, *[v.numpy() for v in _rng_states(model)])
-        sums = {name: sha256(tmp / name) for name in (WEIGHTS, RNG)}
+        sums[RNG] = sha256(tmp / RNG)
         state = {"epoch": epoch, "step": step, "sha256": sums, **self.meta}
         (tmp / "state.json").write_text(json.dumps(state))
         if final.exists():
@@ -133,7 +147,8 @@ class BackupStore:
                 state = json.loads((path / "state.json").read_text())
                 for name, expected in state.get("sha256", {}).items():
                     verify(path / name, expected)
-                model.load_weights(path / WEIGHTS)
+                weights = path / LINKED if (path / LINKED).exists() else path / WEIGHTS
+                model.load_weights(weights)
                 _load_rng_states(model, path / RNG)
             except Exception as error:  # noqa: BLE001 - any unreadable backup falls back
                 why = str(error).splitlines()[0] if str(error) else type(error).__name__
@@ -148,6 +163,15 @@ class BackupStore:
                               f"{'; '.join(failures)}); starting afresh would replace that run: "
                               "move the directory away, or choose a new run directory")
         return None
+
+
+def _link(source: Path, target: Path) -> bool:
+    """Hard-links `source` as `target`; False where the file system cannot."""
+    try:
+        os.link(source, target)
+        return True
+    except OSError:
+        return False
 
 
 def _set_aside(damaged: list[Path]) -> None:
@@ -222,12 +246,15 @@ class Backup(keras.callbacks.Callback):
         initial_step: steps of `initial_epoch` already done before the resume.
         agree: with several workers, `agree(asked)` returns whether any worker was asked to
             stop (a collective: every worker calls it at the same steps); None for one.
+        best: the best-checkpoint callback (`AtomicModelCheckpoint`), called before this
+            one at epoch ends: an epoch whose best checkpoint it wrote links it.
     """
 
     def __init__(self, store: BackupStore, every: int, check_every: int, request: StopRequest,
                  initial_epoch: int = 0, initial_step: int = 0,
-                 agree: Callable[[bool], bool] | None = None) -> None:
+                 agree: Callable[[bool], bool] | None = None, best: Any = None) -> None:
         super().__init__()
+        self.best = best
         self.store, self.every, self.check_every = store, every, max(check_every, 1)
         self.request, self.agree = request, agree
         self.initial_epoch, self.initial_step = initial_epoch, initial_step
@@ -273,7 +300,10 @@ class Backup(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         self._check(logs, None)
         if not self.interrupted:
-            self.store.save(self.model, epoch + 1, 0)
+            same = None
+            if self.best is not None and self.best.saved_epoch == epoch:
+                same = Path(self.best.filepath)
+            self.store.save(self.model, epoch + 1, 0, same_as=same)
 
     def _check(self, logs, step: int | None) -> None:
         loss = float((logs or {}).get("loss", 0.0))

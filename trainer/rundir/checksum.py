@@ -30,12 +30,23 @@ def verify(path: Path, expected: str | None) -> None:
                          "with it)")
 
 
-def write_beside(path: Path) -> None:
-    """Writes `path`'s checksum to `path.sha256` (atomically)."""
+def write_beside(path: Path) -> str:
+    """Writes `path`'s checksum to `path.sha256` (atomically); returns it."""
     side = Path(f"{path}{SUFFIX}")
     tmp = side.with_name(f".tmp-{side.name}")
-    tmp.write_text(sha256(path) + "\n")
+    digest = sha256(path)
+    tmp.write_text(digest + "\n")
     tmp.replace(side)
+    return digest
+
+
+def read_beside(path: Path) -> str | None:
+    """The checksum written beside `path`, None where there is none."""
+    side = Path(f"{path}{SUFFIX}")
+    try:
+        return side.read_text().strip() or None
+    except OSError:
+        return None
 
 
 def verify_beside(path: Path) -> None:

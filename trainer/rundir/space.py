@@ -1,8 +1,9 @@
 """Disk space: checked before training, and a full disk mid-run as one line.
 
 A run keeps up to three weight files with optimizer state in `backup/` (two backups and one
-being written) and three in `checkpoints/` (last, best, and one being written), so it needs
-about six times the size of the model's and optimizer's variables. Without the check, a
+being written; a backup that links the best checkpoint takes no space of its own) and three
+in `checkpoints/` (last, best, and one being written), so it needs at most six times the
+size of the model's and optimizer's variables. Without the check, a
 full disk at start ended in a segfault after pages of HDF5 errors.
 """
 
