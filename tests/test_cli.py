@@ -297,3 +297,21 @@ def test_one_command_line_run_checks_its_config_once_and_reaches_servers_once(tm
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "run" / "summary.json").is_file()
     assert "CHECKS 1 1" in out.stderr.splitlines()
+
+
+def test_a_default_run_imports_no_tracker_sweeper_or_zoo(tmp_path):
+    """What only some runs need is not paid by the others: after a whole default run (the
+    TensorBoard logger included), none of these was imported."""
+    code = ("import runpy, sys\n"
+            f"sys.argv = ['trainer', 'epochs=1', 'verbose=0', "
+            f"'hydra.run.dir={tmp_path / 'run'}']\n"
+            "try:\n    runpy.run_module('trainer', run_name='__main__')\n"
+            "except SystemExit as exit:\n    assert not exit.code, exit.code\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in {'optuna', 'mlflow', "
+            "'wandb', 'submitit', 'tensorflow_datasets'} or m in "
+            "{'trainer.models.keras_app', 'trainer.models.mobilenet', 'trainer.data.tfds', "
+            "'trainer.data.image_folder'}))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -14,11 +14,16 @@ from trainer.distribute.strategy import (
 
 
 @pytest.mark.parametrize("name, replicas, chosen", [
-    ("auto", 1, "one_device"), ("auto", 2, "mirrored"), ("auto", 8, "mirrored"),
+    ("auto", 1, "default"), ("auto", 2, "mirrored"), ("auto", 8, "mirrored"),
     ("mirrored", 1, "mirrored"), ("one_device", 1, "one_device"), ("default", 1, "default"),
 ])
 def test_choose_strategy(name, replicas, chosen):
     assert choose_strategy(name, replicas) == chosen
+
+
+def test_one_gpu_replica_gets_one_device_and_one_cpu_replica_the_default():
+    assert choose_strategy("auto", 1, kind="gpu") == "one_device"
+    assert choose_strategy("auto", 1, kind="cpu") == "default"
 
 
 @pytest.mark.parametrize("name", ["one_device", "default"])

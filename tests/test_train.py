@@ -19,7 +19,7 @@ def test_weak_scaling_run(tiny_config, tmp_path, replicas):
     summary = train(tiny_config("accelerator=cpu", f"devices={replicas}"), run_dir=tmp_path)
     assert summary["replicas"] == replicas
     assert summary["devices"] == [f"/cpu:{i}" for i in range(replicas)]
-    assert summary["strategy"] == ("one_device" if replicas == 1 else "mirrored")
+    assert summary["strategy"] == ("default" if replicas == 1 else "mirrored")
     assert summary["batch"]["per_replica"] == 64
     assert summary["batch"]["global"] == 64 * replicas
     assert summary["learning_rate"]["base"] == 0.001

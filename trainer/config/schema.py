@@ -133,7 +133,7 @@ class KerasAppConfig:
 @dataclass
 class DigitsConfig:
     _target_: str = "trainer.data.digits.load"
-    image_size: int = 32
+    image_size: int = 8
     validation_fraction: float = 0.1
     test_fraction: float = 0.1
     cache: bool = True

@@ -438,6 +438,8 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
         saved.append(AtomicModelCheckpoint(
             str(layout.checkpoint("best")), monitor=saving.monitor,
             save_best_only=True, mode=best_mode))
+    if saving.save_best:
+        saved[0].same_as = saved[1]  # a final epoch that was the best: last links best
     backup = Backup(BackupStore(layout.backup, meta=meta), saving.backup_every,
                     saving.nan_check_every, request, *start,
                     agree=stop_agreement(run.strategy) if run.workers > 1 else None,

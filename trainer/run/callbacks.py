@@ -9,7 +9,7 @@ import time
 import keras
 
 from trainer.rundir.atomic import write_json
-from trainer.rundir.checksum import write_beside
+from trainer.rundir.checksum import read_beside, write_beside, write_checksum
 
 
 class Throughput(keras.callbacks.Callback):
@@ -112,7 +112,9 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
     def __init__(self, filepath, monitor="val_loss", *args, at_end: bool = False,
                  **kwargs) -> None:
         self.at_end = at_end
+        self.same_as: AtomicModelCheckpoint | None = None  # linked by at_end where equal
         self.saved_epoch: int | None = None
+        self.seconds = 0.0  # spent writing
         self._ended: tuple | None = None
         kept = f"{filepath}.best.json"
         if kwargs.get("save_best_only") and os.path.exists(kept):
@@ -135,9 +137,34 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
 
     def on_train_end(self, logs=None):
         if self.at_end and self._ended is not None:
-            self._save_model(self._ended[0], None, self._ended[1])
+            epoch, logs_then = self._ended
+            if not self._link_same(epoch):
+                self._save_model(epoch, None, logs_then)
             self._ended = None
         super().on_train_end(logs)
+
+    def _link_same(self, epoch: int) -> bool:
+        """Where `same_as` (the best checkpoint) was written at this very epoch, the final
+        state is in it already: a hard link, not a second write."""
+        same = self.same_as
+        if same is None or same.saved_epoch != epoch or not os.path.exists(same.filepath):
+            return False
+        head, tail = os.path.split(self.filepath)
+        tmp = os.path.join(head, f".tmp-{tail}")
+        digest = read_beside(same.filepath)
+        try:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            os.link(same.filepath, tmp)
+        except OSError:
+            return False
+        os.replace(tmp, self.filepath)
+        if digest is None:
+            write_beside(self.filepath)
+        else:
+            write_checksum(self.filepath, digest)
+        self.saved_epoch = epoch
+        return True
 
     def _get_file_path(self, epoch, batch, logs):
         final = super()._get_file_path(epoch, batch, logs)
@@ -147,6 +174,13 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
         return self._pending[0]
 
     def _save_model(self, epoch, batch, logs):
+        began = time.perf_counter()
+        try:
+            self._write(epoch, batch, logs)
+        finally:
+            self.seconds += time.perf_counter() - began
+
+    def _write(self, epoch, batch, logs):
         self._pending = None
         super()._save_model(epoch, batch, logs)
         if self._pending and os.path.exists(self._pending[0]):

@@ -89,8 +89,13 @@ def build_summary(spec: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, c
         "train_examples": run.data.source.train_size,
         "validation_examples": run.data.source.validation_size,
         "time": {"wall_s": time.perf_counter() - started,
+                 "startup_s": outcome.startup_s,
+                 "build_s": outcome.build_s,
                  "first_step_s": throughput.first_step_s,
-                 "first_epoch_s": throughput.first_epoch_s},
+                 "first_epoch_s": throughput.first_epoch_s,
+                 "saving_s": sum(c.seconds for c in callbacks.checkpoints)
+                 + callbacks.backup.store.seconds,
+                 "final_evaluation_s": outcome.evaluation_s},
         "examples_per_sec": throughput.examples_per_sec,
         "epoch_examples_per_sec": throughput.epoch_rates,
         "train_metrics": train_metrics,
@@ -108,6 +113,28 @@ def build_summary(spec: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, c
 
 def _augment(augment: Any) -> dict[str, Any] | None:
     return describe(augment or None)
+
+
+def _time_row(times: dict[str, Any]) -> str:
+    parts = [f"{name} {times[key]:.1f} s" for key, name in (
+        ("startup_s", "start-up before it"), ("saving_s", "saving"),
+        ("final_evaluation_s", "final evaluation")) if times.get(key) is not None]
+    return f"{times['wall_s']:.1f} s" + (f" ({', '.join(parts)})" if parts else "")
+
+
+def process_seconds() -> float | None:
+    """Seconds since this process started (Linux's /proc), None where that is unknown: the
+    interpreter's start, imports and the config's composition before a run's own clock."""
+    import os
+
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _epochs_row(summary: dict[str, Any]) -> str:
@@ -155,7 +182,7 @@ def format_summary(summary: dict[str, Any]) -> str:
          .format(**summary["learning_rate"])),
         ("optimizer / loss", f"{summary['optimizer']} / {summary['loss']}"),
         ("epochs", _epochs_row(summary)),
-        ("wall time", f"{summary['time']['wall_s']:.1f} s"),
+        ("wall time", _time_row(summary["time"])),
         ("time to first step", f"{summary['time']['first_step_s']:.1f} s"),
         ("throughput", f"{summary['examples_per_sec']:.1f} examples/s"
          if summary["examples_per_sec"] else "n/a (too few steps)"),

@@ -8,7 +8,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,12 @@ from trainer.run.callbacks import RunProgress
 from trainer.run.loop import CustomLoop
 from trainer.run.preflight import check_config
 from trainer.run.resolve import Spec, resolve
-from trainer.run.summary import build_summary, format_summary, refuse_finished_run
+from trainer.run.summary import (
+    build_summary,
+    format_summary,
+    process_seconds,
+    refuse_finished_run,
+)
 from trainer.rundir.atomic import write_json
 from trainer.rundir.backup import BackupStore, StopNow, StopRequest, stop_on_signals, tidy
 from trainer.rundir.layout import RunDir
@@ -64,6 +69,9 @@ class Outcome:
     stopped_early: bool
     test: dict[str, float] | None = None
     test_checkpoint: str | None = None
+    startup_s: float | None = None  # process start to train()
+    build_s: float | None = None  # train() to the first fit: devices, TensorFlow, data, model
+    evaluation_s: float | None = None  # the final validation and test evaluations
 
 
 def train(cfg: DictConfig, run_dir: str | Path | None = None,
@@ -80,6 +88,7 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None,
         The summary dict, also written to `run_dir/summary.json`.
     """
     started = time.perf_counter()
+    startup = process_seconds()
     check_config(cfg)
     spec = resolve(cfg)
     cluster = resolve_cluster(list(spec.cluster.workers), spec.cluster.task_index,
@@ -89,18 +98,18 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None,
         check_config(cfg, reach=True)  # the chief's trackers write to their servers
         place = _run_dir(spec, run_dir)
         with run_lock(place):
-            return _train(spec, place, callbacks, started, cluster)
+            return _train(spec, place, callbacks, started, cluster, startup)
     # Another worker: it saves what the chief saves (some reads of distributed variables are
     # collectives every worker must join) but into a temporary place, removed at the end.
     scratch = Path(tempfile.mkdtemp(prefix=f"trainer-worker{cluster.task_id}-"))
     try:
-        return _train(spec, scratch, callbacks, started, cluster)
+        return _train(spec, scratch, callbacks, started, cluster, startup)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _train(spec: Spec, run_dir: Path, extra: Sequence[Any], started: float,
-           cluster: Cluster | None) -> dict[str, Any]:
+           cluster: Cluster | None, startup: float | None = None) -> dict[str, Any]:
     chief = cluster is None or cluster.is_chief
     if chief:
         refuse_finished_run(run_dir, resume=spec.resume is not None)
@@ -115,7 +124,7 @@ def _train(spec: Spec, run_dir: Path, extra: Sequence[Any], started: float,
     _set_determinism(spec.deterministic)
     wired: list[Callbacks] = []
     try:
-        return _run(spec, plan, run_dir, extra, started, cluster, wired)
+        return _run(spec, plan, run_dir, extra, started, cluster, wired, startup)
     except Exception as error:
         if cluster is not None and cluster.num_workers > 1 and peer_failure(error):
             epoch = wired[0].backup.epoch if wired else None
@@ -128,14 +137,15 @@ def _train(spec: Spec, run_dir: Path, extra: Sequence[Any], started: float,
 
 
 def _run(spec: Spec, plan: DevicePlan, run_dir: Path, extra: Sequence[Any],
-         started: float, cluster: Cluster | None, wired: list) -> dict[str, Any]:
+         started: float, cluster: Cluster | None, wired: list,
+         startup: float | None = None) -> dict[str, Any]:
     """Builds, trains, evaluates and reports; `wired` receives the callbacks once built."""
     run = assemble(spec, plan, cluster)
     needed = needed_bytes(run.model)
     if run.is_chief:
         check_free_space(run_dir, needed)
     try:
-        return _train_and_report(spec, plan, run, run_dir, extra, started, wired)
+        return _train_and_report(spec, plan, run, run_dir, extra, started, wired, startup)
     except Exception as error:
         if run.is_chief and not isinstance(error, ConfigError) and disk_full(error):
             raise ConfigError(full_message(run_dir, needed)) from error
@@ -143,7 +153,8 @@ def _run(spec: Spec, plan: DevicePlan, run_dir: Path, extra: Sequence[Any],
 
 
 def _train_and_report(spec: Spec, plan: DevicePlan, run: Run, run_dir: Path,
-                      extra: Sequence[Any], started: float, wired: list) -> dict[str, Any]:
+                      extra: Sequence[Any], started: float, wired: list,
+                      startup: float | None = None) -> dict[str, Any]:
     cluster = run.cluster
     check_metric_name(spec.optimized_metric, run.logged, tested=run.data.test is not None)
     start, changes = _resume_point(spec, run, run_dir)
@@ -158,6 +169,7 @@ def _train_and_report(spec: Spec, plan: DevicePlan, run: Run, run_dir: Path,
     try:
         with stop_on_signals(request):
             outcome = _fit(spec, run, callbacks, start)
+        outcome = replace(outcome, startup_s=startup)
     except BaseException:
         finish_trackers(list(callbacks.trackers), None, "FAILED")
         raise
@@ -253,6 +265,7 @@ def _fit(spec: Spec, run: Run, callbacks: Callbacks, start: tuple[int, int]) -> 
     """Trains with the chosen loop, then evaluates every validation example once."""
     model, history = run.model, {}
     loop, phase = None, None
+    build_s = time.perf_counter() - callbacks.throughput.started
 
     def new_loop():
         return CustomLoop(model, run.strategy, run.speed.steps_per_execution,
@@ -293,7 +306,8 @@ def _fit(spec: Spec, run: Run, callbacks: Callbacks, start: tuple[int, int]) -> 
             break
     epochs_done = backup.epoch + 1 if history else start[0]
     if backup.interrupted:  # a stopped run is not evaluated (other workers may be gone)
-        return Outcome(history, {}, epochs_done, False)
+        return Outcome(history, {}, epochs_done, False, build_s=build_s)
+    evaluating = time.perf_counter()
     final = evaluate_split(run, run.data.validation, loop)
     test, checkpoint = None, None
     if run.data.test is not None:
@@ -309,7 +323,8 @@ def _fit(spec: Spec, run: Run, callbacks: Callbacks, start: tuple[int, int]) -> 
         if last is not None:
             model.set_weights(last)
     return Outcome(history, final, epochs_done, stopped_early and epochs_done < spec.epochs,
-                   test, None if checkpoint is None else str(checkpoint))
+                   test, None if checkpoint is None else str(checkpoint), build_s=build_s,
+                   evaluation_s=time.perf_counter() - evaluating)
 
 
 def test_metrics(run: Run, loop: Any = None) -> dict[str, float]:

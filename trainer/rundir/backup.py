@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -82,6 +83,7 @@ class BackupStore:
         self.directory = Path(directory)
         self.keep = keep
         self.meta = dict(meta or {})
+        self.seconds = 0.0  # spent writing backups
 
     def save(self, model: keras.Model, epoch: int, step: int,
              same_as: Path | None = None) -> Path:
@@ -91,12 +93,15 @@ class BackupStore:
         it), linked instead of written again; None writes the weights. A `backup/`
         directory removed meanwhile is made again (once).
         """
+        began = time.perf_counter()
         try:
             return self._save(model, epoch, step, same_as)
         except FileNotFoundError:
             log.warning("%s vanished while a backup was written; writing it again",
                         self.directory)
             return self._save(model, epoch, step, same_as)
+        finally:
+            self.seconds += time.perf_counter() - began
 
     def _save(self, model: keras.Model, epoch: int, step: int, same_as: Path | None) -> Path:
         self.directory.mkdir(parents=True, exist_ok=True)

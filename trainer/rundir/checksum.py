@@ -32,9 +32,13 @@ def verify(path: Path, expected: str | None) -> None:
 
 def write_beside(path: Path) -> str:
     """Writes `path`'s checksum to `path.sha256` (atomically); returns it."""
+    return write_checksum(path, sha256(path))
+
+
+def write_checksum(path: Path, digest: str) -> str:
+    """Writes a known checksum of `path` to `path.sha256` (atomically); returns it."""
     side = Path(f"{path}{SUFFIX}")
     tmp = side.with_name(f".tmp-{side.name}")
-    digest = sha256(path)
     tmp.write_text(digest + "\n")
     tmp.replace(side)
     return digest
