@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY, error_lines, run_cli
+from tests.conftest import TINY, error_lines, run_cli, run_main
 
 
 @pytest.mark.slow
 def test_mobilenet_on_two_replicas(tmp_path):
-    out = run_cli("model=mobilenet", "accelerator=cpu", "devices=2", "epochs=1", "verbose=0",
+    out = run_cli("model=mobilenet", "dataset.image_size=32", "accelerator=cpu", "devices=2",
+                  "epochs=1", "verbose=0",
                   f"hydra.run.dir={tmp_path}", cwd=tmp_path, timeout=400)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -94,13 +95,30 @@ def test_sweep_over_devices_gives_each_job_its_devices(tmp_path):
 ])
 def test_config_errors_are_one_line_and_exit_2(tmp_path, args, message):
     run_dir = tmp_path / "run"
-    out = run_cli(*args, f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=120)
+    # in this process where the pre-flight refuses, in a subprocess where the job does;
+    # test_refusals_from_a_fresh_process runs some of the first kind as a user would
+    out = run_main(*args, f"hydra.run.dir={run_dir}", cwd=tmp_path)
     lines = error_lines(out.stderr)
     assert out.returncode == 2, out.stderr[-2000:]
     assert len(lines) == 1, lines
     assert lines[0].startswith("error: ") and message in lines[0], lines
     # Nothing written: not even Hydra's .hydra/ and log (#16.17).
     assert not run_dir.exists(), sorted(p.name for p in run_dir.rglob("*"))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["epochs=0"], "error: epochs must be a positive integer; received: 0"),
+    (["+epoch=1"], "error: unknown key epoch (did you mean epochs?)"),
+    (["accelerator=cpu", "devices=3", "batch.per_replica=null", "batch.global_size=100"],
+     "error: batch.global_size=100 does not divide evenly over 3 replicas"),
+])
+def test_refusals_from_a_fresh_process(tmp_path, args, message):
+    run_dir = tmp_path / "run"
+    out = run_main(*args, f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=120)
+    lines = error_lines(out.stderr)
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
+    assert lines[0].startswith(message), lines
+    assert not run_dir.exists()
 
 
 def test_image_folder_with_one_class_is_refused(tmp_path):
@@ -111,7 +129,7 @@ def test_image_folder_with_one_class_is_refused(tmp_path):
     for i in range(4):
         Image.new("RGB", (8, 8), (i * 40, 0, 0)).save(folder / f"{i}.png")
     run_dir = tmp_path / "run"
-    out = run_cli("dataset=image_folder", f"dataset.path={tmp_path / 'images'}",
+    out = run_main("dataset=image_folder", f"dataset.path={tmp_path / 'images'}",
                   f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=120)
     lines = error_lines(out.stderr)
     assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
@@ -164,12 +182,12 @@ def test_console_script_composes_the_config(tmp_path):
 
 
 def test_unknown_experiment_is_one_line_and_trains_nothing(tmp_path):
-    out = run_cli("experiment=nope", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
+    out = run_main("experiment=nope", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
                   timeout=60)
     assert out.returncode == 2
     assert error_lines(out.stderr) == [
         "error: unknown experiment 'nope'; available: cats_vs_dogs_mobilenet, "
-        "cifar10_multi_gpu, mnist_towers"]
+        "cifar10_multi_gpu, digits_towers, mnist_towers"]
     assert not (tmp_path / "run").exists()
 
 
@@ -178,7 +196,7 @@ def test_an_unknown_key_in_an_experiment_file_is_one_line(tmp_path):
     experiments.mkdir(parents=True)
     (experiments / "typo.yaml").write_text("# @package _global_\nepochs: 1\n"
                                            "class_wieght: {0: 1.0}\n")
-    out = run_cli("--config-dir", str(tmp_path / "conf"), "experiment=typo",
+    out = run_main("--config-dir", str(tmp_path / "conf"), "experiment=typo",
                   f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=60)
     assert out.returncode == 2
     assert error_lines(out.stderr) == [
@@ -225,7 +243,7 @@ def test_a_bad_image_file_is_named_before_training(tmp_path, bad, message):
     broken = tmp_path / "images" / "dog" / "1.jpg"
     bad(broken)
     run_dir = tmp_path / "run"
-    out = run_cli("dataset=image_folder", f"dataset.path={tmp_path / 'images'}",
+    out = run_main("dataset=image_folder", f"dataset.path={tmp_path / 'images'}",
                   f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=120)
     lines = error_lines(out.stderr)
     assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
@@ -237,7 +255,7 @@ def test_a_bad_image_file_is_named_before_training(tmp_path, bad, message):
 def test_a_run_directory_that_is_a_file_is_one_line(tmp_path):
     target = tmp_path / "taken"
     target.write_text("a file")
-    out = run_cli(f"hydra.run.dir={target}", cwd=tmp_path, timeout=60)
+    out = run_main(f"hydra.run.dir={target}", cwd=tmp_path, timeout=60)
     assert out.returncode == 2
     assert error_lines(out.stderr) == [f"error: run directory {target} is a file, not a "
                                        "directory; choose another hydra.run.dir"]

@@ -196,9 +196,9 @@ def test_bad_timeout_is_refused(tiny_config):
 
 
 def test_multi_worker_without_a_seed_is_refused(tmp_path):
-    from conftest import run_cli
+    from conftest import run_main
 
-    result = run_cli("strategy=multi_worker", "seed=null", "epochs=1", "logger=[]",
+    result = run_main("strategy=multi_worker", "seed=null", "epochs=1", "logger=[]",
                      f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=120)
     assert result.returncode == 2
     assert error_lines(result.stderr) == [

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from tests.conftest import error_lines, run_cli
+from tests.conftest import error_lines, run_main
 from trainer.data import image_folder, synthetic
 from trainer.data.pipeline import DataError, build_pipeline
 from trainer.run.train import train
@@ -44,7 +44,7 @@ def test_tfds_shapes_follow_the_dataset(tmp_path):
 
 def test_tfds_offline_and_not_prepared_is_one_clear_error(tmp_path):
     empty = tmp_path / "tfds"
-    out = run_cli("dataset=mnist", "dataset.download=false", f"dataset.data_dir={empty}",
+    out = run_main("dataset=mnist", "dataset.download=false", f"dataset.data_dir={empty}",
                   f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=180)
     lines = error_lines(out.stderr)
     assert out.returncode == 2, out.stderr[-2000:]
@@ -99,7 +99,7 @@ def test_image_folder_missing_or_empty(tmp_path, setup, message):
     setup(root)
     with pytest.raises(DataError, match=f"dataset.path={root} {message}; expected one sub-folder"):
         image_folder.load(str(root))
-    out = run_cli("dataset=image_folder", f"dataset.path={root}",
+    out = run_main("dataset=image_folder", f"dataset.path={root}",
                   f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=180)
     lines = error_lines(out.stderr)
     assert out.returncode == 2 and len(lines) == 1 and message in lines[0], out.stderr[-2000:]

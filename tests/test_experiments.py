@@ -23,8 +23,8 @@ def test_experiment_runs_one_short_epoch(make_run, tmp_path: Path, experiment):
     # ImageNet weights need a network this machine does not have: the same network from
     # scratch (the offline error itself is tested in test_zoo.py)
     offline = ["model.weights=null"] if experiment == "cats_vs_dogs_mobilenet" else []
-    cfg = make_run(f"experiment={experiment}", *SHORT, *offline,
-                   f"dataset.data_dir={tmp_path / 'tfds'}")
+    tfds_dir = [] if experiment.startswith("digits") else [f"dataset.data_dir={tmp_path / 'tfds'}"]
+    cfg = make_run(f"experiment={experiment}", *SHORT, *offline, *tfds_dir)
     with tfds.testing.mock_data(num_examples=10, policy=tfds.testing.MockPolicy.USE_CODE):
         summary = train(cfg, run_dir=tmp_path / "run")
     assert summary["replicas"] == 2 and summary["epochs"] == 1

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.conftest import error_lines, run_cli
+from tests.conftest import error_lines, run_cli, run_main
 from trainer.config.errors import EXIT_DIVERGED, EXIT_INTERRUPTED
 from trainer.evaluate import evaluate_run, load_checkpoint
 from trainer.run.train import train
@@ -52,6 +52,7 @@ def mid_epoch_backup(run_dir: Path, epoch: int = 0):
                        for p in (run_dir / "backup").glob(f"ckpt-{epoch:06d}-*"))
 
 
+@pytest.mark.slow  # its SIGTERM twin below runs by default
 def test_sigkill_mid_epoch_then_rerun_equals_an_uninterrupted_run(tmp_path):
     clean, killed = tmp_path / "clean", tmp_path / "killed"
     assert run_cli(*RESUMABLE, f"hydra.run.dir={clean}", cwd=tmp_path).returncode == 0
@@ -182,7 +183,7 @@ def test_finished_run_is_not_overwritten_unless_resumed(tmp_path, tiny_config):
                     f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
     config = (run_dir / ".hydra" / "config.yaml").read_text()
-    again = run_cli("dataset.image_size=8", "epochs=3", f"hydra.run.dir={run_dir}",
+    again = run_main("dataset.image_size=8", "epochs=3", f"hydra.run.dir={run_dir}",
                     cwd=tmp_path, timeout=120)
     lines = error_lines(again.stderr)
     assert again.returncode == 2 and len(lines) == 1 and "holds a finished run" in lines[0]

@@ -9,7 +9,7 @@ import json
 import socket
 
 import pytest
-from conftest import TINY, error_lines, run_cli
+from conftest import TINY, error_lines, run_cli, run_main
 
 from trainer.config.errors import ConfigError
 from trainer.run.train import train
@@ -29,7 +29,7 @@ def test_unknown_logger_lists_the_available_ones():
 
 
 def test_an_unknown_logger_on_the_command_line_is_one_line(tmp_path):
-    out = run_cli("logger=[csv,mlfow]", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
+    out = run_main("logger=[csv,mlfow]", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
                   timeout=60)
     assert out.returncode == 2
     assert error_lines(out.stderr) == [
@@ -64,7 +64,7 @@ def test_an_unreachable_tracking_server_is_one_line_before_tensorflow_starts(tmp
     with pytest.raises(ConfigError, match="cannot reach its tracking server"):
         check_loggers({"mlflow": {"tracking_uri": uri}}, reach=True)
     run_dir = tmp_path / "run"
-    out = run_cli("logger=[mlflow]", f"logger.mlflow.tracking_uri={uri}",
+    out = run_main("logger=[mlflow]", f"logger.mlflow.tracking_uri={uri}",
                   f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=60)
     assert out.returncode == 2
     lines = error_lines(out.stderr)
@@ -141,7 +141,7 @@ def test_profile_writes_a_tensorboard_profile_of_the_chosen_steps(tiny_config, t
 
 @pytest.mark.parametrize("value", ["[8,5]", "[0,3]", "5", "[1,2,3]"])
 def test_a_bad_profile_range_is_one_line(tmp_path, value):
-    out = run_cli(f"profile={value}", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
+    out = run_main(f"profile={value}", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
                   timeout=60)
     assert out.returncode == 2
     assert error_lines(out.stderr) == [

@@ -18,7 +18,7 @@ import keras
 import numpy as np
 import pytest
 
-from tests.conftest import error_lines, run_cli
+from tests.conftest import error_lines, run_cli, run_main
 from tests.test_fault_tolerance import _damage_the_middle
 from trainer.config.errors import ConfigError, Interrupted
 from trainer.evaluate import load_checkpoint
@@ -214,7 +214,7 @@ def test_a_changed_resume_on_the_command_line_leaves_the_run_untouched(tmp_path,
     before = _digest(run_dir)
     assert any(name.startswith(".hydra/") for name in before)
     assert any(name.startswith("backup/") for name in before)
-    out = run_cli(*BASE, *change.split(), "epochs=2", f"hydra.run.dir={run_dir}",
+    out = run_main(*BASE, *change.split(), "epochs=2", f"hydra.run.dir={run_dir}",
                   f"resume={run_dir}", cwd=tmp_path, timeout=120)
     lines = error_lines(out.stderr)
     assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
@@ -233,7 +233,7 @@ def finished_run(tmp_path_factory):
 def test_resume_of_a_directory_that_is_not_a_run_is_refused(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    out = run_cli(*BASE, f"resume={empty}", f"hydra.run.dir={empty}", cwd=tmp_path, timeout=120)
+    out = run_main(*BASE, f"resume={empty}", f"hydra.run.dir={empty}", cwd=tmp_path, timeout=120)
     lines = error_lines(out.stderr)
     assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
     assert lines[0] == (f"error: resume={empty} is not a run directory (no backup/, "
@@ -246,7 +246,7 @@ def test_resume_into_another_finished_run_directory_is_refused(tmp_path, finishe
     other = tmp_path / "other"
     shutil.copytree(finished_run, other)
     before = _digest(other)
-    out = run_cli(*BASE, "epochs=2", f"resume={finished_run}", f"hydra.run.dir={other}",
+    out = run_main(*BASE, "epochs=2", f"resume={finished_run}", f"hydra.run.dir={other}",
                   cwd=tmp_path, timeout=120)
     lines = error_lines(out.stderr)
     assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
@@ -267,7 +267,7 @@ def test_unloadable_backups_are_refused_not_replaced(tmp_path, finished_run, dam
         weights.write_bytes(whole)
         damage(weights)
     before = _digest(run_dir)
-    out = run_cli(*BASE, "epochs=2", f"resume={run_dir}", f"hydra.run.dir={tmp_path / 'logs'}",
+    out = run_main(*BASE, "epochs=2", f"resume={run_dir}", f"hydra.run.dir={tmp_path / 'logs'}",
                   cwd=tmp_path, timeout=300)
     lines = error_lines(out.stderr)
     assert out.returncode == 2, out.stderr[-2000:]
@@ -293,7 +293,7 @@ def test_a_second_run_in_a_busy_run_directory_is_refused(tmp_path):
             assert first.poll() is None and time.monotonic() < deadline
             time.sleep(0.1)
         before = _digest(run_dir / ".hydra")
-        out = run_cli(*BASE, "epochs=5", "batch.per_replica=8", f"hydra.run.dir={run_dir}",
+        out = run_main(*BASE, "epochs=5", "batch.per_replica=8", f"hydra.run.dir={run_dir}",
                       cwd=tmp_path, timeout=120)
         lines = error_lines(out.stderr)
         assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]

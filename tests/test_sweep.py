@@ -7,7 +7,7 @@ import json
 
 import pytest
 import yaml
-from conftest import TINY, error_lines, run_cli
+from conftest import TINY, error_lines, run_cli, run_main
 
 from trainer.config.errors import EXIT_DIVERGED, ConfigError
 from trainer.run.train import train
@@ -175,7 +175,7 @@ def test_launcher_plugins_give_each_job_its_own_devices(tmp_path, launcher):
 
 
 def test_a_sweeper_direction_against_the_metric_is_one_line_before_any_job(tmp_path):
-    out = run_cli("-m", "hparams_search=digits_optuna", "optimized_metric=val_loss",
+    out = run_main("-m", "hparams_search=digits_optuna", "optimized_metric=val_loss",
                   f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path, timeout=120)
     assert out.returncode == 2, out.stderr
     assert error_lines(out.stderr) == [

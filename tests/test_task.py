@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from tests.conftest import REPO, error_lines, make_config, run_cli
+from tests.conftest import REPO, error_lines, make_config, run_main
 from trainer.config.errors import ConfigError
 from trainer.evaluate import evaluate_run
 from trainer.run.train import train
@@ -252,7 +252,7 @@ def test_task_errors_are_one_line_and_write_nothing(tmp_path, overrides, message
 
 
 def test_unknown_optimizer_on_the_command_line(tmp_path):
-    out = run_cli("optimizer=adamx", cwd=tmp_path, timeout=60)
+    out = run_main("optimizer=adamx", cwd=tmp_path, timeout=60)
     assert out.returncode == 2
     assert error_lines(out.stderr) == [
         "error: unknown optimizer 'adamx'; available: adam, adamw, lion, rmsprop, sgd"]

@@ -68,6 +68,7 @@ def test_tensorboard_logs_are_written(tiny_config, tmp_path):
     assert {p.parent.name for p in events} >= {"train", "validation"}
 
 
+@pytest.mark.slow  # a minute; MobileNetV2 on 2 replicas also runs in test_experiments
 def test_mobilenet_on_synthetic_data(tiny_config, tmp_path):
     cfg = tiny_config("model=mobilenet", "dataset=synthetic", "dataset.train_examples=128",
                       "dataset.validation_examples=40", "dataset.image_size=32",
