@@ -195,6 +195,7 @@ def test_a_configured_run_on_any_split_ends_with_the_same_weights(tiny_config, t
             first["validation_metrics"]["loss"], rel=1e-5)
 
 
+@pytest.mark.slow  # the default run stays under 8 minutes on 2 cores
 def test_accumulate_auto_fits_the_cap_and_the_summary_says_so(tiny_config, tmp_path):
     from trainer.run.summary import format_summary
     from trainer.run.train import train

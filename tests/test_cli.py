@@ -262,6 +262,7 @@ def test_a_run_directory_that_is_a_file_is_one_line(tmp_path):
     assert target.read_text() == "a file"
 
 
+@pytest.mark.slow  # the default run stays under 8 minutes on 2 cores
 def test_a_config_reading_hydra_at_run_time_still_runs(tmp_path):
     """`${hydra:...}` resolves only inside the job: the early checks leave such a config to it."""
     run_dir = tmp_path / "run"

@@ -18,7 +18,12 @@ def test_the_classic_examples_are_there():
     assert {"mnist_towers", "cifar10_multi_gpu", "cats_vs_dogs_mobilenet"} <= set(EXPERIMENTS)
 
 
-@pytest.mark.parametrize("experiment", EXPERIMENTS)
+# MobileNetV2 and the 32x32 tower network take 20-30 s each: with the slow tests
+HEAVY = {"cats_vs_dogs_mobilenet", "digits_towers"}
+
+
+@pytest.mark.parametrize("experiment", [pytest.param(e, marks=pytest.mark.slow) if e in HEAVY
+                                        else e for e in EXPERIMENTS])
 def test_experiment_runs_one_short_epoch(make_run, tmp_path: Path, experiment):
     # ImageNet weights need a network this machine does not have: the same network from
     # scratch (the offline error itself is tested in test_zoo.py)

@@ -62,6 +62,7 @@ def test_without_a_gpu_it_prints_one_line_and_exits_0(tmp_path):
     assert not (tmp_path / "table.md").exists()
 
 
+@pytest.mark.slow  # the default run stays under 8 minutes on 2 cores
 def test_dry_run_a_passing_row_and_a_crashing_row(tmp_path):
     out = run_check("--cpu-dry-run", "--rows", "replicas_equal,devices_0",
                     "--out", str(tmp_path / "table.md"), cwd=tmp_path)

@@ -120,6 +120,7 @@ def test_a_resumed_run_continues_its_mlflow_run_and_csv(tiny_config, tmp_path):
     assert len((run_dir / "metrics.csv").read_text().splitlines()) == 1 + 2
 
 
+@pytest.mark.slow  # the default run stays under 8 minutes on 2 cores
 def test_wandb_writes_an_offline_run_into_the_run_directory(tiny_config, tmp_path):
     pytest.importorskip("wandb", reason="the wandb extra: pip install 'trainer[wandb]'")
     run_dir = tmp_path / "run"
@@ -182,6 +183,7 @@ def build(run_dir, params, chief, name="epochs.jsonl"):
 '''
 
 
+@pytest.mark.slow  # the default run stays under 8 minutes on 2 cores
 def test_a_tracker_of_ones_own_is_a_yaml_file_away(tmp_path):
     (tmp_path / "my_tracker.py").write_text(OWN_TRACKER)
     (tmp_path / "conf" / "logger").mkdir(parents=True)

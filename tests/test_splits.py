@@ -132,6 +132,7 @@ def counted_tfds(**options):
     return source
 
 
+@pytest.mark.slow  # the default run stays under 8 minutes on 2 cores
 def test_tfds_without_validation_carves_it_and_reads_test_once_at_the_end(make_run,
                                                                            tmp_path):
     READS.clear()

@@ -206,6 +206,7 @@ def test_early_stopping_ends_the_run_and_the_summary_says_when(tmp_path, loop):
     assert "stopped early after epoch 2 of 10" in format_summary(summary)
 
 
+@pytest.mark.slow  # the default run stays under 8 minutes on 2 cores
 def test_adamw_with_weight_decay_and_global_clipnorm_reaches_the_model(tmp_path):
     cfg = make_config(*QUIET, "dataset.image_size=8", "epochs=1", "accelerator=cpu",
                       "devices=2", "optimizer=adamw", "optimizer.weight_decay=0.02",
