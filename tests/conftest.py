@@ -125,6 +125,8 @@ def run_main(*args: str, cwd: Path, timeout: float = 300):
             os.environ.pop("HYDRA_FULL_ERROR", None)
         else:
             os.environ["HYDRA_FULL_ERROR"] = full_error
+        if job:  # the subprocess below starts from nothing, as the command line would
+            entry._remove_fresh_run_dir()
         entry._fresh_run_dir.clear()
         GlobalHydra.instance().clear()
     if job:

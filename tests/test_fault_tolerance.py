@@ -323,11 +323,11 @@ def test_a_disk_that_fills_mid_run_is_one_error_and_keeps_the_last_backup(tmp_pa
 
     original, calls = BackupStore._save, []
 
-    def full_at_the_second(self, model, epoch, step, same_as=None):
+    def full_at_the_second(self, model, epoch, step, same_as=None, history=None):
         calls.append((epoch, step))
         if len(calls) == 2:
             raise OSError(errno.ENOSPC, "No space left on device", str(self.directory))
-        return original(self, model, epoch, step, same_as)
+        return original(self, model, epoch, step, same_as, history)
 
     monkeypatch.setattr(BackupStore, "_save", full_at_the_second)
     run_dir = tmp_path / "run"

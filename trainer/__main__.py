@@ -7,6 +7,7 @@ Known errors (a bad config, a missing device) become one line on stderr and exit
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from typing import Any
 
@@ -20,9 +21,11 @@ from omegaconf import DictConfig, open_dict
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
 from trainer.config.errors import (
+    EXIT_INTERRUPTED,
     ConfigError,
     Diverged,
     Interrupted,
+    NothingToDo,
     WorkerLost,
 )
 from trainer.config.messages import one_line
@@ -31,9 +34,14 @@ from trainer.distribute.cluster import resolve_cluster
 from trainer.run.preflight import check_config
 from trainer.run.quiet import tensorflow_started
 from trainer.run.summary import refuse_finished_run
-from trainer.rundir.layout import RunDir
-from trainer.rundir.lock import check_unlocked, check_writable
-from trainer.rundir.resume import check_resume, check_resume_target, latest_state
+from trainer.rundir.layout import LOCK, RunDir
+from trainer.rundir.lock import check_writable, hold, release_all, remove_created
+from trainer.rundir.resume import (
+    check_resume,
+    check_resume_target,
+    latest_state,
+    nothing_to_add,
+)
 from trainer.track.sweep import CHILD_ENV, TrialFailed, direction, in_sweep, run_job_in_subprocess
 
 # TensorFlow's C++ INFO and WARNING lines (tf.distribute's notes on its own datasets, an
@@ -85,6 +93,14 @@ KNOWN_ERRORS = (ConfigError, ConfigCompositionException, OverrideParseException,
 EXIT_CTRL_C = 130
 
 
+class _Terminated(BaseException):  # noqa: N818 - a signal, like KeyboardInterrupt
+    """SIGTERM outside the training steps (start-up, the summary), raised by `_on_sigterm`."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated(signum)
+
+
 def main() -> None:
     """Console entry point (`trainer` and `python -m trainer`)."""
     # Let Hydra raise instead of printing its own multi-line report, so we can print one line.
@@ -93,6 +109,21 @@ def main() -> None:
     # (the `trainer` console script would not look there).
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    # SIGTERM before or after the training steps (which route it to a clean stop of their
+    # own): one line and a tidy run directory, not a silent death.
+    try:
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread
+        previous = None
+    try:
+        _main()
+    finally:
+        release_all()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main() -> None:
     try:
         _refuse_finished_run_dir(sys.argv[1:])
         _precheck(sys.argv[1:])
@@ -117,15 +148,19 @@ def main() -> None:
         if not _raised_by_hydra(error):
             raise
         _exit_config_error(error)  # e.g. "Only one of --run, --multirun, --cfg ..."
-    except KeyboardInterrupt:
-        # Ctrl-C outside the training steps (start-up, the final evaluation), where no
+    except NothingToDo as done:
+        print(f"finished: {done}", flush=True)
+        sys.exit(done.exit_code)
+    except (KeyboardInterrupt, _Terminated) as stop:
+        # Ctrl-C or SIGTERM outside the training steps (start-up, the summary), where no
         # stop request is listened for.
         if _USER_FULL_ERROR:
             raise
-        print("interrupted: Ctrl-C outside the training steps; rerun the same command to "
+        what = "Ctrl-C" if isinstance(stop, KeyboardInterrupt) else "SIGTERM"
+        print(f"interrupted: {what} outside the training steps; rerun the same command to "
               "start again, or to finish from the last backup", file=sys.stderr, flush=True)
         _remove_fresh_run_dir()
-        sys.exit(EXIT_CTRL_C)
+        sys.exit(EXIT_CTRL_C if isinstance(stop, KeyboardInterrupt) else EXIT_INTERRUPTED)
 
 
 def _raised_by_hydra(error: BaseException) -> bool:
@@ -186,8 +221,9 @@ def compose_from_args(args: list[str]) -> DictConfig | None:
         GlobalHydra.instance().clear()
 
 
-# The run directory this process's Hydra run will create, when it does not exist yet: a run
-# that fails on its configuration removes it again, so a config error leaves nothing behind.
+# (directory, topmost directory this process created for it): a run that fails on its
+# configuration removes what it created, so a config error leaves nothing behind. A directory
+# another process created (two starts at once) is never listed.
 _fresh_run_dir: list = []
 
 
@@ -212,8 +248,6 @@ def _precheck(args: list[str]) -> None:
     logs = OmegaConf.select(cfg, "hydra.run.dir")
     if logs is not None:
         check_writable(Path(logs))
-        if not Path(logs).exists():
-            _fresh_run_dir.append(Path(logs))
     with open_dict(cfg):
         del cfg["hydra"]
     try:
@@ -225,10 +259,21 @@ def _precheck(args: list[str]) -> None:
                               cfg.cluster.port_base)
     if cluster is not None and not cluster.is_chief:
         return  # the chief checks and writes the run directory
-    check_config(cfg, reach=True)
     check_resume_target(cfg.get("resume"), logs)
     run_dir = Path(cfg.resume if cfg.get("resume") else logs)
-    check_unlocked(run_dir)
+    if cfg.get("resume"):
+        why = nothing_to_add(run_dir, cfg.epochs)
+        if why is not None:
+            raise NothingToDo(why)
+    # The lock before anything that reads or writes the directory (two starts at once:
+    # one holds it, the other is refused having created and changed nothing).
+    if logs is not None and Path(logs) != run_dir and not Path(logs).exists():
+        _fresh_run_dir.append((Path(logs), None))  # Hydra's .hydra/ and log: created by it
+    created = hold(run_dir)
+    if created is not None:
+        _fresh_run_dir.append((run_dir, created))
+    refuse_finished_run(run_dir, resume=bool(cfg.get("resume")))
+    check_config(cfg, reach=True)
     state = latest_state(run_dir)
     if state is None:
         return
@@ -260,11 +305,19 @@ def _remove_fresh_run_dir() -> None:
     import logging
     import shutil
 
-
-    for path in _fresh_run_dir:
+    for path, top in _fresh_run_dir:
         if path.is_dir() and not RunDir(path).holds_run():
             logging.shutdown()
-            shutil.rmtree(path, ignore_errors=True)
+            for inside in path.iterdir():  # .hydra/ and the log; the lock file last
+                if inside.is_dir():
+                    shutil.rmtree(inside, ignore_errors=True)
+                elif inside.name != LOCK:
+                    inside.unlink(missing_ok=True)
+            if top is None:
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                remove_created(path, top)
+    _fresh_run_dir.clear()
 
 
 def _exit_config_error(error: BaseException) -> None:

@@ -14,6 +14,13 @@ class ConfigError(ValueError):
     exit_code = EXIT_CONFIG
 
 
+class NothingToDo(Exception):  # noqa: N818 - an outcome, not a failure
+    """A resume of a finished run that asks for nothing more: one line, exit 0, nothing
+    written."""
+
+    exit_code = 0
+
+
 class Interrupted(Exception):
     """Training stopped on SIGTERM or SIGINT after writing a backup; rerun to resume."""
 

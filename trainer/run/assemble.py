@@ -404,7 +404,8 @@ class Callbacks:
 
 
 def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
-                    start: tuple[int, int], request: Any, extra: tuple = ()) -> Callbacks:
+                    start: tuple[int, int], request: Any, extra: tuple = (),
+                    history: dict | None = None) -> Callbacks:
     """Throughput, backup, checkpoints, trackers, the watchdog, then the user's callbacks.
 
     Args:
@@ -415,6 +416,7 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
         start: (epoch, step) the run starts from.
         request: the stop request signals set.
         extra: callbacks passed to `train()` in code, after the configured ones.
+        history: per-epoch metrics of the epochs done before `start` (from the backup).
     """
     # lazy: they import TensorFlow (see the module docstring)
     from trainer.distribute.multiworker import on_stuck, stop_agreement
@@ -443,7 +445,7 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
     backup = Backup(BackupStore(layout.backup, meta=meta), saving.backup_every,
                     saving.nan_check_every, request, *start,
                     agree=stop_agreement(run.strategy) if run.workers > 1 else None,
-                    best=saved[1] if saving.save_best else None)
+                    best=saved[1] if saving.save_best else None, history=history)
     watchdog = None
     timeout = spec.strategy.timeout_s
     if run.workers > 1 and timeout is not None:

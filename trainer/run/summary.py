@@ -83,8 +83,7 @@ def build_summary(spec: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, c
         "epochs_done": outcome.epochs_done,
         "stopped_early": ({"epoch": outcome.epochs_done, "of": spec.epochs}
                           if outcome.stopped_early else None),
-        "resumed_from": ({"epoch": start[0] + 1, "step": start[1], "changed": changes or {}}
-                         if any(start) else None),
+        "resumed_from": _resumed_from(start, spec.epochs, run.steps, changes),
         "steps_per_epoch": run.steps,
         "train_examples": run.data.source.train_size,
         "validation_examples": run.data.source.validation_size,
@@ -99,6 +98,7 @@ def build_summary(spec: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, c
         "examples_per_sec": throughput.examples_per_sec,
         "epoch_examples_per_sec": throughput.epoch_rates,
         "train_metrics": train_metrics,
+        "history": {k: [float(x) for x in v] for k, v in outcome.history.items()},
         "validation_metrics": dict(outcome.validation),
         "augment": _augment(spec.augment),
         "splits": run.data.source.splits,
@@ -109,6 +109,18 @@ def build_summary(spec: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, c
         "warnings": list(plan.warnings),
         "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
     }
+
+
+def _resumed_from(start: tuple[int, int], epochs: int, steps: int,
+                  changes: dict | None) -> dict[str, Any] | None:
+    """Where a resumed run took over (1-based epoch, steps of it done); a run resumed after
+    its last epoch (stopped in the final evaluation or export) says so, not "epoch 4 of 3"."""
+    if not any(start):
+        return None
+    if start[0] >= epochs and not start[1]:
+        return {"epoch": start[0], "step": steps, "changed": changes or {},
+                "training_done": True}
+    return {"epoch": start[0] + 1, "step": start[1], "changed": changes or {}}
 
 
 def _augment(augment: Any) -> dict[str, Any] | None:
@@ -183,7 +195,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("optimizer / loss", f"{summary['optimizer']} / {summary['loss']}"),
         ("epochs", _epochs_row(summary)),
         ("wall time", _time_row(summary["time"])),
-        ("time to first step", f"{summary['time']['first_step_s']:.1f} s"),
+        ("time to first step", "n/a (nothing left to train)"
+         if summary["time"].get("first_step_s") is None
+         else f"{summary['time']['first_step_s']:.1f} s"),
         ("throughput", f"{summary['examples_per_sec']:.1f} examples/s"
          if summary["examples_per_sec"] else "n/a (too few steps)"),
     ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -15,6 +16,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from trainer.config.errors import ConfigError, Interrupted, WorkerLost
+from trainer.config.messages import one_line
 from trainer.distribute.cluster import Cluster, resolve_cluster, slurm_devices
 from trainer.distribute.devices import DevicePlan, configure_devices, memory_option, plan_devices
 from trainer.distribute.multiworker import (
@@ -44,6 +46,7 @@ from trainer.rundir.resume import (
     check_resume,
     check_resume_target,
     latest_state,
+    nothing_to_add,
 )
 from trainer.rundir.space import check_free_space, disk_full, full_message, needed_bytes
 from trainer.task.finetune import (
@@ -97,6 +100,10 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None,
     if cluster is None or cluster.is_chief:
         check_config(cfg, reach=True)  # the chief's trackers write to their servers
         place = _run_dir(spec, run_dir)
+        why = nothing_to_add(place, spec.epochs) if spec.resume is not None else None
+        if why is not None:  # the command line says so before Hydra runs (trainer.__main__)
+            print(f"finished: {why}", flush=True)
+            return json.loads(RunDir(place).summary.read_text())
         with run_lock(place):
             return _train(spec, place, callbacks, started, cluster, startup)
     # Another worker: it saves what the chief saves (some reads of distributed variables are
@@ -157,19 +164,30 @@ def _train_and_report(spec: Spec, plan: DevicePlan, run: Run, run_dir: Path,
                       startup: float | None = None) -> dict[str, Any]:
     cluster = run.cluster
     check_metric_name(spec.optimized_metric, run.logged, tested=run.data.test is not None)
-    start, changes = _resume_point(spec, run, run_dir)
+    start, changes, done = _resume_point(spec, run, run_dir)
 
     # after the optimizer is built over every variable (in _resume_point)
     phases = phase_report(run.model, spec.finetune, spec.epochs)
     if phases is not None:
         scale_backbone_gradients(run.model, spec.finetune.backbone_lr_scale)
     request = StopRequest()
-    callbacks = build_callbacks(spec, run, run_dir, started, start, request, tuple(extra))
+    callbacks = build_callbacks(spec, run, run_dir, started, start, request, tuple(extra),
+                                history=done)
     wired.append(callbacks)
     try:
+        # The end of a run (final evaluations, export) listens for signals too: a stop
+        # there ends with the final epoch's backup, from which a rerun finishes just that.
         with stop_on_signals(request):
-            outcome = _fit(spec, run, callbacks, start)
-        outcome = replace(outcome, startup_s=startup)
+            outcome = _fit(spec, run, callbacks, start, request)
+            outcome = replace(outcome, startup_s=startup)
+            summary = None
+            if not callbacks.backup.interrupted:
+                summary = build_summary(spec, run, plan, run_dir, outcome, callbacks, started,
+                                        start, changes)
+                if spec.export:
+                    run.model.export(str(RunDir(run_dir).saved_model), verbose=False)
+                    summary["saved_model"] = str(RunDir(run_dir).saved_model)
+                _stop_if_asked(request, "the export", run_dir, run.is_chief)
     except BaseException:
         finish_trackers(list(callbacks.trackers), None, "FAILED")
         raise
@@ -181,11 +199,6 @@ def _train_and_report(spec: Spec, plan: DevicePlan, run: Run, run_dir: Path,
         raise Interrupted(f"{why}{who} at epoch {callbacks.backup.epoch + 1}; backup in "
                           f"{backup_place(run_dir, run.is_chief)}; rerun the same command to "
                           "resume")
-    summary = build_summary(spec, run, plan, run_dir, outcome, callbacks, started, start,
-                            changes)
-    if spec.export:
-        run.model.export(str(RunDir(run_dir).saved_model), verbose=False)
-        summary["saved_model"] = str(RunDir(run_dir).saved_model)
     summary["loggers"] = logged_to(callbacks.trackers, run_dir)
     summary["finetune"] = phases
     if run.is_chief:
@@ -204,11 +217,22 @@ def _run_dir(spec: Spec, run_dir: str | Path | None) -> Path:
     return Path(run_dir) if run_dir is not None else _hydra_run_dir()
 
 
-def _resume_point(spec: Spec, run: Run, run_dir: Path) -> tuple[tuple[int, int], dict]:
+def _stop_if_asked(request: StopRequest, during: str, run_dir: Path, chief: bool) -> None:
+    """A signal received after training (the final evaluations, the export): stop there,
+    before the summary; the final epoch's backup lets a rerun finish exactly what is left."""
+    if request.signal is not None:
+        raise Interrupted(f"stopped by signal {request.signal} during {during}, after the "
+                          f"last epoch; backup in {backup_place(run_dir, chief)}; rerun the "
+                          "same command to finish the run")
+
+
+def _resume_point(spec: Spec, run: Run,
+                  run_dir: Path) -> tuple[tuple[int, int], dict, dict[str, list]]:
     """Restores the newest good backup.
 
     Returns:
-        (epoch, step in epoch) to start from, and the config changes the resume accepted.
+        (epoch, step in epoch) to start from, the config changes the resume accepted, and
+        the per-epoch metrics of the epochs done before it.
 
     Raises:
         ConfigError: the config or the global batch differs from the backup's in a way
@@ -232,11 +256,16 @@ def _resume_point(spec: Spec, run: Run, run_dir: Path) -> tuple[tuple[int, int],
         # Only the chief keeps backups: every worker continues from the chief's.
         point = share_from_chief(run.strategy, model, point)
     if point is None:
-        return (0, 0), {}
-    log.warning("resuming from %s: epoch %d, step %d", point.path, point.epoch + 1, point.step)
-    if point.step >= run.steps:
-        return (point.epoch + 1, 0), changes
-    return (point.epoch, point.step), changes
+        return (0, 0), {}, {}
+    start = (point.epoch + 1, 0) if point.step >= run.steps else (point.epoch, point.step)
+    if start[0] >= spec.epochs and not start[1]:
+        log.warning("resuming from %s: every epoch is trained; finishing the run",
+                    point.path)
+    else:
+        log.warning("resuming from %s: epoch %d, step %d", point.path, point.epoch + 1,
+                    point.step)
+    done = {k: list(v)[:start[0]] for k, v in point.state.get("history", {}).items()}
+    return start, changes, done
 
 
 def _segments(spec: Spec, run: Run, start: tuple[int, int]) -> list:
@@ -261,9 +290,16 @@ def _segments(spec: Spec, run: Run, start: tuple[int, int]) -> list:
     return segments
 
 
-def _fit(spec: Spec, run: Run, callbacks: Callbacks, start: tuple[int, int]) -> Outcome:
-    """Trains with the chosen loop, then evaluates every validation example once."""
-    model, history = run.model, {}
+def _fit(spec: Spec, run: Run, callbacks: Callbacks, start: tuple[int, int],
+         request: StopRequest | None = None) -> Outcome:
+    """Trains with the chosen loop, then evaluates every validation example once.
+
+    The history starts with the epochs done before a resume (kept in the backups), so a run
+    resumed after its last epoch reports what the uninterrupted run would have.
+    """
+    model = run.model
+    history = {k: list(v) for k, v in callbacks.backup.history.items()}
+    trained = False
     loop, phase = None, None
     build_s = time.perf_counter() - callbacks.throughput.started
 
@@ -298,17 +334,25 @@ def _fit(spec: Spec, run: Run, callbacks: Callbacks, start: tuple[int, int]) -> 
             if spec.verbose in (1, "auto"):
                 print(flush=True)  # end the progress bar's line
             break
+        trained = trained or bool(part.history)
         for key, values in part.history.items():
             history.setdefault(key, []).extend(values)
         # A callback (early stopping) ended training before the last epoch.
         stopped_early = bool(model.stop_training) and not backup.interrupted
         if backup.interrupted or stopped_early:
             break
-    epochs_done = backup.epoch + 1 if history else start[0]
+    epochs_done = backup.epoch + 1 if trained else start[0]
     if backup.interrupted:  # a stopped run is not evaluated (other workers may be gone)
         return Outcome(history, {}, epochs_done, False, build_s=build_s)
+    if not trained and epochs_done:
+        # Nothing left to train (stopped after the last epoch's backup): the final state is
+        # the backup's; last.keras is written now where the stop came before it.
+        ensure_last(callbacks.checkpoints[0], model, epochs_done - 1)
     evaluating = time.perf_counter()
     final = evaluate_split(run, run.data.validation, loop)
+    if request is not None:
+        _stop_if_asked(request, "the final validation", callbacks.backup.store.directory.parent,
+                       run.is_chief)
     test, checkpoint = None, None
     if run.data.test is not None:
         # Once, at the end, with the checkpoint validation chose: nothing before read it.
@@ -318,10 +362,13 @@ def _fit(spec: Spec, run: Run, callbacks: Callbacks, start: tuple[int, int]) -> 
         checkpoint = test_checkpoint(spec.checkpoint.test_with, callbacks) if history else None
         last = model.get_weights() if checkpoint is not None else None
         if checkpoint is not None:
-            model.load_weights(checkpoint)
+            checkpoint = load_for_test(model, checkpoint, callbacks)
         test = test_metrics(run, loop)
         if last is not None:
             model.set_weights(last)
+        if request is not None:
+            _stop_if_asked(request, "the test evaluation",
+                           callbacks.backup.store.directory.parent, run.is_chief)
     return Outcome(history, final, epochs_done, stopped_early and epochs_done < spec.epochs,
                    test, None if checkpoint is None else str(checkpoint), build_s=build_s,
                    evaluation_s=time.perf_counter() - evaluating)
@@ -351,6 +398,52 @@ def test_checkpoint(test_with: str, callbacks: Callbacks) -> Path:
     saved = {Path(c.filepath).stem: Path(c.filepath) for c in callbacks.checkpoints}
     which = test_with if test_with in saved else "last"
     return saved[which]
+
+
+def ensure_last(last: Any, model: Any, epoch: int) -> None:
+    """Writes `last.keras` from the model where it is missing or damaged (a stop between the
+    last epoch's backup and the end of training)."""
+    path = Path(last.filepath)
+    if _intact(path):
+        return
+    log.warning("%s is missing or damaged; writing it from the last backup", path)
+    last.set_model(model)
+    last._ended = (epoch, {})  # noqa: SLF001 - its own at-end write, as at the end of fit
+    last.same_as = None
+    last.on_train_end()
+
+
+def _intact(path: Path) -> bool:
+    from trainer.rundir.checksum import verify_beside
+
+    try:
+        verify_beside(path)
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def load_for_test(model: Any, checkpoint: Path, callbacks: Callbacks) -> Path | None:
+    """Loads the test checkpoint into `model`; a damaged one (its hash, or a file that does
+    not load) is one warning naming it and the fallback: the last weights, which the model
+    holds already. Returns the checkpoint whose weights the model then holds (None: the
+    final weights, no file)."""
+    fallback = Path(callbacks.checkpoints[0].filepath)
+    try:
+        if not checkpoint.is_file():
+            raise ValueError("missing")
+        if not _intact(checkpoint):
+            raise ValueError("its SHA-256 does not match the one written with it")
+        model.load_weights(checkpoint)
+        return checkpoint
+    except Exception as error:  # noqa: BLE001 - any unreadable checkpoint falls back
+        if checkpoint == fallback:
+            log.warning("%s does not load (%s); testing the final weights", checkpoint,
+                        one_line(error))
+            return None
+        log.warning("%s does not load (%s); testing with %s (the final weights) instead",
+                    checkpoint, one_line(error), fallback.name)
+        return fallback if _intact(fallback) else None
 
 
 def _set_determinism(on: bool) -> None:

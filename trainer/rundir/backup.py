@@ -86,24 +86,27 @@ class BackupStore:
         self.seconds = 0.0  # spent writing backups
 
     def save(self, model: keras.Model, epoch: int, step: int,
-             same_as: Path | None = None) -> Path:
+             same_as: Path | None = None, history: dict | None = None) -> Path:
         """Writes a backup of `model` at `epoch` (0-based) after `step` steps of it.
 
         `same_as` is a `.keras` checkpoint of this very state (with its `.sha256` beside
-        it), linked instead of written again; None writes the weights. A `backup/`
-        directory removed meanwhile is made again (once).
+        it), linked instead of written again; None writes the weights. `history` is the
+        run's per-epoch metrics of its `epoch` whole epochs, kept in `state.json` (a rerun
+        that has nothing left to train reports them). A `backup/` directory removed
+        meanwhile is made again (once).
         """
         began = time.perf_counter()
         try:
-            return self._save(model, epoch, step, same_as)
+            return self._save(model, epoch, step, same_as, history)
         except FileNotFoundError:
             log.warning("%s vanished while a backup was written; writing it again",
                         self.directory)
-            return self._save(model, epoch, step, same_as)
+            return self._save(model, epoch, step, same_as, history)
         finally:
             self.seconds += time.perf_counter() - began
 
-    def _save(self, model: keras.Model, epoch: int, step: int, same_as: Path | None) -> Path:
+    def _save(self, model: keras.Model, epoch: int, step: int, same_as: Path | None,
+              history: dict | None = None) -> Path:
         self.directory.mkdir(parents=True, exist_ok=True)
         final = self.directory / f"ckpt-{epoch:06d}-{step:09d}"
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.directory))
@@ -117,6 +120,8 @@ class BackupStore:
         np.savez(tmp / RNG, *[v.numpy() for v in _rng_states(model)])
         sums[RNG] = sha256(tmp / RNG)
         state = {"epoch": epoch, "step": step, "sha256": sums, **self.meta}
+        if history is not None:
+            state["history"] = history
         (tmp / "state.json").write_text(json.dumps(state))
         if final.exists():
             shutil.rmtree(final)
@@ -253,13 +258,17 @@ class Backup(keras.callbacks.Callback):
             stop (a collective: every worker calls it at the same steps); None for one.
         best: the best-checkpoint callback (`AtomicModelCheckpoint`), called before this
             one at epoch ends: an epoch whose best checkpoint it wrote links it.
+        history: the per-epoch metrics of the epochs done before `initial_epoch` (from the
+            backup resumed); each epoch's end adds its own, and every backup keeps them.
     """
 
     def __init__(self, store: BackupStore, every: int, check_every: int, request: StopRequest,
                  initial_epoch: int = 0, initial_step: int = 0,
-                 agree: Callable[[bool], bool] | None = None, best: Any = None) -> None:
+                 agree: Callable[[bool], bool] | None = None, best: Any = None,
+                 history: dict | None = None) -> None:
         super().__init__()
         self.best = best
+        self.history = {k: list(v) for k, v in (history or {}).items()}
         self.store, self.every, self.check_every = store, every, max(check_every, 1)
         self.request, self.agree = request, agree
         self.initial_epoch, self.initial_step = initial_epoch, initial_step
@@ -290,7 +299,7 @@ class Backup(keras.callbacks.Callback):
         step = self.offset + batch + 1
         if self._stop_requested(batch):
             self._check(logs, step)
-            self.store.save(self.model, self.epoch, step)
+            self.store.save(self.model, self.epoch, step, history=self.history)
             self.interrupted = True
             self.model.stop_training = True
             # Out of fit at once: `stop_training` alone would still run the epoch's whole
@@ -298,17 +307,20 @@ class Backup(keras.callbacks.Callback):
             raise StopNow(f"stopped at epoch {self.epoch + 1}, step {step}")
         elif self.every and step % self.every == 0:
             self._check(logs, step)
-            self.store.save(self.model, self.epoch, step)
+            self.store.save(self.model, self.epoch, step, history=self.history)
         elif step % self.check_every == 0:
             self._check(logs, step)
 
     def on_epoch_end(self, epoch, logs=None):
         self._check(logs, None)
         if not self.interrupted:
+            for key, value in (logs or {}).items():
+                if isinstance(value, (int, float, np.number)) or np.ndim(value) == 0:
+                    self.history.setdefault(key, []).append(float(value))
             same = None
             if self.best is not None and self.best.saved_epoch == epoch:
                 same = Path(self.best.filepath)
-            self.store.save(self.model, epoch + 1, 0, same_as=same)
+            self.store.save(self.model, epoch + 1, 0, same_as=same, history=self.history)
 
     def _check(self, logs, step: int | None) -> None:
         loss = float((logs or {}).get("loss", 0.0))

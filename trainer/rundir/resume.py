@@ -157,6 +157,20 @@ def check_global_batch(run_dir: Path, state: dict[str, Any] | None, global_batch
                       "to resume it on these devices")
 
 
+def nothing_to_add(run_dir: Path, epochs: int) -> str | None:
+    """Why a resume of a finished run has nothing to do (None where it has: no summary
+    yet, or more epochs asked than it was run for). The run directory is left as it is."""
+    try:
+        summary = json.loads(RunDir(run_dir).summary.read_text())
+    except (OSError, ValueError):
+        return None
+    ran, done = summary.get("epochs"), summary.get("epochs_done", 0)
+    if not isinstance(ran, int) or epochs > ran or epochs < done:
+        return None  # more to train; or fewer than done, which check_resume refuses
+    return (f"{run_dir} finished its {ran} epochs (summary.json); nothing to do: pass "
+            f"epochs={ran + 1} or more to train it further")
+
+
 def is_run_dir(path: Path) -> bool:
     """Whether `path` holds a run of trainer's (a backup, checkpoints or a summary)."""
     return RunDir(path).holds_run()
