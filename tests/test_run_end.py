@@ -232,3 +232,63 @@ def test_a_start_refused_by_the_lock_removes_nothing_it_did_not_create(tmp_path,
     finally:
         for fd in held:
             os.close(fd)
+
+
+def _evaluable_copy(finished, tmp_path) -> Path:
+    from omegaconf import OmegaConf
+
+    from tests.conftest import make_config
+
+    run_dir, _ = finished
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-a", str(run_dir), str(copy)], check=True)
+    (copy / ".hydra").mkdir()
+    OmegaConf.save(make_config(*ENDING), copy / ".hydra" / "config.yaml")
+    return copy
+
+
+def _own_copy(path: Path, data: bytes) -> None:
+    path.unlink()  # hard links share the file with a backup: write a file of its own
+    path.write_bytes(data)
+
+
+@pytest.mark.parametrize("damage", ["garbage in best", "truncated last, no hash",
+                                    "invalid yaml", "not a config"])
+def test_evaluate_on_damage_is_one_line(finished, tmp_path, capsys, damage):
+    from trainer.evaluate import main
+
+    copy = _evaluable_copy(finished, tmp_path)
+    best, last = copy / "checkpoints" / "best.keras", copy / "checkpoints" / "last.keras"
+    args = [str(copy)]
+    if damage == "garbage in best":
+        data = bytearray(best.read_bytes())
+        data[len(data) // 2:len(data) // 2 + 100] = b"x" * 100
+        _own_copy(best, bytes(data))
+        expected = f"error: {best} is damaged"
+    elif damage == "truncated last, no hash":
+        _own_copy(last, last.read_bytes()[:1000])
+        Path(f"{last}.sha256").unlink()
+        args.append("checkpoint=last")
+        expected = f"error: {last} does not load ("
+    elif damage == "invalid yaml":
+        (copy / ".hydra" / "config.yaml").write_text("model: [unclosed\n  epochs: 3: 4\n")
+        expected = f"error: {copy / '.hydra' / 'config.yaml'} is not a readable config ("
+    else:
+        (copy / ".hydra" / "config.yaml").write_text("- just\n- a list\n")
+        expected = f"error: {copy / '.hydra' / 'config.yaml'} is not a run's config"
+    assert main(args) == 2
+    lines = error_lines(capsys.readouterr().err)
+    assert len(lines) == 1 and lines[0].startswith(expected), lines
+
+
+def test_evaluate_warns_nothing_a_user_cannot_act_on(finished, tmp_path, capsys):
+    import warnings
+
+    from trainer.evaluate import main
+
+    copy = _evaluable_copy(finished, tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main([str(copy)]) == 0
+    assert [str(w.message) for w in caught if "optimizer" in str(w.message)] == []
+    assert json.loads(capsys.readouterr().out)["checkpoint"].endswith("best.keras")

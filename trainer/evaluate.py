@@ -68,7 +68,7 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
     if data is None:
         raise ConfigError(f"the dataset of {run_dir} has no test split; valid: "
                           "split=validation")
-    run.model.load_weights(checkpoint)
+    _load(run.model, checkpoint, which)
     # lazy: it imports TensorFlow, which starts after the devices are set
     from trainer.run.train import evaluate_split
 
@@ -79,6 +79,25 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
             "replicas": run.strategy.num_replicas_in_sync,
             "metrics": {k: float(v) for k, v in metrics.items()}}
 
+
+
+def _load(model: Any, checkpoint: Path, which: str) -> None:
+    """Loads a checkpoint checked against its hash; damage is one line naming the file and
+    the other checkpoint to use."""
+    import warnings
+
+    from trainer.rundir.checkpoint import verified
+
+    other = "last" if which == "best" else "best"
+    verified(checkpoint)
+    try:
+        with warnings.catch_warnings():
+            # the optimizer's state is in the file; evaluation does not need it
+            warnings.filterwarnings("ignore", message="Skipping variable loading for optimizer")
+            model.load_weights(checkpoint)
+    except Exception as error:  # noqa: BLE001 - a damaged file fails in many ways
+        raise ConfigError(f"{checkpoint} does not load ({one_line(error)}); use "
+                          f"checkpoint={other}, or retrain") from None
 
 
 def load_checkpoint(path: str | Path) -> Any:
@@ -116,7 +135,16 @@ def compose_run_config(run_dir: Path, overrides: list[str]) -> tuple[DictConfig,
         raise ConfigError(f"{run_dir} is not a run directory (no .hydra/config.yaml)")
     which, rest = _take("checkpoint", CHECKPOINTS, overrides)
     register_configs()
-    primary = OmegaConf.load(saved)
+    try:
+        primary = OmegaConf.load(saved)
+    except Exception as error:  # noqa: BLE001 - yaml's and OmegaConf's errors alike
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ConfigError(f"{saved} is not a readable config ({first}); it was written by "
+                          "Hydra when the run started: restore it, or evaluate another run"
+                          ) from None
+    if not isinstance(primary, DictConfig) or "dataset" not in primary:
+        raise ConfigError(f"{saved} is not a run's config (no dataset in it); restore it, or "
+                          "evaluate another run")
     primary.defaults = ["config_schema", "_self_"]
     # Evaluation runs on this machine's devices, not a cluster's.
     name = primary.strategy.name

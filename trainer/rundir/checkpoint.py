@@ -19,4 +19,7 @@ def verified(path: Path) -> Path:
     except ValueError as error:
         raise ConfigError(f"{error}; use the other checkpoint (checkpoint=best|last) or "
                           "retrain") from None
+    except OSError as error:
+        raise ConfigError(f"{path} cannot be read ({error.strerror or error}); use the other "
+                          "checkpoint (checkpoint=best|last) or retrain") from None
     return path
