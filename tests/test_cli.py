@@ -286,6 +286,19 @@ def test_a_read_only_run_directory_is_refused(tmp_path, monkeypatch):
         check_writable(tmp_path / "new" / "run")
 
 
+
+@pytest.mark.parametrize("name", ["x" * 300 + "/run", "a/" * 2100 + "run"])
+def test_a_run_directory_name_too_long_for_the_file_system_is_one_line(tmp_path, name):
+    run_dir = tmp_path / name
+    out = run_main(*TINY, f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=60)
+    assert out.returncode == 2
+    lines = error_lines(out.stderr)
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("error: run directory "), lines
+    assert "choose a shorter hydra.run.dir" in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
 COUNT_CHECKS = """
 import atexit, sys
 import trainer.run.preflight as preflight
