@@ -24,7 +24,7 @@ from trainer.config.build import build_object
 from trainer.config.errors import ConfigError
 from trainer.config.metrics import monitor_mode
 from trainer.config.schema import LrPlan
-from trainer.data.augment import check, mixers
+from trainer.data.augment import check, check_inputs, mixers
 from trainer.data.augment import check as check_augment
 from trainer.distribute.cluster import Cluster, choose_communication
 from trainer.distribute.devices import DevicePlan
@@ -301,6 +301,7 @@ def build_data(spec: Spec, global_batch: int, shards: int,
     if not isinstance(source, Source):
         raise ConfigError(f"dataset {options['_target_']} must return a trainer.data.Source "
                           f"(Source.from_arrays for arrays); received: {type(source).__name__}")
+    check_inputs(spec.augment, source.input_shape, options["_target_"])
     source = _one_hot_if_mixing(spec.augment, source)
     check_class_weight(spec.class_weight, source)
     common = dict(preprocess=source.preprocess, scale=source.scale, seed=seed, **pipeline)
