@@ -427,11 +427,15 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
     saving = spec.checkpoint
     best_mode = (run.monitor_mode(saving.monitor, saving.mode) if saving.save_best else None)
     user = build_user_callbacks(spec.callbacks, run_dir, run.monitor_mode)
-    layout = RunDir(run_dir)
-    layout.checkpoints.mkdir(parents=True, exist_ok=True)
     meta = {"config": spec.record,
             "global_batch": run.batch.global_size, "replicas": run.batch.replicas,
             "accumulate": run.batch.accumulate}
+    # Before checkpoints/ exists: a tracker that cannot start leaves a fresh run directory
+    # that holds no run, which the command line then removes.
+    trackers = tuple(build_trackers(spec.loggers, run_dir, meta["config"], run.is_chief,
+                                    spec.profile))
+    layout = RunDir(run_dir)
+    layout.checkpoints.mkdir(parents=True, exist_ok=True)
     # last.keras once, at the end (the backup holds that state during the run); best.keras
     # when it improves, the epoch's backup then a link to it (trainer.rundir.backup)
     saved = [AtomicModelCheckpoint(str(layout.checkpoint("last")), at_end=True)]
@@ -452,7 +456,5 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
         watchdog = StepWatchdog(timeout, on_stuck(timeout, run.is_chief, run_dir, backup))
     return Callbacks(
         throughput=Throughput(run.data.source.train_size, run.batch.global_size, started),
-        backup=backup, checkpoints=tuple(saved),
-        trackers=tuple(build_trackers(spec.loggers, run_dir, meta["config"], run.is_chief,
-                                      spec.profile)),
-        watchdog=watchdog, user=(*user, *extra))
+        backup=backup, checkpoints=tuple(saved), trackers=trackers, watchdog=watchdog,
+        user=(*user, *extra))
