@@ -138,3 +138,49 @@ def test_mixing_makes_every_split_one_hot_and_the_loss_categorical(make_run, tmp
                     run_dir=tmp_path / "run")
     assert summary["loss"] == "categorical_crossentropy"
     assert 0 <= summary["validation_metrics"]["accuracy"] <= 1
+
+
+ROWS = """
+import keras
+import numpy as np
+
+from trainer.data.pipeline import Source
+
+def load(**_):
+    x = np.random.default_rng(0).normal(size=(40, 13)).astype("float32")
+    y = np.arange(40) % 3
+    return Source.from_arrays(x[:32], y[:32], x[32:], y[32:], num_classes=3)
+
+def build(input_shape, num_classes, **_):
+    return keras.Sequential([keras.Input(input_shape), keras.layers.Dense(num_classes)])
+"""
+
+
+@pytest.mark.parametrize("augment", ["[flip]", "[mixup,crop]", "[cutmix]"])
+def test_an_image_augmentation_on_tabular_rows_is_one_line(make_run, tmp_path, monkeypatch,
+                                                           augment):
+    (tmp_path / "rows.py").write_text(ROWS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = make_run("dataset._target_=rows.load", "model._target_=rows.build", "epochs=1",
+                   "verbose=0", "logger=[]", f"augment={augment}")
+    name = augment.strip("[]").split(",")[-1]
+    with pytest.raises(ConfigError) as error:
+        train(cfg, run_dir=tmp_path / "run")
+    assert str(error.value) == (
+        f"augment {name} needs image inputs (height, width, channels); dataset rows.load "
+        "gives features of shape (13,): drop it (augment=[]), or keep only mixup")
+    assert not (tmp_path / "run").exists()
+
+
+def test_augmentations_are_checked_against_the_shape_of_the_features():
+    from trainer.data.augment import check_inputs
+
+    check_inputs(["flip", "mixup", "randaugment"], (8, 8, 3), "digits")
+    check_inputs(["mixup"], (13,), "rows")
+    check_inputs([], {"num": (4,), "cat": (1,)}, "shop")
+    with pytest.raises(ConfigError, match=r"augment mixup needs one array of features; "
+                                          r"dataset shop gives several inputs \(num: \(4,\), "
+                                          r"cat: \(1,\)\)"):
+        check_inputs(["mixup"], {"num": (4,), "cat": (1,)}, "shop")
+    with pytest.raises(ConfigError, match=r"augment zoom needs image inputs"):
+        check_inputs(["zoom"], (28, 28), "grey rows")

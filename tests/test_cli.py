@@ -252,6 +252,41 @@ def test_a_bad_image_file_is_named_before_training(tmp_path, bad, message):
     assert not run_dir.exists()
 
 
+
+def png_with_garbage_pixels() -> bytes:
+    """A PNG whose signature, header and end are valid, its image data garbage: the cheap
+    checks before training pass it, TensorFlow's decoder fails on it mid-epoch."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 8, 8, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", b"garbage" * 20) + chunk(b"IEND", b""))
+
+
+def test_an_image_that_does_not_decode_mid_training_is_named_in_one_line(tmp_path):
+    from PIL import Image
+
+    for name in ("cat", "dog"):
+        folder = tmp_path / "images" / name
+        folder.mkdir(parents=True)
+        for i in range(4):
+            Image.new("RGB", (8, 8), (i * 60, 20, 200)).save(folder / f"{i}.png")
+    broken = tmp_path / "images" / "dog" / "2.png"
+    broken.write_bytes(png_with_garbage_pixels())
+    run_dir = tmp_path / "run"
+    out = run_main(*TINY, "dataset=image_folder", f"dataset.path={tmp_path / 'images'}",
+                   "dataset.validation_fraction=0.25", "dataset.test_fraction=0",
+                   f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=120)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert error_lines(out.stderr) == [
+        f"error: dataset=image_folder: {broken} does not decode as an image (Invalid PNG "
+        f"data, size {broken.stat().st_size}); remove it or replace it with a good copy"]
+    assert not run_dir.exists()
+
 def test_a_run_directory_that_is_a_file_is_one_line(tmp_path):
     target = tmp_path / "taken"
     target.write_text("a file")
@@ -284,6 +319,19 @@ def test_a_read_only_run_directory_is_refused(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=rf"run directory {tmp_path / 'new' / 'run'} cannot be "
                                           rf"written \({tmp_path} is read-only for this user\)"):
         check_writable(tmp_path / "new" / "run")
+
+
+
+@pytest.mark.parametrize("name", ["x" * 300 + "/run", "a/" * 2100 + "run"])
+def test_a_run_directory_name_too_long_for_the_file_system_is_one_line(tmp_path, name):
+    run_dir = tmp_path / name
+    out = run_main(*TINY, f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=60)
+    assert out.returncode == 2
+    lines = error_lines(out.stderr)
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("error: run directory "), lines
+    assert "choose a shorter hydra.run.dir" in lines[0]
+    assert list(tmp_path.iterdir()) == []
 
 
 COUNT_CHECKS = """

@@ -173,3 +173,27 @@ def test_no_replica_gets_an_empty_share_of_the_last_batch():
     source = synthetic.load(train_examples=50, validation_examples=10, image_size=4, seed=1)
     ds = build_pipeline(source.train, 24, training=True, seed=0, replicas=3, examples=50)
     assert [int(x.shape[0]) for x, _ in ds] == [24, 23, 3]
+
+
+def test_an_image_that_does_not_decode_is_found_after_tensorflow_fails(tmp_path):
+    """Found only when decoding failed: by the byte size TensorFlow's message gives, else
+    among all the files; a failure that is not a decoder's is not the folder's."""
+    write_images(tmp_path / "images", per_class=4)
+    broken = tmp_path / "images" / "dog" / "2.jpg"
+    broken.write_bytes(broken.read_bytes()[:100] + b"\0" * 300 + broken.read_bytes()[-2:])
+    source = image_folder.load(str(tmp_path / "images"), image_size=8)
+    with pytest.raises(tf.errors.InvalidArgumentError) as error:
+        for name in sorted(str(p) for p in (tmp_path / "images").rglob("*.jpg")):
+            source.preprocess(tf.constant(name), 0)
+    message = source.explain(error.value)
+    assert message.startswith(f"dataset=image_folder: {broken} does not decode as an image (")
+    assert message.endswith("); remove it or replace it with a good copy")
+    # a message without the size: still found
+    assert source.explain(RuntimeError("Invalid JPEG data")).startswith(
+        f"dataset=image_folder: {broken} does not decode")
+    assert source.explain(RuntimeError("out of memory")) is None
+    # replaced since, so nothing fails to decode: the folder and the remedy
+    broken.write_bytes((tmp_path / "images" / "dog" / "0.jpg").read_bytes())
+    assert source.explain(RuntimeError("Invalid JPEG data")) == (
+        f"dataset=image_folder: an image under {tmp_path / 'images'} does not decode (Invalid "
+        "JPEG data); find it (e.g. open each with an image viewer) and remove or replace it")

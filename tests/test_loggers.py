@@ -225,3 +225,97 @@ def test_a_tracker_gets_the_config_as_written_not_instantiated(tmp_path):
     assert trackers == [] and SEEN["chief"] is True
     assert SEEN["params"] == {"augment": [{"_target_": "collections.OrderedDict"}],
                               "note": "${not_resolved}"}
+
+
+def test_an_unwritable_sqlite_store_is_one_line_before_anything_is_written(tmp_path,
+                                                                          monkeypatch):
+    """MLflow retried it for two minutes, then failed mid-run with 37 lines."""
+    (tmp_path / "a_file").write_text("not a folder")
+    uri = f"sqlite:///{tmp_path / 'a_file' / 'mlflow.db'}"
+    run_dir = tmp_path / "run"
+    out = run_main(*TINY, "logger=[mlflow]", f"logger.mlflow.tracking_uri={uri}",
+                   f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=60)
+    assert out.returncode == 2
+    assert error_lines(out.stderr) == [
+        f"error: logger mlflow cannot write its store {uri} ({tmp_path / 'a_file'} is a file, "
+        "not a directory); choose a writable place (logger.mlflow.tracking_uri=sqlite:////"
+        "PATH/mlflow.db), logger.mlflow.tracking_uri=null for a local store next to the run "
+        "directory, or drop it: logger=[]"]
+    assert not run_dir.exists()
+    # read-only (faked: tests run as root, for whom only a read-only file system is)
+    check_loggers({"mlflow": {"tracking_uri": f"sqlite:///{tmp_path}/new/mlflow.db"}},
+                  reach=True)
+    (tmp_path / "mlflow.db").write_bytes(b"")
+    monkeypatch.setattr("trainer.track.loggers.os.access", lambda path, mode: False)
+    for name in ("mlflow.db", "new/mlflow.db"):
+        with pytest.raises(ConfigError, match=r"is read-only for this user\); choose a "
+                                              "writable place"):
+            check_loggers({"mlflow": {"tracking_uri": f"sqlite:///{tmp_path}/{name}"}},
+                          reach=True)
+    with pytest.raises(ConfigError, match=r"cannot write its artifacts into "
+                                          r"logger.mlflow.artifact_location=/ro/art"):
+        check_loggers({"mlflow": {"artifact_location": "/ro/art"}}, reach=True)
+
+
+def test_a_file_store_mlflow_refuses_is_one_line_with_the_remedy(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow.environment_variables")
+    from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE
+
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    if MLFLOW_ALLOW_FILE_STORE.get():
+        pytest.skip("this MLflow opens file stores")
+    uri = f"file://{tmp_path / 'store'}"
+    run_dir = tmp_path / "run"
+    out = run_main(*TINY, "logger=[csv,mlflow]", f"logger.mlflow.tracking_uri={uri}",
+                   f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=60)
+    assert out.returncode == 2
+    lines = error_lines(out.stderr)
+    assert len(lines) == 1 and lines[0].startswith(
+        f"error: logger mlflow: tracking_uri={uri} is a file store"), out.stderr
+    assert lines[0].endswith("set MLFLOW_ALLOW_FILE_STORE=true, or drop it: logger=[csv]")
+    assert not run_dir.exists() and not (tmp_path / "store").exists()
+
+
+LONG = ("The store is in maintenance mode.\nPlease migrate to a database backend " + "x" * 400
+        + ".\nIf you must, set `ALLOW=true` to opt out of this exception.")
+
+
+def failing_tracker(run_dir, params, chief):
+    """A logger builder of the test's own that cannot start, with a long message."""
+    raise RuntimeError(LONG)
+
+
+def test_a_tracker_that_cannot_start_says_all_it_said_on_one_line(tmp_path):
+    from trainer.track.trackers import build_trackers
+
+    with pytest.raises(ConfigError) as error:
+        build_trackers({"mine": {"_target_": "test_loggers.failing_tracker"}}, tmp_path, {},
+                       chief=True)
+    message = str(error.value)
+    assert "\n" not in message
+    assert message == (f"logger mine could not start ({' '.join(LONG.splitlines())}); fix its "
+                       "logger.mine options, or drop it: logger=[]")
+
+
+def test_a_tracker_that_cannot_start_fails_before_checkpoints_exist(tiny_config, tmp_path):
+    run_dir = tmp_path / "run"
+    cfg = tiny_config("+logger.mine._target_=test_loggers.failing_tracker")
+    with pytest.raises(ConfigError, match="logger mine could not start"):
+        train(cfg, run_dir=run_dir)
+    assert not run_dir.exists()  # no checkpoints/: the run directory it created is gone
+
+
+def test_artifacts_of_a_users_sqlite_store_go_beside_it_and_the_summary_says_so(
+        tiny_config, tmp_path, monkeypatch):
+    """They went to ./mlruns in whatever the working directory was, unannounced."""
+    monkeypatch.chdir(tmp_path)
+    store = tmp_path / "store"
+    summary = train(tiny_config("logger=[mlflow]", "logger.mlflow.log_checkpoint=false",
+                                f"logger.mlflow.tracking_uri=sqlite:///{store}/mlflow.db"),
+                    run_dir=tmp_path / "run")
+    assert not (tmp_path / "mlruns").exists()
+    where = summary["loggers"]["mlflow"]
+    run_id = json.loads((tmp_path / "run" / "mlflow_run.json").read_text())["run_id"]
+    folder = store / "mlartifacts" / run_id / "artifacts"
+    assert where.endswith(f"(run {run_id}; artifacts in {folder})"), where
+    assert (folder / "summary.json").is_file()

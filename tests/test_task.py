@@ -244,6 +244,12 @@ def test_a_misspelt_optimizer_argument_is_one_error(tmp_path):
      "checkpoint.monitor='val_auc' is not logged by this run; valid: loss, accuracy, val_loss"),
     (["callbacks=[early_stopping]", "callbacks.early_stopping.monitor=val_los"],
      "callbacks.early_stopping.monitor='val_los' is not logged"),
+    # the top-level package exists, so the pre-flight lets them by: built, they are refused
+    (["+callbacks.mine._target_=keras.callbacks.EarlyStoping"],
+     "callbacks.mine._target_='keras.callbacks.EarlyStoping' cannot be imported: "),
+    (["+callbacks.mine._target_=trainer.nonexistent.Cb"],
+     "callbacks.mine._target_='trainer.nonexistent.Cb' cannot be imported: "
+     "ModuleNotFoundError(\"No module named 'trainer.nonexistent'\")"),
 ])
 def test_task_errors_are_one_line_and_write_nothing(tmp_path, overrides, message):
     cfg = make_config(*QUIET, "dataset.image_size=8", *overrides)

@@ -57,6 +57,42 @@ def check(augment: Any) -> list:
     return items
 
 
+# What each built-in augmentation transforms: images of (height, width, channels), or any
+# one array of features (MixUp's weighted sum of two examples).
+NEEDS_IMAGES = (*PRESETS, "cutmix", "randaugment")
+
+
+def check_inputs(augment: Any, input_shape: Any, dataset: str) -> None:
+    """Refuses built-in augmentations the dataset's features cannot take, before any batch
+    is read: an image augmentation on rows of tabular features, MixUp on several inputs.
+
+    Args:
+        augment: the config's `augment`.
+        input_shape: the source's `input_shape` (a tuple, or a dict or tuple of them).
+        dataset: the dataset's name for the message (its `_target_`).
+
+    Raises:
+        ConfigError: naming the augmentation, the dataset and the shape of its features.
+    """
+    names = [i for i in check(augment) if isinstance(i, str)]
+    if not names:
+        return
+    several = isinstance(input_shape, dict) or (
+        isinstance(input_shape, (tuple, list)) and input_shape
+        and all(isinstance(s, (tuple, list)) for s in input_shape))
+    if several:
+        parts = (input_shape.items() if isinstance(input_shape, dict)
+                 else enumerate(input_shape))
+        shapes = ", ".join(f"{k}: {tuple(v)}" for k, v in parts)
+        raise ConfigError(f"augment {names[0]} needs one array of features; dataset {dataset} "
+                          f"gives several inputs ({shapes}): drop it (augment=[])")
+    wrong = [n for n in names if n in NEEDS_IMAGES and len(input_shape) != 3]
+    if wrong:
+        raise ConfigError(f"augment {wrong[0]} needs image inputs (height, width, channels); "
+                          f"dataset {dataset} gives features of shape {tuple(input_shape)}: "
+                          "drop it (augment=[]), or keep only mixup")
+
+
 def describe(augment: Any) -> dict[str, Any] | None:
     """What the summary says: which augmentations, where they run."""
     items = check(augment)

@@ -8,6 +8,7 @@ fixed fractions, the same files on every run whatever the seed. No file is in tw
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -71,7 +72,9 @@ def load(path: str, image_size: int = 64, channels: int = 3, validation_fraction
                   train_size=len(files["train"]), validation_size=len(files["validation"]),
                   test=datasets.get("test"), test_size=len(files.get("test") or []),
                   input_shape=(image_size, image_size, channels), num_classes=len(classes),
-                  preprocess=_decoder(image_size, channels), scale=1.0 / 255.0)
+                  preprocess=_decoder(image_size, channels), scale=1.0 / 255.0,
+                  explain=_explainer([n for r in files.values() for n, _ in r or []], path,
+                                     channels))
 
 
 def _role_folders(root: Path) -> dict[str, Path | None] | None:
@@ -130,6 +133,66 @@ def _decoder(image_size: int, channels: int):
         return image, label
 
     return decode
+
+
+# TensorFlow's decoders' messages (Invalid PNG data, size 197; Invalid JPEG data or crop
+# window, data size 1234; Invalid GIF data (size 80), ...; Unknown image file format).
+DECODE_ERRORS = re.compile(r"Invalid (PNG|JPEG|GIF|BMP) data|Unknown image file format|"
+                           r"DecodeImage|decode_image")
+SIZE = re.compile(r"size (\d+)")
+# Decoding every file to find the bad one stops after this long (a large folder).
+SEARCH_S = 30.0
+
+
+def _explainer(files: list[str], path: str, channels: int):
+    """`Source.explain`: names the image that did not decode mid-run.
+
+    Checking that every file decodes before training would decode the folder twice; the
+    signatures and endings `_check_files` reads are cheap but miss damage in between. So
+    the file is found only once TensorFlow fails: first among the files of the byte size
+    its message gives, then (for a while) among all of them.
+    """
+    def explain(error: BaseException) -> str | None:
+        text = str(error)
+        if not DECODE_ERRORS.search(text):
+            return None
+        reason = next((line.split(": ")[-1].strip() for line in text.splitlines()
+                       if DECODE_ERRORS.search(line.split(": ")[-1])), "")
+        reason = re.sub(r"\s*\[\[.*", "", reason) or "does not decode"
+        size = SIZE.search(text)
+        ordered = sorted(files, key=lambda f: 0 if size and _size(f) == int(size.group(1))
+                         else 1)
+        bad = _first_undecodable(ordered, channels)
+        if bad is not None:
+            return (f"dataset=image_folder: {bad} does not decode as an image ({reason}); "
+                    "remove it or replace it with a good copy")
+        return (f"dataset=image_folder: an image under {path} does not decode ({reason}); "
+                "find it (e.g. open each with an image viewer) and remove or replace it")
+
+    return explain
+
+
+def _size(name: str) -> int:
+    try:
+        return Path(name).stat().st_size
+    except OSError:
+        return -1
+
+
+def _first_undecodable(files: list[str], channels: int) -> str | None:
+    """The first of `files` TensorFlow cannot decode, or None (none within SEARCH_S)."""
+    import time
+
+    deadline = time.monotonic() + SEARCH_S
+    for name in files:
+        if time.monotonic() > deadline:
+            return None
+        try:
+            tf.io.decode_image(tf.io.read_file(name), channels=channels,
+                               expand_animations=False)
+        except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError):
+            return name
+    return None
 
 
 def _classes(root: Path, path: str) -> list[str]:

@@ -43,6 +43,9 @@ class Source:
         test: unbatched elements evaluated once at the end, or None.
         test_size: number of test examples (0 without a test split).
         splits: where each role comes from, for the summary (e.g. TFDS's split strings).
+        explain: turns an error raised while reading elements (a file that does not
+            decode, deep inside tf.data) into the one line naming the bad data, or None
+            where it is not the source's; see `data_failure`.
     """
 
     train: tf.data.Dataset
@@ -57,6 +60,7 @@ class Source:
     test: tf.data.Dataset | None = None
     test_size: int = 0
     splits: dict[str, str | None] | None = None
+    explain: Callable[[BaseException], str | None] | None = None
 
     def __post_init__(self) -> None:
         if self.num_outputs is None:
@@ -191,6 +195,18 @@ def shapes_of(x: Any) -> Any:
 
 class DataError(ConfigError):
     """Data that is not there (not prepared, not downloadable, an empty folder)."""
+
+
+def data_failure(source: Source, error: BaseException) -> DataError | None:
+    """The one-line `DataError` for an error the source's data caused mid-run (a file that
+    does not decode: TensorFlow's error names neither the file nor the remedy), or None."""
+    if source.explain is None or isinstance(error, ConfigError):
+        return None
+    try:
+        message = source.explain(error)
+    except Exception:  # noqa: BLE001 - explaining must not hide the error itself
+        return None
+    return DataError(message) if message else None
 
 
 def build_pipeline(dataset: tf.data.Dataset, global_batch: int, *, training: bool,

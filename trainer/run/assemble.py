@@ -24,7 +24,7 @@ from trainer.config.build import build_object
 from trainer.config.errors import ConfigError
 from trainer.config.metrics import monitor_mode
 from trainer.config.schema import LrPlan
-from trainer.data.augment import check, mixers
+from trainer.data.augment import check, check_inputs, mixers
 from trainer.data.augment import check as check_augment
 from trainer.distribute.cluster import Cluster, choose_communication
 from trainer.distribute.devices import DevicePlan
@@ -301,6 +301,7 @@ def build_data(spec: Spec, global_batch: int, shards: int,
     if not isinstance(source, Source):
         raise ConfigError(f"dataset {options['_target_']} must return a trainer.data.Source "
                           f"(Source.from_arrays for arrays); received: {type(source).__name__}")
+    check_inputs(spec.augment, source.input_shape, options["_target_"])
     source = _one_hot_if_mixing(spec.augment, source)
     check_class_weight(spec.class_weight, source)
     common = dict(preprocess=source.preprocess, scale=source.scale, seed=seed, **pipeline)
@@ -428,11 +429,15 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
     saving = spec.checkpoint
     best_mode = (run.monitor_mode(saving.monitor, saving.mode) if saving.save_best else None)
     user = build_user_callbacks(spec.callbacks, run_dir, run.monitor_mode)
-    layout = RunDir(run_dir)
-    layout.checkpoints.mkdir(parents=True, exist_ok=True)
     meta = {"config": spec.record,
             "global_batch": run.batch.global_size, "replicas": run.batch.replicas,
             "accumulate": run.batch.accumulate}
+    # Before checkpoints/ exists: a tracker that cannot start leaves a fresh run directory
+    # that holds no run, which the command line then removes.
+    trackers = tuple(build_trackers(spec.loggers, run_dir, meta["config"], run.is_chief,
+                                    spec.profile))
+    layout = RunDir(run_dir)
+    layout.checkpoints.mkdir(parents=True, exist_ok=True)
     # last.keras once, at the end (the backup holds that state during the run); best.keras
     # when it improves, the epoch's backup then a link to it (trainer.rundir.backup)
     saved = [AtomicModelCheckpoint(str(layout.checkpoint("last")), at_end=True)]
@@ -453,7 +458,5 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
         watchdog = StepWatchdog(timeout, on_stuck(timeout, run.is_chief, run_dir, backup))
     return Callbacks(
         throughput=Throughput(run.data.source.train_size, run.batch.global_size, started),
-        backup=backup, checkpoints=tuple(saved),
-        trackers=tuple(build_trackers(spec.loggers, run_dir, meta["config"], run.is_chief,
-                                      spec.profile)),
-        watchdog=watchdog, user=(*user, *extra))
+        backup=backup, checkpoints=tuple(saved), trackers=trackers, watchdog=watchdog,
+        user=(*user, *extra))

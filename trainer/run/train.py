@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from trainer.config.errors import ConfigError, Interrupted, WorkerLost
 from trainer.config.messages import one_line
+from trainer.data.pipeline import data_failure
 from trainer.distribute.cluster import Cluster, resolve_cluster, slurm_devices
 from trainer.distribute.devices import DevicePlan, configure_devices, memory_option, plan_devices
 from trainer.distribute.multiworker import (
@@ -156,6 +157,9 @@ def _run(spec: Spec, plan: DevicePlan, run_dir: Path, extra: Sequence[Any],
     except Exception as error:
         if run.is_chief and not isinstance(error, ConfigError) and disk_full(error):
             raise ConfigError(full_message(run_dir, needed)) from error
+        bad_data = data_failure(run.data.source, error)  # an image that does not decode
+        if bad_data is not None:
+            raise bad_data from None
         raise
 
 

@@ -68,8 +68,10 @@ class RunDir:
         return self.root / "trial.json"
 
     def holds_run(self) -> bool:
-        """Whether a run of trainer's wrote here (a backup, checkpoints or a summary)."""
-        return self.backup.is_dir() or self.checkpoints.is_dir() or self.summary.is_file()
+        """Whether a run of trainer's wrote here (a backup, checkpoints or a summary); an
+        empty `checkpoints/` (a run that failed in its first epoch) holds nothing."""
+        return (self.backup.is_dir() or self.summary.is_file()
+                or (self.checkpoints.is_dir() and any(self.checkpoints.iterdir())))
 
     def finished(self) -> bool:
         """Whether a run finished here (its summary is written last)."""

@@ -18,7 +18,7 @@ import keras
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
-from trainer.config.build import build_object
+from trainer.config.build import build_object, describe
 from trainer.config.errors import ConfigError
 from trainer.config.schema import LrPlan
 
@@ -212,7 +212,7 @@ def build_callbacks(nodes: Mapping, run_dir: Path,
     for name, node in nodes.items():
         if node is None:
             continue
-        target = get_object(node["_target_"]) if isinstance(node["_target_"], str) else None
+        target = _callback_class(name, node["_target_"])
         extra = _paths_in_run_dir(node, run_dir)
         if "monitor" in node:
             mode = mode_of(node["monitor"], node.get("mode", "auto"), f"callbacks.{name}")
@@ -224,6 +224,23 @@ def build_callbacks(nodes: Mapping, run_dir: Path,
                               f"received: {type(callback).__name__}")
         built.append(callback)
     return built
+
+
+def _callback_class(name: str, target: Any) -> Callable | None:
+    """What a callback's `_target_` names; one that cannot be imported is one line.
+
+    The pre-flight finds only the top-level package (looking deeper would import it, and
+    with it TensorFlow): `keras.callbacks.EarlyStoping` or a module missing from the user's
+    package is first seen here.
+    """
+    if not isinstance(target, str):
+        return None
+    try:
+        return get_object(target)
+    except Exception as error:  # noqa: BLE001 - any import failure is the same bad value
+        raise ConfigError(f"callbacks.{name}._target_={target!r} cannot be imported: "
+                          f"{describe(error)} (is its module installed, or in the working "
+                          "directory?)") from None
 
 
 def _paths_in_run_dir(node: Mapping, run_dir: Path) -> dict[str, str]:

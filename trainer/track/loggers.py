@@ -14,9 +14,11 @@ install or drop it.
 from __future__ import annotations
 
 import importlib.util
+import os
 import socket
 from collections.abc import Mapping
-from urllib.parse import urlparse
+from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 from trainer.config.errors import ConfigError
 
@@ -57,9 +59,12 @@ def check_loggers(loggers: Mapping | None, reach: bool = False) -> None:
             raise ConfigError(f"logger {name} needs the {package} package, which is not "
                               f"installed: pip install 'trainer[{name}]' (or drop it: "
                               f"{_drop(name, loggers)})")
-    uri = (loggers.get("mlflow") or {}).get("tracking_uri") if "mlflow" in loggers else None
+    mlflow = (loggers.get("mlflow") or {}) if "mlflow" in loggers else None
+    uri = mlflow.get("tracking_uri") if mlflow is not None else None
     if reach and uri and urlparse(str(uri)).scheme in ("http", "https"):
         _check_server(str(uri), loggers)
+    if reach and mlflow is not None:
+        _check_store(str(uri) if uri else None, mlflow.get("artifact_location"), loggers)
     wandb = loggers.get("wandb") or {}
     mode = wandb.get("mode", "offline")
     if "wandb" in loggers and mode not in ("offline", "online", "disabled"):
@@ -97,3 +102,85 @@ def _check_server(uri: str, loggers: Mapping) -> None:
                           f"({error.strerror or error}); start it, set "
                           "logger.mlflow.tracking_uri=null for a local store, or drop it: "
                           f"{_drop('mlflow', loggers)}") from None
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The file of an `sqlite:///PATH` store (`sqlite:////abs` or `sqlite:///relative`);
+    None for another scheme or an in-memory database."""
+    if not uri.startswith("sqlite://"):
+        return None
+    path = uri[len("sqlite://"):].split("?", 1)[0]
+    path = path[1:] if path.startswith("/") else path  # the third slash ends the empty host
+    return Path(unquote(path)) if path and path != ":memory:" else None
+
+
+def local_path(location: str) -> Path | None:
+    """The folder of a local artifact location (a path or a `file:` URI); None for a
+    remote one (s3://, gs://, mlflow-artifacts:, ...)."""
+    parsed = urlparse(location)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    return Path(location) if not parsed.scheme or len(parsed.scheme) == 1 else None
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why `path` (a file or folder to create or write) cannot be written, or None."""
+    place = path
+    while not place.exists() and place != place.parent:
+        place = place.parent
+    if place != path and not place.is_dir():
+        return f"{place} is a file, not a directory"
+    if place == path and path.is_file():
+        folder = path.parent if str(path.parent) else Path(".")
+        if not os.access(path, os.R_OK | os.W_OK):
+            return f"{path} is read-only for this user"
+        place = folder  # SQLite writes its journal beside the database
+    if not os.access(place, os.W_OK | os.X_OK):
+        return f"{place} is read-only for this user"
+    return None
+
+
+def _check_store(uri: str | None, artifacts: str | None, loggers: Mapping) -> None:
+    """Refuses an MLflow store this process could not write, before anything starts (MLflow
+    itself retries an unwritable SQLite file for two minutes, then fails mid-run).
+
+    Args:
+        uri: `logger.mlflow.tracking_uri`; None for the local store next to the run
+            directory (the run directory's own checks cover its parent).
+        artifacts: `logger.mlflow.artifact_location`, or None.
+    """
+    drop = _drop("mlflow", loggers)
+    database = sqlite_path(uri) if uri else None
+    if database is not None:
+        why = _unwritable(database)
+        if why is not None:
+            raise ConfigError(f"logger mlflow cannot write its store {uri} ({why}); choose a "
+                              "writable place (logger.mlflow.tracking_uri=sqlite:////PATH/"
+                              "mlflow.db), logger.mlflow.tracking_uri=null for a local store "
+                              f"next to the run directory, or drop it: {drop}")
+    folder = local_path(str(artifacts)) if artifacts else None
+    if folder is not None:
+        why = _unwritable(folder)
+        if why is not None:
+            raise ConfigError(f"logger mlflow cannot write its artifacts into "
+                              f"logger.mlflow.artifact_location={artifacts} ({why}); choose a "
+                              f"writable folder, null for the default, or drop it: {drop}")
+    scheme = urlparse(uri).scheme if uri else None
+    if uri and (scheme in ("", "file") or len(scheme or "") == 1) and not _file_store_allowed():
+        raise ConfigError(f"logger mlflow: tracking_uri={uri} is a file store, which this "
+                          "MLflow refuses (it is in maintenance mode) unless "
+                          "MLFLOW_ALLOW_FILE_STORE=true; use a database, e.g. "
+                          "logger.mlflow.tracking_uri=sqlite:////PATH/mlflow.db (`mlflow "
+                          "migrate-filestore` moves an existing store over), "
+                          "logger.mlflow.tracking_uri=null for a local store next to the run "
+                          f"directory, set MLFLOW_ALLOW_FILE_STORE=true, or drop it: {drop}")
+
+
+def _file_store_allowed() -> bool:
+    """Whether the installed MLflow opens file stores (recent ones refuse them unless
+    MLFLOW_ALLOW_FILE_STORE is set; older ones have no such variable and open them)."""
+    try:
+        from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE
+    except ImportError:
+        return True
+    return bool(MLFLOW_ALLOW_FILE_STORE.get())

@@ -18,7 +18,7 @@ from hydra.utils import instantiate
 from trainer.config.errors import ConfigError
 from trainer.rundir.layout import RunDir
 from trainer.rundir.resume import flatten
-from trainer.track.loggers import BUILT_IN, _drop
+from trainer.track.loggers import BUILT_IN, _drop, local_path, sqlite_path
 
 
 def _numbers(logs: Mapping | None) -> dict[str, float]:
@@ -58,6 +58,14 @@ class MlflowTracker(Tracker):
             store = self.run_dir.resolve().parent
             uri = f"sqlite:///{store / 'mlflow.db'}"
         self.uri = str(uri)
+        # Where a new experiment keeps its artifacts: the option, else beside a local SQLite
+        # store (MLflow's own default is ./mlruns in whatever the working directory is).
+        artifacts = options.get("artifact_location")
+        database = sqlite_path(self.uri)
+        if not artifacts and database is not None:
+            artifacts = (database.resolve().parent / "mlartifacts").as_uri()
+        elif artifacts and local_path(str(artifacts)) is not None:
+            artifacts = local_path(str(artifacts)).resolve().as_uri()
         # A sweep's parallel jobs share the local store: one at a time creates its tables
         # and the experiment.
         with _store_lock(store):
@@ -66,8 +74,8 @@ class MlflowTracker(Tracker):
             experiment = self.client.get_experiment_by_name(name)
             experiment_id = (experiment.experiment_id if experiment is not None else
                              self.client.create_experiment(
-                                 name, artifact_location=None if store is None
-                                 else (store / "mlartifacts").as_uri()))
+                                 name, artifact_location=str(artifacts) if artifacts
+                                 else None))
         kept = self.run_dir / "mlflow_run.json"
         self.run_id = self._continued(kept)
         if self.run_id is None:
@@ -78,6 +86,8 @@ class MlflowTracker(Tracker):
             kept.write_text(json.dumps({"run_id": self.run_id, "tracking_uri": self.uri}))
             self._log_params(params)
         self.log_checkpoint = bool(options.get("log_checkpoint", True))
+        # The run's own folder of artifacts (an existing experiment keeps its location).
+        self.artifact_uri = self.client.get_run(self.run_id).info.artifact_uri
 
     def _continued(self, kept: Path) -> str | None:
         """The MLflow run a resumed run continues, when this store still has it."""
@@ -135,6 +145,11 @@ class MlflowTracker(Tracker):
 
     def ui_command(self) -> str:
         return f"mlflow ui --backend-store-uri {self.uri}"
+
+    def artifacts(self) -> str:
+        """Where this run's artifacts go: a local folder, or the URI of a remote store."""
+        folder = local_path(str(self.artifact_uri)) if self.artifact_uri else None
+        return str(folder) if folder is not None else str(self.artifact_uri)
 
 
 @contextlib.contextmanager
@@ -235,14 +250,24 @@ def build_trackers(loggers: Mapping | None, run_dir: Path, config: dict[str, Any
             tracker = build(run_dir=run_dir, params=params, chief=chief)
         except Exception as error:
             cause = getattr(error, "__cause__", None) or error
-            text = str(cause).strip().splitlines()[0] if str(cause).strip() else \
-                type(cause).__name__
-            raise ConfigError(f"logger {name} could not start ({text[:300]}); fix its "
-                              f"logger.{name} options, or drop it: {_drop(name, loggers)}") \
-                from None
+            raise ConfigError(f"logger {name} could not start ({_in_one_line(cause)}); fix "
+                              f"its logger.{name} options, or drop it: "
+                              f"{_drop(name, loggers)}") from None
         if tracker is not None:
             trackers.append(tracker)
     return trackers
+
+
+# A tracker's message is shown whole (its remedy is often its last sentence), up to this.
+MESSAGE_LIMIT = 2000
+
+
+def _in_one_line(error: BaseException) -> str:
+    """A tracker's error message with its lines joined: the whole of it, remedy included."""
+    text = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    if not text:
+        return type(error).__name__
+    return text if len(text) <= MESSAGE_LIMIT else f"{text[:MESSAGE_LIMIT - 3]}..."
 
 
 def finish_trackers(trackers: list, summary: dict[str, Any] | None, status: str) -> None:
@@ -265,7 +290,8 @@ def logged_to(trackers: Any, run_dir: Path) -> dict[str, str]:
         elif isinstance(tracker, keras.callbacks.CSVLogger):
             where["csv"] = str(tracker.filename)
         elif isinstance(tracker, MlflowTracker):
-            where["mlflow"] = f"{tracker.ui_command()} (run {tracker.run_id})"
+            where["mlflow"] = (f"{tracker.ui_command()} (run {tracker.run_id}; artifacts in "
+                               f"{tracker.artifacts()})")
         elif isinstance(tracker, WandbTracker):
             where["wandb"] = f"{tracker.place} (upload: wandb sync {tracker.place})"
     return where

@@ -1,0 +1,42 @@
+"""Whether the file system can hold a run directory's name, checked before anything looks at
+the directory (a `stat` of a name it cannot hold fails with `File name too long`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from trainer.config.errors import ConfigError
+
+# Bytes in one name (a path component) and in a whole path on Linux and macOS file systems
+# (ext4, XFS, btrfs, APFS: 255; PATH_MAX: 4096 on Linux, 1024 on macOS).
+NAME_MAX = 255
+PATH_MAX = 1024 if os.uname().sysname == "Darwin" else 4096
+# Room left in the path for what trainer writes inside the run directory
+# (`checkpoints/.tmp-best.keras.sha256`, `backup/ckpt-<epoch>-<step>/...`).
+INSIDE = 128
+
+
+def check_name(run_dir: Path, option: str = "hydra.run.dir") -> None:
+    """Refuses a run directory whose name has a component the file system cannot hold, or
+    whose path leaves no room for the files a run writes inside it.
+
+    Args:
+        run_dir: the run directory, as given.
+        option: the option that named it, for the remedy.
+
+    Raises:
+        ConfigError: naming the component (shortened), its length and the limit.
+    """
+    for part in Path(run_dir).parts:
+        size = len(os.fsencode(part))
+        if size > NAME_MAX:
+            shown = part if len(part) <= 40 else f"{part[:20]}...{part[-12:]}"
+            raise ConfigError(f"run directory name {shown!r} is {size} bytes long; a file "
+                              f"system holds at most {NAME_MAX} per name: choose a shorter "
+                              f"{option}")
+    size = len(os.fsencode(os.path.abspath(run_dir)))
+    if size > PATH_MAX - INSIDE:
+        raise ConfigError(f"run directory path is {size} bytes long; with the files a run "
+                          f"writes inside it, it must stay under {PATH_MAX - INSIDE}: choose a "
+                          f"shorter {option}")
