@@ -36,6 +36,7 @@ from trainer.run.quiet import tensorflow_started
 from trainer.run.summary import refuse_finished_run
 from trainer.rundir.layout import LOCK, RunDir
 from trainer.rundir.lock import check_writable, hold, release_all, remove_created
+from trainer.rundir.names import check_name
 from trainer.rundir.resume import (
     check_resume,
     check_resume_target,
@@ -247,6 +248,7 @@ def _precheck(args: list[str]) -> None:
         return
     logs = OmegaConf.select(cfg, "hydra.run.dir")
     if logs is not None:
+        check_name(Path(logs))
         check_writable(Path(logs))
     with open_dict(cfg):
         del cfg["hydra"]
@@ -300,14 +302,26 @@ def _check_sweep_direction(args: list[str]) -> None:
         direction(metric, cfg.hydra.sweeper)
 
 
+def _close_logs_in(path: Any) -> None:
+    """Closes the logging handlers writing into `path` (Hydra's job log), and only those."""
+    import logging
+
+    root = os.path.realpath(path)
+    for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
+        for handler in list(getattr(logger, "handlers", [])):
+            name = getattr(handler, "baseFilename", None)
+            if name and os.path.realpath(name).startswith(root + os.sep):
+                handler.close()
+                logger.removeHandler(handler)
+
+
 def _remove_fresh_run_dir() -> None:
     """Removes the run directory this run created (Hydra's `.hydra/` and log only)."""
-    import logging
     import shutil
 
     for path, top in _fresh_run_dir:
         if path.is_dir() and not RunDir(path).holds_run():
-            logging.shutdown()
+            _close_logs_in(path)
             for inside in path.iterdir():  # .hydra/ and the log; the lock file last
                 if inside.is_dir():
                     shutil.rmtree(inside, ignore_errors=True)

@@ -29,6 +29,7 @@ from trainer.run.assemble import assemble
 from trainer.run.preflight import check_config
 from trainer.run.quiet import tensorflow_started
 from trainer.run.resolve import resolve
+from trainer.rundir.checkpoint import verified
 from trainer.rundir.layout import RunDir
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if os.environ.get("TRAINER_TF_LOGS") == "1"
@@ -85,8 +86,6 @@ def _load(model: Any, checkpoint: Path, which: str) -> None:
     """Loads a checkpoint checked against its hash; damage is one line naming the file and
     the other checkpoint to use."""
     import warnings
-
-    from trainer.rundir.checkpoint import verified
 
     other = "last" if which == "best" else "best"
     verified(checkpoint)

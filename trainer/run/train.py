@@ -40,6 +40,7 @@ from trainer.run.summary import (
 )
 from trainer.rundir.atomic import write_json
 from trainer.rundir.backup import BackupStore, StopNow, StopRequest, stop_on_signals, tidy
+from trainer.rundir.checksum import verify_beside
 from trainer.rundir.layout import RunDir
 from trainer.rundir.lock import run_lock
 from trainer.rundir.resume import (
@@ -418,8 +419,6 @@ def ensure_last(last: Any, model: Any, epoch: int) -> None:
 
 
 def _intact(path: Path) -> bool:
-    from trainer.rundir.checksum import verify_beside
-
     try:
         verify_beside(path)
         return path.is_file()
