@@ -38,6 +38,7 @@ from trainer.rundir.layout import LOCK, RunDir
 from trainer.rundir.lock import check_writable, hold, release_all, remove_created
 from trainer.rundir.names import check_name
 from trainer.rundir.resume import (
+    check_backups_kept,
     check_resume,
     check_resume_target,
     latest_state,
@@ -276,6 +277,7 @@ def _precheck(args: list[str]) -> None:
         _fresh_run_dir.append((run_dir, created))
     refuse_finished_run(run_dir, resume=bool(cfg.get("resume")))
     check_config(cfg, reach=True)
+    check_backups_kept(run_dir)
     state = latest_state(run_dir)
     if state is None:
         return

@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from trainer.config.errors import ConfigError
 from trainer.config.messages import one_line
 from trainer.config.schema import register_configs
+from trainer.data.fingerprint import check_same_data, of_source
 from trainer.distribute.devices import configure_devices, memory_option, plan_devices
 from trainer.distribute.strategy import KINDS
 from trainer.run.assemble import assemble
@@ -31,6 +32,7 @@ from trainer.run.quiet import tensorflow_started
 from trainer.run.resolve import resolve
 from trainer.rundir.checkpoint import verified
 from trainer.rundir.layout import RunDir
+from trainer.rundir.resume import latest_state
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if os.environ.get("TRAINER_TF_LOGS") == "1"
                       else "2")
@@ -65,6 +67,7 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
     configure_devices(plan, memory_option(asked.memory_growth, asked.memory_limit_mb),
                       asked.soft_placement)
     run = assemble(spec, plan)
+    check_same_data(run_dir, _trained_on(run_dir), of_source(run.data.source))
     data = run.data.validation if split == "validation" else run.data.test
     if data is None:
         raise ConfigError(f"the dataset of {run_dir} has no test split; valid: "
@@ -80,6 +83,14 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
             "replicas": run.strategy.num_replicas_in_sync,
             "metrics": {k: float(v) for k, v in metrics.items()}}
 
+
+
+def _trained_on(run_dir: Path) -> dict | None:
+    """The data fingerprint the run kept: its summary's, else its newest backup's."""
+    try:
+        return json.loads(RunDir(run_dir).summary.read_text()).get("data")
+    except (OSError, ValueError, AttributeError):
+        return (latest_state(run_dir) or {}).get("data")
 
 
 def _load(model: Any, checkpoint: Path, which: str) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from trainer.data.fingerprint import of_files
 from trainer.data.pipeline import DataError, Source
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
@@ -74,7 +75,9 @@ def load(path: str, image_size: int = 64, channels: int = 3, validation_fraction
                   input_shape=(image_size, image_size, channels), num_classes=len(classes),
                   preprocess=_decoder(image_size, channels), scale=1.0 / 255.0,
                   explain=_explainer([n for r in files.values() for n, _ in r or []], path,
-                                     channels))
+                                     channels),
+                  fingerprint={role: of_files(items, str(root))
+                               for role, items in files.items() if items})
 
 
 def _role_folders(root: Path) -> dict[str, Path | None] | None:

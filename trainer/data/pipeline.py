@@ -12,6 +12,7 @@ import tensorflow as tf
 from trainer.config.errors import ConfigError
 from trainer.data.augment import PRESETS, batch_layers, batch_mixer, check, element_augmenter
 from trainer.data.augment import mixers as mixer_names
+from trainer.data.fingerprint import of_arrays
 from trainer.plan.scaling import balanced_batch_sizes
 
 
@@ -43,6 +44,8 @@ class Source:
         test: unbatched elements evaluated once at the end, or None.
         test_size: number of test examples (0 without a test split).
         splits: where each role comes from, for the summary (e.g. TFDS's split strings).
+        fingerprint: each role's examples in a few bytes (`trainer.data.fingerprint`), kept
+            by the run to notice changed data; None: the roles' counts stand in.
         explain: turns an error raised while reading elements (a file that does not
             decode, deep inside tf.data) into the one line naming the bad data, or None
             where it is not the source's; see `data_failure`.
@@ -61,6 +64,7 @@ class Source:
     test_size: int = 0
     splits: dict[str, str | None] | None = None
     explain: Callable[[BaseException], str | None] | None = None
+    fingerprint: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.num_outputs is None:
@@ -126,6 +130,10 @@ class Source:
                                                       else (_tuple(x), y, w))
 
         test = None if x_test is None else slices(x_test, y_test)
+        kwargs.setdefault("fingerprint", {
+            "train": of_arrays(x_train, y_train, sample_weight),
+            "validation": of_arrays(x_validation, y_validation),
+            **({} if x_test is None else {"test": of_arrays(x_test, y_test)})})
         return cls(train=slices(x_train, y_train, sample_weight),
                    validation=slices(x_validation, y_validation),
                    train_size=sizes["x_train"], validation_size=sizes["x_validation"],

@@ -26,6 +26,7 @@ from trainer.config.metrics import monitor_mode
 from trainer.config.schema import LrPlan
 from trainer.data.augment import check, check_inputs, mixers
 from trainer.data.augment import check as check_augment
+from trainer.data.fingerprint import of_source
 from trainer.distribute.cluster import Cluster, choose_communication
 from trainer.distribute.devices import DevicePlan
 from trainer.distribute.strategy import (
@@ -431,7 +432,7 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
     user = build_user_callbacks(spec.callbacks, run_dir, run.monitor_mode)
     meta = {"config": spec.record,
             "global_batch": run.batch.global_size, "replicas": run.batch.replicas,
-            "accumulate": run.batch.accumulate}
+            "accumulate": run.batch.accumulate, "data": of_source(run.data.source)}
     # Before checkpoints/ exists: a tracker that cannot start leaves a fresh run directory
     # that holds no run, which the command line then removes.
     trackers = tuple(build_trackers(spec.loggers, run_dir, meta["config"], run.is_chief,

@@ -8,6 +8,7 @@ from typing import Any
 
 from trainer.config.errors import ConfigError
 from trainer.data.augment import describe
+from trainer.data.fingerprint import of_source
 from trainer.rundir.layout import RunDir
 from trainer.rundir.names import check_name
 
@@ -108,6 +109,7 @@ def build_summary(spec: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, c
         "validation_metrics": dict(outcome.validation),
         "augment": _augment(spec.augment),
         "splits": run.data.source.splits,
+        "data": of_source(run.data.source),
         "test_examples": run.data.source.test_size,
         "test_metrics": None if outcome.test is None else dict(outcome.test),
         "test_checkpoint": outcome.test_checkpoint,

@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from trainer.config.errors import ConfigError, Interrupted, WorkerLost
 from trainer.config.messages import one_line
+from trainer.data.fingerprint import check_same_data, of_source
 from trainer.data.pipeline import data_failure
 from trainer.distribute.cluster import Cluster, resolve_cluster, slurm_devices
 from trainer.distribute.devices import DevicePlan, configure_devices, memory_option, plan_devices
@@ -44,6 +45,7 @@ from trainer.rundir.checksum import verify_beside
 from trainer.rundir.layout import RunDir
 from trainer.rundir.lock import run_lock
 from trainer.rundir.resume import (
+    check_backups_kept,
     check_global_batch,
     check_resume,
     check_resume_target,
@@ -245,8 +247,10 @@ def _resume_point(spec: Spec, run: Run,
     """
     changes = {}
     if run.is_chief:
+        check_backups_kept(run_dir)
         state = latest_state(run_dir)
         changes = check_resume(run_dir, state, spec.record)
+        check_same_data(run_dir, (state or {}).get("data"), of_source(run.data.source))
         check_global_batch(run_dir, state, run.batch.global_size, run.batch.replicas,
                            run.batch.accumulate)
         tidy(run_dir)

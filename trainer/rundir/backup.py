@@ -275,6 +275,10 @@ class Backup(keras.callbacks.Callback):
         self.epoch, self.offset, self.interrupted = initial_epoch, 0, False
         self.stopped_by_peer = False
 
+    def on_train_begin(self, logs=None):
+        # before any checkpoint: checkpoints without backup/ then mean it was removed
+        self.store.directory.mkdir(parents=True, exist_ok=True)
+
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
         self.offset = self.initial_step if epoch == self.initial_epoch else 0

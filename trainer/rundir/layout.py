@@ -69,9 +69,17 @@ class RunDir:
 
     def holds_run(self) -> bool:
         """Whether a run of trainer's wrote here (a backup, checkpoints or a summary); an
-        empty `checkpoints/` (a run that failed in its first epoch) holds nothing."""
-        return (self.backup.is_dir() or self.summary.is_file()
-                or (self.checkpoints.is_dir() and any(self.checkpoints.iterdir())))
+        empty `checkpoints/` or `backup/` (a run that failed in its first epoch) holds
+        nothing."""
+        return self.summary.is_file() or any(
+            place.is_dir() and any(place.iterdir()) for place in (self.backup, self.checkpoints))
+
+    def lost_backups(self) -> bool:
+        """Whether checkpoints are here but `backup/` is gone (removed by hand): what the
+        run's state was cannot be restored exactly. A run makes `backup/` before it writes
+        any checkpoint."""
+        return not self.backup.is_dir() and self.checkpoints.is_dir() and any(
+            self.checkpoints.glob("*.keras"))
 
     def finished(self) -> bool:
         """Whether a run finished here (its summary is written last)."""

@@ -157,6 +157,19 @@ def check_global_batch(run_dir: Path, state: dict[str, Any] | None, global_batch
                       "to resume it on these devices")
 
 
+def check_backups_kept(run_dir: Path) -> None:
+    """Refuses a run directory whose checkpoints remain but whose `backup/` was removed: a
+    start would silently train from scratch over them.
+
+    Raises:
+        ConfigError: naming the directory and the ways on.
+    """
+    if RunDir(run_dir).lost_backups():
+        raise ConfigError(f"{run_dir} holds checkpoints but its backup/ is gone, so the run "
+                          "cannot continue where it was; move the directory away (or remove "
+                          "its checkpoints/) to start afresh, or choose a new run directory")
+
+
 def nothing_to_add(run_dir: Path, epochs: int) -> str | None:
     """Why a resume of a finished run has nothing to do (None where it has: no summary
     yet, or more epochs asked than it was run for). The run directory is left as it is."""
