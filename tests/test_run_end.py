@@ -205,7 +205,7 @@ def test_a_start_refused_by_the_lock_removes_nothing_it_did_not_create(tmp_path,
     another creates it and locks it before this one locks."""
     import fcntl
 
-    import trainer.__main__ as entry
+    import trainer.run.preflight as entry
 
     run_dir = tmp_path / "run"
     held = []

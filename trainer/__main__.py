@@ -12,14 +12,9 @@ import sys
 from typing import Any
 
 import hydra
-from hydra.errors import (
-    ConfigCompositionException,
-    OverrideParseException,
-    SearchPathException,
-)
 from omegaconf import DictConfig, open_dict
-from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
+from trainer.config.compose import KNOWN_ERRORS, compose_from_args
 from trainer.config.errors import (
     EXIT_INTERRUPTED,
     ConfigError,
@@ -30,19 +25,13 @@ from trainer.config.errors import (
 )
 from trainer.config.messages import one_line
 from trainer.config.schema import config_dir, register_configs
-from trainer.distribute.cluster import resolve_cluster
-from trainer.run.preflight import check_config
+from trainer.run.preflight import check_config, check_run_dir
 from trainer.run.quiet import tensorflow_started
-from trainer.run.summary import refuse_finished_run
 from trainer.rundir.layout import LOCK, RunDir
-from trainer.rundir.lock import check_writable, hold, release_all, remove_created
+from trainer.rundir.lock import check_writable, release_all, remove_created
 from trainer.rundir.names import check_name
 from trainer.rundir.resume import (
-    check_backups_kept,
-    check_resume,
-    check_resume_target,
-    latest_state,
-    nothing_to_add,
+    refuse_finished_run,
 )
 from trainer.track.sweep import CHILD_ENV, TrialFailed, direction, in_sweep, run_job_in_subprocess
 
@@ -89,8 +78,6 @@ def _exit_run_error(error: Interrupted | Diverged | WorkerLost) -> None:
 
 
 _USER_FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR") == "1"
-KNOWN_ERRORS = (ConfigError, ConfigCompositionException, OverrideParseException,
-                SearchPathException, OmegaConfBaseException)
 # The shell's convention for a process ended by Ctrl-C.
 EXIT_CTRL_C = 130
 
@@ -183,46 +170,6 @@ def _refuse_finished_run_dir(args: list[str]) -> None:
         refuse_finished_run(Path(run_dirs[-1]), resume)
 
 
-def compose_from_args(args: list[str]) -> DictConfig | None:
-    """The config (with its `hydra` node) these arguments would run, composed as Hydra
-    composes it but without running anything or writing anything; None for commands that
-    run no single job (`-m`, `--cfg`, `--help`, ...)."""
-    from hydra._internal.hydra import Hydra
-    from hydra._internal.utils import create_config_search_path, get_args_parser
-    from hydra.core.config_search_path import SearchPathQuery
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.types import RunMode
-
-    parsed = get_args_parser().parse_args(args)
-    if (parsed.cfg or parsed.help or parsed.hydra_help or parsed.info
-            or parsed.shell_completion or parsed.experimental_rerun):
-        return None
-    if parsed.multirun:
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-
-        # What every job shares: the sweep's own values are each job's to check.
-        shared = OverridesParser.create().parse_overrides(parsed.overrides)
-        parsed.overrides = [o.input_line for o in shared if not o.is_sweep_override()]
-    search = create_config_search_path(f"file://{config_dir()}")
-    if parsed.config_dir is not None:
-        search.prepend(provider="command-line",
-                       path=f"file://{os.path.abspath(parsed.config_dir)}",
-                       anchor=SearchPathQuery(provider="schema"))
-    try:
-        hydra_app = Hydra.create_main_hydra2(task_name="trainer", config_search_path=search)
-        return hydra_app.compose_config(parsed.config_name or "config", parsed.overrides,
-                                        run_mode=RunMode.MULTIRUN if parsed.multirun
-                                        else RunMode.RUN)
-    except ValueError as error:  # Hydra's own for some malformed overrides, e.g. `=5`
-        if isinstance(error, KNOWN_ERRORS):
-            raise
-        raise ConfigError(f"cannot use the overrides {' '.join(parsed.overrides)}: "
-                          f"{str(error).strip().splitlines()[0]} (overrides are key=value, "
-                          "e.g. epochs=3)") from None
-    finally:
-        GlobalHydra.instance().clear()
-
-
 # (directory, topmost directory this process created for it): a run that fails on its
 # configuration removes what it created, so a config error leaves nothing behind. A directory
 # another process created (two starts at once) is never listed.
@@ -253,39 +200,7 @@ def _precheck(args: list[str]) -> None:
         check_writable(Path(logs))
     with open_dict(cfg):
         del cfg["hydra"]
-    try:
-        check_config(cfg)
-    except InterpolationResolutionError:
-        return  # it needs a running job (`${hydra:...}`): the job validates it
-    cluster = resolve_cluster(list(cfg.cluster.workers), cfg.cluster.task_index,
-                              os.environ.get("TF_CONFIG"), os.environ,
-                              cfg.cluster.port_base)
-    if cluster is not None and not cluster.is_chief:
-        return  # the chief checks and writes the run directory
-    check_resume_target(cfg.get("resume"), logs)
-    run_dir = Path(cfg.resume if cfg.get("resume") else logs)
-    if cfg.get("resume"):
-        why = nothing_to_add(run_dir, cfg.epochs)
-        if why is not None:
-            raise NothingToDo(why)
-    # The lock before anything that reads or writes the directory (two starts at once:
-    # one holds it, the other is refused having created and changed nothing).
-    if logs is not None and Path(logs) != run_dir and not Path(logs).exists():
-        _fresh_run_dir.append((Path(logs), None))  # Hydra's .hydra/ and log: created by it
-    created = hold(run_dir)
-    if created is not None:
-        _fresh_run_dir.append((run_dir, created))
-    refuse_finished_run(run_dir, resume=bool(cfg.get("resume")))
-    check_config(cfg, reach=True)
-    check_backups_kept(run_dir)
-    state = latest_state(run_dir)
-    if state is None:
-        return
-    try:
-        new = OmegaConf.to_container(cfg, resolve=True)
-    except OmegaConfBaseException:  # an interpolation only a running job resolves
-        new = OmegaConf.to_container(cfg, resolve=False)
-    check_resume(run_dir, state, new)
+    check_run_dir(cfg, logs, _fresh_run_dir)
 
 
 def _check_sweep_direction(args: list[str]) -> None:

@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import tempfile
+import types
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from trainer.config.errors import ConfigError
 from trainer.config.messages import one_line
+from trainer.config.outcome import one_error
 from trainer.config.schema import register_configs
 from trainer.data.fingerprint import check_same_data, of_source
 from trainer.distribute.devices import configure_devices, memory_option, plan_devices
@@ -72,7 +74,7 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
     if data is None:
         raise ConfigError(f"the dataset of {run_dir} has no test split; valid: "
                           "split=validation")
-    _load(run.model, checkpoint, which)
+    load_weights_checked(run.model, checkpoint, which)
     # lazy: it imports TensorFlow, which starts after the devices are set
     from trainer.run.train import evaluate_split
 
@@ -93,7 +95,7 @@ def _trained_on(run_dir: Path) -> dict | None:
         return (latest_state(run_dir) or {}).get("data")
 
 
-def _load(model: Any, checkpoint: Path, which: str) -> None:
+def load_weights_checked(model: Any, checkpoint: Path, which: str) -> None:
     """Loads a checkpoint checked against its hash; damage is one line naming the file and
     the other checkpoint to use."""
     import warnings
@@ -117,6 +119,18 @@ def load_checkpoint(path: str | Path) -> Any:
     from trainer.models.checkpoint import load_checkpoint as load
 
     return load(path)
+
+
+def take_option(key: str, default: str | None,
+                overrides: list[str]) -> tuple[str | None, list[str]]:
+    """A `key=value` of the command's own (the last one given), and the other overrides."""
+    value, rest = default, []
+    for item in overrides:
+        if item.startswith(f"{key}="):
+            value = item.split("=", 1)[1]
+        else:
+            rest.append(item)
+    return value, rest
 
 
 def _take(key: str, valid: tuple[str, ...], overrides: list[str]) -> tuple[str, list[str]]:
@@ -213,6 +227,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(json.dumps(result, indent=2))
     return 0
+
+
+
+class _Callable(types.ModuleType):
+    """`trainer.evaluate(...)`: the module, callable as the Python API's evaluation."""
+
+    def __call__(self, run_dir: str | Path, overrides: list[str] = ()) -> dict[str, Any]:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        with one_error():
+            tensorflow_started()
+            return evaluate_run(run_dir, list(overrides))
+
+
+sys.modules[__name__].__class__ = _Callable
 
 
 if __name__ == "__main__":

@@ -76,6 +76,7 @@ def load(path: str, image_size: int = 64, channels: int = 3, validation_fraction
                   preprocess=_decoder(image_size, channels), scale=1.0 / 255.0,
                   explain=_explainer([n for r in files.values() for n, _ in r or []], path,
                                      channels),
+                  class_names=list(classes),
                   fingerprint={role: of_files(items, str(root))
                                for role, items in files.items() if items})
 

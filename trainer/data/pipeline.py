@@ -44,6 +44,7 @@ class Source:
         test: unbatched elements evaluated once at the end, or None.
         test_size: number of test examples (0 without a test split).
         splits: where each role comes from, for the summary (e.g. TFDS's split strings).
+        class_names: the classes' names, in index order, where the source knows them.
         fingerprint: each role's examples in a few bytes (`trainer.data.fingerprint`), kept
             by the run to notice changed data; None: the roles' counts stand in.
         explain: turns an error raised while reading elements (a file that does not
@@ -65,6 +66,7 @@ class Source:
     splits: dict[str, str | None] | None = None
     explain: Callable[[BaseException], str | None] | None = None
     fingerprint: dict[str, Any] | None = None
+    class_names: list[str] | None = None
 
     def __post_init__(self) -> None:
         if self.num_outputs is None:

@@ -6,23 +6,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainer.config.errors import ConfigError
 from trainer.data.augment import describe
 from trainer.data.fingerprint import of_source
-from trainer.rundir.layout import RunDir
-from trainer.rundir.names import check_name
-
-
-def refuse_finished_run(run_dir: Path, resume: bool) -> None:
-    """Refuses to start a new run over a finished one (its summary.json would be lost).
-
-    The first look at the run directory (the command line's, before Hydra writes into it):
-    a name the file system cannot hold is refused here too, as one line.
-    """
-    check_name(run_dir)
-    if not resume and RunDir(run_dir).summary.exists():
-        raise ConfigError(f"run directory {run_dir} holds a finished run (summary.json); "
-                          f"choose a new hydra.run.dir, or pass resume={run_dir} to continue it")
 
 
 def _name(target: str) -> str:

@@ -37,7 +37,6 @@ from trainer.run.summary import (
     build_summary,
     format_summary,
     process_seconds,
-    refuse_finished_run,
 )
 from trainer.rundir.atomic import write_json
 from trainer.rundir.backup import BackupStore, StopNow, StopRequest, stop_on_signals, tidy
@@ -51,6 +50,7 @@ from trainer.rundir.resume import (
     check_resume_target,
     latest_state,
     nothing_to_add,
+    refuse_finished_run,
 )
 from trainer.rundir.space import check_free_space, disk_full, full_message, needed_bytes
 from trainer.task.finetune import (

@@ -1,0 +1,144 @@
+"""The Python API (`trainer.fit`, `trainer.evaluate`, `trainer.predict`) and prediction on
+any number of devices."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import trainer
+from tests.conftest import error_lines, run_main
+from tests.test_data import write_images
+from tests.test_readme_examples import examples
+
+TINY = ["epochs=1", "verbose=0", "dataset.image_size=8", "logger=[]"]
+
+
+def _python(script: str, cwd, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "PYTHONPATH")}
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # the API quiets TensorFlow itself
+    return subprocess.run([sys.executable, "-c", script], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_readmes_python_example_runs_verbatim_outside_the_repository(tmp_path):
+    script = examples()["api.py"]
+    out = _python(script, tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert error_lines(out.stderr) == [], out.stderr[-3000:]  # TensorFlow's noise kept out
+    [run_dir] = [p.parent for p in tmp_path.glob("outputs/*/*/summary.json")]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["replicas"] == 2 and len(summary["history"]["val_accuracy"]) == 1
+    assert str(summary["history"]["val_accuracy"]) in out.stdout
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
+
+
+def test_fit_returns_the_summary_the_command_line_writes(tmp_path):
+    result = trainer.fit([*TINY, "epochs=2", "accelerator=cpu", "devices=2"],
+                         run_dir=tmp_path / "run")
+    written = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert result.summary == written
+    assert {k: len(v) for k, v in result.history.items()} == {k: 2 for k in written["history"]}
+    assert set(result.checkpoints) == {"best", "last"}
+    assert result.metrics["test_accuracy"] == written["test_metrics"]["accuracy"]
+    assert trainer.evaluate(result.run_dir, ["split=test"])["metrics"] == pytest.approx(
+        written["test_metrics"], abs=1e-6)
+
+
+@pytest.mark.parametrize("override", ["epochs=zero", "optimizer=adamm", "+epoch=1"])
+def test_a_bad_override_raises_the_command_lines_line(tmp_path, override):
+    line = error_lines(run_main(*TINY, override, f"hydra.run.dir={tmp_path / 'cli'}",
+                                cwd=tmp_path).stderr)
+    with pytest.raises(trainer.TrainerError) as caught:
+        trainer.fit([*TINY, override], run_dir=tmp_path / "api")
+    assert line == [f"error: {caught.value}"] and caught.value.exit_code == 2
+    assert not (tmp_path / "api").exists()
+
+
+def test_a_finished_run_resumed_from_python_returns_its_result(tmp_path):
+    first = trainer.fit(TINY, run_dir=tmp_path / "run")
+    again = trainer.fit([*TINY, f"resume={tmp_path / 'run'}"])
+    assert again.summary == first.summary
+
+
+@pytest.fixture(scope="module")
+def image_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("predict")
+    write_images(root / "images", per_class=15)  # validation: 4 images, for 3 replicas
+    run = trainer.fit(["dataset=image_folder", f"dataset.path={root / 'images'}",
+                       "dataset.image_size=16", "batch.per_replica=4", *TINY[:2], "logger=[]"],
+                      run_dir=root / "run")
+    new = root / "new"
+    write_images(new, classes=("a", "b", "c"), per_class=5)  # 15 images, not a multiple of 4
+    return run, new
+
+
+def _rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_predictions_on_1_and_3_replicas_are_identical_in_order_and_equal_plain_keras(
+        image_run, tmp_path):
+    import keras
+    import tensorflow as tf
+
+    run, new = image_run
+    one = trainer.predict(run.run_dir, new, tmp_path / "one.csv", ["accelerator=cpu",
+                                                                   "devices=1"])
+    three = trainer.predict(run.run_dir, new, tmp_path / "three.csv", ["accelerator=cpu",
+                                                                       "devices=3"])
+    assert (one["replicas"], three["replicas"], one["rows"]) == (1, 3, 15)
+    assert (tmp_path / "one.csv").read_bytes() == (tmp_path / "three.csv").read_bytes()
+    rows = _rows(tmp_path / "one.csv")
+    files = sorted(str(p) for p in new.rglob("*.*"))
+    assert [r["input"] for r in rows] == files and [r["index"] for r in rows] == [
+        str(i) for i in range(15)]
+    assert {r["class_name"] for r in rows} <= {"cat", "dog"}
+    model = keras.models.load_model(run.checkpoints["best"])
+    images = np.stack([tf.image.resize(tf.io.decode_image(tf.io.read_file(f), channels=3,
+                                                          expand_animations=False),
+                                       (16, 16)).numpy() / 255.0 for f in files])
+    expected = model.predict(images, verbose=0)
+    found = np.array([[float(r["p_cat"]), float(r["p_dog"])] for r in rows])
+    np.testing.assert_allclose(found, expected, atol=1e-6)
+    assert [int(r["class"]) for r in rows] == list(expected.argmax(1))
+
+
+def test_predict_from_the_command_line_and_its_one_line_errors(image_run, tmp_path, capsys):
+    from trainer.predict import main
+
+    run, new = image_run
+    assert main([str(run.run_dir), f"input={new}", f"output={tmp_path / 'p.npy'}"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == 15
+    assert np.load(tmp_path / "p.npy").shape == (15, 2)
+    for args, expected in (
+            ([f"input={tmp_path / 'nothing'}"], "does not exist; pass a folder of images"),
+            ([f"input={tmp_path / 'p.npy'}"], "holds no images"),
+            ([], "input=PATH is missing"),
+            ([f"input={new}", "output=p.txt"], "must end in .csv, .npy, .npz")):
+        assert main([str(run.run_dir), *args]) == 2
+        lines = error_lines(capsys.readouterr().err)
+        assert len(lines) == 1 and expected in lines[0], lines
+
+
+def test_arrays_in_the_runs_raw_values_are_predicted(tmp_path):
+    from sklearn.datasets import load_digits
+
+    run = trainer.fit(TINY, run_dir=tmp_path / "run")
+    raw = load_digits().images[:9].astype(np.uint8)[..., None]  # as the digits source gives
+    np.save(tmp_path / "x.npy", raw)
+    result = trainer.predict(run.run_dir, tmp_path / "x.npy")
+    rows = _rows(result["output"])
+    assert len(rows) == 9 and list(rows[0]) == ["index", "class"] + [f"p_{i}"
+                                                                     for i in range(10)]
+    assert np.mean([int(r["class"]) == t for r, t in zip(rows, load_digits().target[:9],
+                                                         strict=True)]) > 0.5
+    with pytest.raises(trainer.TrainerError, match="is not a .npy, .npz or .csv file"):
+        trainer.predict(run.run_dir, tmp_path)

@@ -1,0 +1,162 @@
+"""The Python API: `trainer.fit`, `trainer.evaluate`, `trainer.predict`.
+
+`fit(overrides)` is the command line in one call: the config is composed by Hydra's compose
+API from the same schema and search path (`config_dir` in front, as `--config-dir`), the same
+pre-flight checks run (the directory's lock taken first), TensorFlow starts as quietly, and
+the run writes the same run directory (`.hydra/config.yaml` too, so `trainer.evaluate` and
+`trainer.predict` work on it). Every failure raises `TrainerError`, whose message is the
+line the command line prints after `error: `, and whose `exit_code` is the command line's.
+
+What the API does not do: sweeps (`-m`; call `fit` in a loop, or use Hydra's command line),
+and `${hydra:...}` interpolations, which need a running Hydra job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf, open_dict
+
+from trainer.config.compose import compose_from_args
+from trainer.config.errors import ConfigError, NothingToDo
+from trainer.config.outcome import one_error
+from trainer.config.schema import register_configs
+from trainer.run.preflight import check_run_dir
+from trainer.run.quiet import tensorflow_started
+from trainer.rundir.layout import RunDir
+from trainer.rundir.lock import release_all, remove_created
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a run left: its summary (`summary.json`, as written), the per-epoch history,
+    the run directory and its checkpoints."""
+
+    summary: dict[str, Any]
+    run_dir: Path
+
+    @property
+    def history(self) -> dict[str, list[float]]:
+        """Loss and each metric per epoch, train and validation (`val_` prefix)."""
+        return self.summary.get("history") or {}
+
+    @property
+    def checkpoints(self) -> dict[str, Path]:
+        """`best` and `last` checkpoints that exist, by name."""
+        layout = RunDir(self.run_dir)
+        return {name: layout.checkpoint(name) for name in ("best", "last")
+                if layout.checkpoint(name).is_file()}
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The final validation metrics, and the test metrics with a `test_` prefix."""
+        found = {f"val_{k}": v for k, v in self.summary.get("validation_metrics", {}).items()}
+        found.update({f"test_{k}": v
+                      for k, v in (self.summary.get("test_metrics") or {}).items()})
+        return found
+
+
+def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
+        run_dir: str | Path | None = None) -> Result:
+    """Trains as `python -m trainer OVERRIDES` would, in this process.
+
+    Args:
+        overrides: `key=value` strings, as on the command line (`["devices=2", "epochs=3"]`).
+        config_dir: a folder of the user's own config files (`--config-dir`).
+        run_dir: where the run writes; the config's `hydra.run.dir` (by default
+            `outputs/DATE/TIME`) when None.
+
+    Returns:
+        The run's `Result`; for `resume=DIR` of a finished run with nothing more to do, the
+        finished run's.
+
+    Raises:
+        TrainerError: with the command line's one line and exit code.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    args = [*overrides, *(["--config-dir", str(config_dir)] if config_dir else [])]
+    if run_dir is not None:
+        args.append(f"hydra.run.dir={run_dir}")
+    fresh: list = []
+    with one_error():
+        if any(a in ("-m", "--multirun") for a in args):
+            raise ConfigError("trainer.fit runs one config; a sweep (-m) is the command "
+                              "line's: call fit in a loop, or run python -m trainer -m ...")
+        register_configs()
+        cfg = compose_from_args(args)
+        logs = OmegaConf.select(cfg, "hydra.run.dir")
+        overrides_seen = list(OmegaConf.select(cfg, "hydra.overrides.task") or [])
+        with open_dict(cfg):
+            del cfg["hydra"]
+        try:
+            place = check_run_dir(cfg, logs, fresh)
+        except NothingToDo as done:
+            print(f"finished: {done}", flush=True)
+            return _result(Path(cfg.resume))
+        place = Path(place if place is not None else cfg.get("resume") or logs)
+        try:
+            _save_config(Path(logs), cfg, overrides_seen)
+            tensorflow_started()
+            # lazy: it imports TensorFlow, which starts after the pre-flight
+            from trainer.run.train import train
+
+            train(cfg, place)
+        except BaseException:
+            for path, top in fresh:
+                if top is not None and path.is_dir() and not RunDir(path).holds_run():
+                    _remove_written(path)
+                    remove_created(path, top)
+            raise
+        finally:
+            release_all()
+        return _result(place)
+
+
+def _save_config(logs: Path, cfg: Any, overrides: list[str]) -> None:
+    """`.hydra/config.yaml` and `overrides.yaml`, as a command-line run has them."""
+    folder = logs / ".hydra"
+    folder.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, folder / "config.yaml")
+    OmegaConf.save(OmegaConf.create(overrides), folder / "overrides.yaml")
+
+
+def _remove_written(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path / ".hydra", ignore_errors=True)
+
+
+def _result(run_dir: Path) -> Result:
+    summary = json.loads(RunDir(run_dir).summary.read_text())
+    return Result(summary=summary, run_dir=Path(run_dir))
+
+
+def evaluate(run_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """`python -m trainer.evaluate RUN_DIR OVERRIDES` in this process: a finished run's
+    checkpoint on its validation (or `split=test`) examples, each once.
+
+    Raises:
+        TrainerError: with the command line's one line.
+    """
+    # lazy: it imports the run's assembly, which imports TensorFlow
+    import trainer.evaluate
+
+    return trainer.evaluate(run_dir, overrides)
+
+
+def predict(run_dir: str | Path, input: str | Path, output: str | Path | None = None,
+            overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """`python -m trainer.predict RUN_DIR input=INPUT output=OUTPUT` in this process.
+
+    Raises:
+        TrainerError: with the command line's one line.
+    """
+    # lazy: it imports the run's assembly, which imports TensorFlow
+    import trainer.predict
+
+    return trainer.predict(run_dir, input, output, overrides)

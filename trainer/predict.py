@@ -1,0 +1,276 @@
+"""`python -m trainer.predict RUN_DIR input=PATH [output=FILE] [overrides]`: a trained run's
+model over new inputs, on any number of devices.
+
+The run's config is composed again as `trainer.evaluate` composes it (so `devices=3`,
+`accelerator=cpu` or `checkpoint=last` may be added), its strategy, data source and model
+are built as training built them, the chosen checkpoint is loaded (checked against its hash),
+and every input example goes through the run's own preprocessing (decode and resize of an
+image folder's files, the source's resize and scale of arrays) once, in input order.
+
+Inputs, by the run's kind:
+- a run on an image folder: a folder of images (searched recursively, sorted by path), or
+  one image file;
+- any other run: a `.npy` file (examples on the first axis, the same raw values the run's
+  source gave), a `.npz` file (one array; or one array per named input of a model with
+  several inputs), or a `.csv` file of numbers (one example per row; a header row is
+  skipped).
+
+Output: a CSV file (default `RUN_DIR/predictions.csv`: `index`, `input` (the file, for
+images), and for a classifier `class`, `class_name` where the run knows the names, then one
+`p_<class>` column per class; otherwise one `output_<i>` column per output value), or a
+`.npy` file of the raw outputs. Prints where it wrote and how many rows; exit 2 on bad input.
+A model with several outputs writes `.npz` (one array per output).
+
+`trainer.predict(RUN_DIR, "input.npy")` is the same in Python (this module is callable).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainer.config.errors import ConfigError
+from trainer.config.messages import one_line
+from trainer.config.outcome import one_error
+from trainer.distribute.devices import configure_devices, memory_option, plan_devices
+from trainer.evaluate import compose_run_config, load_weights_checked, take_option
+from trainer.run.assemble import assemble
+from trainer.run.quiet import tensorflow_started
+from trainer.run.resolve import resolve
+from trainer.rundir.layout import RunDir
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if os.environ.get("TRAINER_TF_LOGS") == "1"
+                      else "2")
+IMAGES = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
+ARRAYS = (".npy", ".npz", ".csv")
+OUTPUTS = (".csv", ".npy", ".npz")
+
+
+def predict_run(run_dir: str | Path, input: str | Path, output: str | Path | None = None,
+                overrides: list[str] = ()) -> dict[str, Any]:
+    """Runs a trained run's model over `input` and writes the predictions.
+
+    Args:
+        run_dir: a run directory written by `python -m trainer`.
+        input: what to predict on (see the module docstring).
+        output: where the predictions go (`.csv`, `.npy`; `.npz` for several outputs);
+            `RUN_DIR/predictions.csv` when None.
+        overrides: `key=value` changes to the run's config, e.g. `devices=3`,
+            `checkpoint=last`.
+
+    Returns:
+        `{"output": path, "rows": n, "checkpoint": path, "replicas": n}`.
+
+    Raises:
+        ConfigError: a missing or mismatched input, an unknown output format, a damaged
+            checkpoint; one line each.
+    """
+    run_dir = Path(run_dir)
+    cfg, which = compose_run_config(run_dir, list(overrides))
+    spec = resolve(cfg)
+    images = str(spec.dataset["_target_"]).endswith("image_folder.load")
+    names, inputs = _read_input(Path(input), images)
+    output = Path(output) if output is not None else run_dir / "predictions.csv"
+    if output.suffix not in OUTPUTS:
+        raise ConfigError(f"output={output} must end in {', '.join(OUTPUTS)}")
+    checkpoint = RunDir(run_dir).checkpoint(which)
+    if not checkpoint.is_file():
+        raise ConfigError(f"no checkpoint {checkpoint}; valid: checkpoint=best or "
+                          "checkpoint=last of a finished run")
+    # lazy: it imports TensorFlow, which starts after the devices are set
+    from trainer.run.train import visible_gpu_count
+
+    asked = spec.devices
+    plan = plan_devices(asked.accelerator, asked.devices, visible_gpu_count(),
+                        asked.soft_placement)
+    configure_devices(plan, memory_option(asked.memory_growth, asked.memory_limit_mb),
+                      asked.soft_placement)
+    run = assemble(spec, plan)
+    load_weights_checked(run.model, checkpoint, which)
+    outputs = _predict(run, inputs, len(names))
+    _write(output, names, outputs, run.data.source, images)
+    return {"output": str(output), "rows": len(names), "checkpoint": str(checkpoint),
+            "replicas": run.strategy.num_replicas_in_sync}
+
+
+def _read_input(path: Path, images: bool) -> tuple[list[str], Any]:
+    """(a name per example, the examples: image paths or an array / dict of arrays)."""
+    if not path.exists():
+        raise ConfigError(f"input={path} does not exist; pass "
+                          + ("a folder of images or an image file" if images
+                             else "a .npy, .npz or .csv file of examples"))
+    if images:
+        files = ([path] if path.is_file() else
+                 sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGES and p.is_file()))
+        if not files or files[0].suffix.lower() not in IMAGES:
+            raise ConfigError(f"input={path} holds no images ({', '.join(IMAGES)}); this run "
+                              "was trained on an image folder")
+        return [str(f) for f in files], [str(f) for f in files]
+    if path.is_dir() or path.suffix.lower() not in ARRAYS:
+        raise ConfigError(f"input={path} is not a .npy, .npz or .csv file; this run was "
+                          "trained on arrays, not an image folder")
+    try:
+        if path.suffix.lower() == ".npy":
+            data: Any = np.load(path, allow_pickle=False)
+        elif path.suffix.lower() == ".npz":
+            with np.load(path, allow_pickle=False) as saved:
+                data = {k: saved[k] for k in saved.files}
+            data = next(iter(data.values())) if len(data) == 1 else data
+        else:
+            data = _read_csv(path)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"input={path} cannot be read ({one_line(error)})") from None
+    first = next(iter(data.values())) if isinstance(data, dict) else data
+    if np.ndim(first) == 0 or len(first) == 0:
+        raise ConfigError(f"input={path} holds no examples (examples go on the first axis)")
+    return [str(i) for i in range(len(first))], data
+
+
+def _read_csv(path: Path) -> np.ndarray:
+    with open(path, newline="") as f:
+        rows = [row for row in csv.reader(f) if row]
+    try:
+        float(rows[0][0])
+    except (ValueError, IndexError):
+        rows = rows[1:]  # a header
+    return np.asarray(rows, dtype=np.float32)
+
+
+def _predict(run: Any, inputs: Any, examples: int) -> Any:
+    """The model's outputs for every example once, in input order."""
+    import tensorflow as tf
+
+    # lazy: it imports TensorFlow, which starts after the devices are set
+    from trainer.data.pipeline import build_pipeline
+
+    source = run.data.source
+    features = tf.constant(inputs) if not isinstance(inputs, dict) else {
+        k: tf.constant(v) for k, v in inputs.items()}
+    elements = tf.data.Dataset.from_tensor_slices((features, tf.zeros([examples], tf.int32)))
+    expected = source.validation.element_spec[0]
+    found = elements.element_spec[0]
+    if _shapes(found) != _shapes(expected) and source.preprocess is None:
+        raise ConfigError(f"the input's examples have the shape {_shapes(found)}; the run "
+                          f"was trained on {_shapes(expected)}")
+    # Every replica computes batches of exactly `per_replica` examples (the last padded
+    # with copies of the first example, cut off after): the same shapes, so the same
+    # kernels, whatever the device count; each example's outputs are then identical on 1 or
+    # N replicas, not merely close.
+    per_replica, replicas = run.batch.per_replica, run.batch.replicas
+    global_batch = per_replica * replicas
+    padded = -(-examples // global_batch) * global_batch
+    if padded > examples:
+        elements = elements.concatenate(elements.take(1).repeat(padded - examples))
+    batches = build_pipeline(elements, global_batch, training=False,
+                             preprocess=source.preprocess, scale=source.scale, cache=False,
+                             replicas=replicas, examples=padded)
+    only_inputs = batches.map(lambda x, *rest: x)
+    try:
+        found = run.model.predict(only_inputs, verbose=0)
+    except (tf.errors.InvalidArgumentError, ValueError) as error:
+        raise ConfigError(f"the model cannot take these inputs ({one_line(error)}); the run "
+                          f"was trained on examples of shape {_shapes(expected)}") from None
+    if isinstance(found, dict):
+        return {k: np.asarray(v)[:examples] for k, v in found.items()}
+    if isinstance(found, (list, tuple)):
+        return [np.asarray(v)[:examples] for v in found]
+    return np.asarray(found)[:examples]
+
+
+def _shapes(spec: Any) -> Any:
+    if isinstance(spec, dict):
+        return {k: _shapes(v) for k, v in spec.items()}
+    return tuple(spec.shape)
+
+
+def _write(output: Path, names: list[str], outputs: Any, source: Any, images: bool) -> None:
+    """Writes the predictions atomically (a temporary name, then renamed)."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".tmp-{output.name}")
+    if isinstance(outputs, dict) or isinstance(outputs, (list, tuple)):
+        named = outputs if isinstance(outputs, dict) else {
+            f"output_{i}": o for i, o in enumerate(outputs)}
+        if output.suffix != ".npz":
+            raise ConfigError(f"the model has {len(named)} outputs; pass output=FILE.npz")
+        with open(tmp, "wb") as f:
+            np.savez(f, **{k: np.asarray(v) for k, v in named.items()})
+    elif output.suffix == ".npy":
+        with open(tmp, "wb") as f:
+            np.save(f, np.asarray(outputs))
+    elif output.suffix == ".npz":
+        with open(tmp, "wb") as f:
+            np.savez(f, output=np.asarray(outputs))
+    else:
+        _write_csv(tmp, names, np.asarray(outputs), source, images)
+    os.replace(tmp, output)
+
+
+def _write_csv(path: Path, names: list[str], outputs: np.ndarray, source: Any,
+               images: bool) -> None:
+    flat = outputs.reshape(len(names), -1)
+    classes = source.num_classes
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        head = ["index"] + (["input"] if images else [])
+        if classes is not None and flat.shape[1] == classes:
+            labels = source.class_names or [str(i) for i in range(classes)]
+            writer.writerow(head + ["class"] + (["class_name"] if source.class_names else [])
+                            + [f"p_{c}" for c in labels])
+            for i, (name, row) in enumerate(zip(names, flat, strict=True)):
+                best = int(np.argmax(row))
+                writer.writerow([i] + ([name] if images else []) + [best]
+                                + ([labels[best]] if source.class_names else [])
+                                + [repr(float(p)) for p in row])
+            return
+        writer.writerow(head + [f"output_{j}" for j in range(flat.shape[1])])
+        for i, (name, row) in enumerate(zip(names, flat, strict=True)):
+            writer.writerow([i] + ([name] if images else []) + [repr(float(v)) for v in row])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    args = sys.argv[1:] if argv is None else argv
+    if not args or "=" in args[0]:
+        print("error: usage: python -m trainer.predict RUN_DIR input=PATH [output=FILE] "
+              f"[key=value ...]; received {' '.join(args) or 'nothing'}", file=sys.stderr)
+        return 2
+    sys.path.insert(0, os.getcwd())  # the user's own modules, as for training
+    try:
+        given, rest = take_option("input", None, args[1:])
+        if given is None:
+            raise ConfigError("input=PATH is missing: a folder of images, or a .npy, .npz "
+                              "or .csv file of examples")
+        output, rest = take_option("output", None, rest)
+        tensorflow_started()
+        result = predict_run(args[0], given, output, rest)
+    except (ConfigError, HydraException, OmegaConfBaseException) as error:
+        print(f"error: {one_line(error)}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+class _Callable(types.ModuleType):
+    """`trainer.predict(...)`: the module, callable as the Python API's prediction."""
+
+    def __call__(self, run_dir: str | Path, input: str | Path, output: str | Path | None = None,
+                 overrides: list[str] = ()) -> dict[str, Any]:
+        with one_error():
+            tensorflow_started()
+            return predict_run(run_dir, input, output, list(overrides))
+
+
+sys.modules[__name__].__class__ = _Callable
+
+if __name__ == "__main__":
+    raise SystemExit(main())
