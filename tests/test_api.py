@@ -142,3 +142,13 @@ def test_arrays_in_the_runs_raw_values_are_predicted(tmp_path):
                                                          strict=True)]) > 0.5
     with pytest.raises(trainer.TrainerError, match="is not a .npy, .npz or .csv file"):
         trainer.predict(run.run_dir, tmp_path)
+
+
+def test_fit_reads_the_users_config_dir(tmp_path):
+    conf = tmp_path / "conf" / "experiment"
+    conf.mkdir(parents=True)
+    (conf / "short.yaml").write_text("# @package _global_\nepochs: 2\ndataset:\n"
+                                     "  image_size: 8\nverbose: 0\n")
+    result = trainer.fit(["experiment=short", "logger=[]"], config_dir=tmp_path / "conf",
+                         run_dir=tmp_path / "run")
+    assert result.summary["epochs"] == 2 and len(result.history["loss"]) == 2

@@ -79,7 +79,7 @@ def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
         TrainerError: with the command line's one line and exit code.
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    args = [*overrides, *(["--config-dir", str(config_dir)] if config_dir else [])]
+    args = [*(["--config-dir", str(config_dir)] if config_dir else []), *overrides]
     if run_dir is not None:
         args.append(f"hydra.run.dir={run_dir}")
     fresh: list = []
