@@ -148,3 +148,19 @@ def test_export_may_change_on_resume():
     state = {"epoch": 1, "step": 0, "config": config}
     assert check_resume(Path("r"), state, {**config, "export": ["saved_model", "onnx"]}) == {
         "export": [False, ["saved_model", "onnx"]]}
+
+
+def test_a_run_whose_export_failed_is_finished_by_a_resume_without_that_format(
+        tmp_path, tiny_config, monkeypatch):
+    monkeypatch.setitem(export.TOLERANCES, "tflite", -1.0)  # no file can pass
+    with pytest.raises(ConfigError, match=r"^export tflite: .* by up to "):
+        train(tiny_config("export=[saved_model,tflite]", "accelerator=cpu"), run_dir=tmp_path)
+    layout = RunDir(tmp_path)
+    # trained and backed up, but not finished: no summary, no unchecked file in place
+    assert not layout.summary.exists() and not layout.export("tflite").exists()
+    assert not list(tmp_path.glob(".tmp-*"))
+    summary = train(tiny_config("export=[saved_model]", "accelerator=cpu",
+                                f"resume={tmp_path}"))
+    assert summary["exports"] == {"saved_model": str(layout.saved_model)}
+    assert summary["resumed_from"]["changed"] == {
+        "export": [["saved_model", "tflite"], ["saved_model"]]}
