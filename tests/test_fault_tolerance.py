@@ -198,6 +198,7 @@ def test_finished_run_is_not_overwritten_unless_resumed(tmp_path, tiny_config):
 
 def test_export_and_evaluate_a_finished_run(tmp_path, tiny_config):
     summary = train(tiny_config("export=true", "accelerator=cpu", "devices=2"), run_dir=tmp_path)
+    assert summary["exports"] == {"saved_model": summary["saved_model"]}  # true: a SavedModel
     (tmp_path / ".hydra").mkdir()
     (tmp_path / ".hydra" / "config.yaml").write_text(
         __import__("omegaconf").OmegaConf.to_yaml(tiny_config("accelerator=cpu", "devices=2")))

@@ -17,6 +17,8 @@ STRATEGIES = ("auto", "mirrored", "one_device", "multi_worker", "default")
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduction_to_one_device", "collective")
 LR_SCALING = ("linear", "sqrt", "none")
 LOOPS = ("fit", "custom")
+# What `export=[...]` may write (`true`: saved_model); see trainer.models.export.
+EXPORT_FORMATS = ("saved_model", "tflite", "onnx")
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 DECAYS = ("none", "cosine", "exponential")
 
@@ -219,7 +221,8 @@ class Config:
     profile: Any = None
     verbose: Any = "auto"
     resume: str | None = None
-    export: bool = False
+    # Export formats after training: a list of EXPORT_FORMATS; true: [saved_model]; false: none.
+    export: Any = False
     deterministic: bool = False
 
 

@@ -17,6 +17,7 @@ from trainer.config.schema import (
     ACCELERATORS,
     CROSS_DEVICE_OPS,
     DECAYS,
+    EXPORT_FORMATS,
     LOOPS,
     LR_SCALING,
     PRECISIONS,
@@ -99,6 +100,32 @@ def parse_devices(value: Any) -> str | int | tuple[int, ...]:
         return indices
     raise ConfigError("devices must be auto, a positive count or a list of indices like [0,1]; "
                       f"received: {value!r}")
+
+
+def export_formats(value: Any) -> tuple[str, ...]:
+    """Normalises the `export` option.
+
+    Args:
+        value: `true` (a SavedModel, as before export formats), `false`, `null` or `[]`
+            (nothing), one format name, or a list of them (`EXPORT_FORMATS`).
+
+    Returns:
+        The formats to write, each once, in the order given.
+    """
+    valid = f"valid: true, false or a list of {', '.join(EXPORT_FORMATS)}"
+    if value is None or value is False:
+        return ()
+    if value is True:
+        return ("saved_model",)
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple, ListConfig)):
+        raise ConfigError(f"export must be true, false or a list of formats; {valid}; "
+                          f"received: {value!r}")
+    names = list(names)
+    for name in names:
+        _require(isinstance(name, str) and name in EXPORT_FORMATS,
+                 f"export: unknown format {name!r}; {valid}")
+    return tuple(dict.fromkeys(names))
 
 
 def _validate_profile(profile: Any) -> None:
@@ -185,6 +212,7 @@ def validate(cfg: DictConfig) -> None:
     unknown_keys(cfg)
     _positive_int("epochs", cfg.epochs)
     _validate_profile(cfg.profile)
+    export_formats(cfg.export)
     _validate_weights(cfg)
     _one_of("checkpoint.test_with", cfg.checkpoint.test_with, ("best", "last"))
     metric = cfg.optimized_metric

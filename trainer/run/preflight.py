@@ -1,10 +1,10 @@
 """The checks of a config that run before TensorFlow starts, gathered in one place.
 
 The config's own checks (`trainer.config.validate`) and those owned by one part of a run (a
-tracker's package and server, an augmentation preset, fine-tuning options) are run here
-together. The command line checks before Hydra writes anything and `train()` checks again
-for API users; a config already checked in this process is not checked twice, and a
-tracker's server is probed once.
+tracker's package and server, an augmentation preset, fine-tuning options, an export
+format's converter) are run here together. The command line checks before Hydra writes
+anything and `train()` checks again for API users; a config already checked in this
+process is not checked twice, and a tracker's server is probed once.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
 from trainer.config.errors import NothingToDo
-from trainer.config.validate import validate
+from trainer.config.validate import export_formats, validate
 from trainer.data.augment import check as check_augment
 from trainer.distribute.cluster import resolve_cluster
+from trainer.models.export import check_converters
 from trainer.rundir.lock import check_writable, hold
 from trainer.rundir.names import check_name
 from trainer.rundir.resume import (
@@ -54,6 +55,7 @@ def check_config(cfg: DictConfig, reach: bool = False) -> None:
         check_loggers(cfg.logger)
         check_augment(cfg.augment)
         check_finetune(cfg.finetune, str(cfg.optimizer.get("_target_", "")))
+        check_converters(export_formats(cfg.export))
         _passed.add(key)
     if reach and key not in _reached:
         check_loggers(cfg.logger, reach=True)

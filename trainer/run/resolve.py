@@ -23,7 +23,7 @@ from trainer.config.schema import (
     LrPlan,
     StrategyConfig,
 )
-from trainer.config.validate import parse_devices, runtime_seed
+from trainer.config.validate import export_formats, parse_devices, runtime_seed
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class Spec:
     runtime_seed: int | None
     deterministic: bool
     verbose: int | str
-    export: bool
+    export: tuple[str, ...]  # formats, in order (trainer.models.export)
     resume: str | None
     profile: tuple[int, int] | None
     optimized_metric: str | None
@@ -127,7 +127,7 @@ def resolve(cfg: DictConfig) -> Spec:
         runtime_seed=runtime_seed(cfg.seed),
         deterministic=cfg.deterministic,
         verbose=cfg.verbose,
-        export=cfg.export,
+        export=export_formats(record["export"]),
         resume=cfg.get("resume"),
         profile=tuple(record["profile"]) if node("profile") is not None else None,
         optimized_metric=node("optimized_metric"),

@@ -28,6 +28,7 @@ from trainer.distribute.multiworker import (
     share_from_chief,
 )
 from trainer.distribute.strategy import KINDS
+from trainer.models.export import export_model
 from trainer.run.assemble import Callbacks, Run, assemble, build_callbacks
 from trainer.run.callbacks import RunProgress
 from trainer.run.loop import CustomLoop
@@ -192,8 +193,10 @@ def _train_and_report(spec: Spec, plan: DevicePlan, run: Run, run_dir: Path,
                 summary = build_summary(spec, run, plan, run_dir, outcome, callbacks, started,
                                         start, changes)
                 if spec.export:
-                    run.model.export(str(RunDir(run_dir).saved_model), verbose=False)
-                    summary["saved_model"] = str(RunDir(run_dir).saved_model)
+                    summary["exports"] = export_model(run.model, run_dir, spec.export,
+                                                      run.data.validation)
+                    if "saved_model" in summary["exports"]:  # its key before export formats
+                        summary["saved_model"] = summary["exports"]["saved_model"]
                 _stop_if_asked(request, "the export", run_dir, run.is_chief)
     except BaseException:
         finish_trackers(list(callbacks.trackers), None, "FAILED")

@@ -33,7 +33,7 @@ import numpy as np
 
 from trainer.config.errors import ConfigError, Diverged
 from trainer.rundir.checksum import read_beside, sha256, verify
-from trainer.rundir.layout import RunDir
+from trainer.rundir.layout import EXPORTS, RunDir
 
 log = logging.getLogger(__name__)
 
@@ -196,10 +196,11 @@ def _set_aside(damaged: list[Path]) -> None:
 
 def tidy(run_dir: Path) -> None:
     """Removes what a kill in the middle of a write left in a run directory: temporary
-    backups (`backup/.tmp-*`), checkpoints (`checkpoints/.tmp-*`) and summary; never a
-    complete file."""
+    backups (`backup/.tmp-*`), checkpoints (`checkpoints/.tmp-*`), exports (`.tmp-*` in the
+    run directory) and summary; never a complete file."""
     layout = RunDir(run_dir)
     leftovers = [*layout.backup.glob(".tmp-*"), *layout.checkpoints.glob(".tmp-*"),
+                 *(path for path in map(layout.export_tmp, EXPORTS) if path.exists()),
                  *layout.root.glob(f".{layout.summary.name}.tmp")]
     for path in leftovers:
         if path.is_dir():

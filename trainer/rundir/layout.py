@@ -7,7 +7,9 @@ RUN_DIR/
   checkpoints/          last.keras, best.keras (+ NAME.sha256 beside each)
   backup/ckpt-*/        the newest backups: weights, optimizer, state.json
   tensorboard/          TensorBoard's logs (logger=[tensorboard])
-  saved_model/          export=true
+  saved_model/          export=true or export=[saved_model,...]
+  model.tflite          export=[tflite] (TFLite / LiteRT)
+  model.onnx            export=[onnx]
   summary.json          written last: the run finished
   trial.json            a sweep job's outcome
 ```
@@ -19,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LOCK = ".lock"
+# Where each export format goes, inside the run directory.
+EXPORTS = {"saved_model": "saved_model", "tflite": "model.tflite", "onnx": "model.onnx"}
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,16 @@ class RunDir:
 
     @property
     def saved_model(self) -> Path:
-        return self.root / "saved_model"
+        return self.export("saved_model")
+
+    def export(self, format: str) -> Path:
+        """Where `export=[format]` writes: `saved_model/`, `model.tflite` or `model.onnx`."""
+        return self.root / EXPORTS[format]
+
+    def export_tmp(self, format: str) -> Path:
+        """The temporary name an export is written and checked under before it is renamed
+        (`.tmp-*`: removed by `trainer.rundir.backup.tidy` where a kill left one)."""
+        return self.root / f".tmp-{EXPORTS[format]}"
 
     @property
     def trial(self) -> Path:

@@ -1,0 +1,242 @@
+"""Exporting a trained model for serving (`export=[saved_model,tflite,onnx]`), each file
+checked before it is kept.
+
+Each format is written under a temporary name (`trainer.rundir.layout.RunDir.export_tmp`),
+loaded back by its own runtime and run on a batch of the run's validation inputs: only when
+its outputs match the Keras model's within the format's tolerance (`TOLERANCES`) is it
+renamed to its place, so no half-written or wrong file is ever left under the final name.
+A mismatch is one line naming the format and the largest difference.
+
+- `saved_model`: Keras's `model.export` (`format="tf_saved_model"`), loaded with
+  `tf.saved_model.load` and run through its `serve` endpoint (the serving signature).
+- `tflite`: Keras's LiteRT export (`format="litert"`: the SavedModel through
+  `tf.lite.TFLiteConverter`, with `SELECT_TF_OPS` for what TFLite lacks, such as string
+  inputs), run with `tf.lite.Interpreter` (`ai_edge_litert`'s where TensorFlow has none).
+- `onnx`: Keras's ONNX export (`format="onnx"`, tf2onnx under TensorFlow), run with
+  onnxruntime; both come with `pip install 'trainer[onnx]'`.
+
+`check_converters` runs in the pre-flight, before TensorFlow starts: nothing at the top of
+this module imports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import logging
+import os
+import re
+import shutil
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainer.config.errors import ConfigError
+from trainer.rundir.layout import RunDir
+
+log = logging.getLogger(__name__)
+
+# The largest difference from the Keras model's outputs each format may show: absolute for
+# outputs up to 1 in size (probabilities, logits near zero), relative beyond.
+TOLERANCES = {"saved_model": 1e-5, "tflite": 1e-3, "onnx": 1e-4}
+# What a format needs beyond TensorFlow, to convert and to run the check; the extra of the
+# same name installs it.
+PACKAGES = {"onnx": ("tf2onnx", "onnx", "onnxruntime")}
+# Validation examples each file is checked on (the first batch, at most this many).
+CHECKED_EXAMPLES = 16
+
+
+def installed(package: str) -> bool:
+    """Whether a package can be imported (without importing it)."""
+    return importlib.util.find_spec(package) is not None
+
+
+def check_converters(formats: Sequence[str]) -> None:
+    """Refuses, before training, an export format whose converter or runtime is missing.
+
+    Args:
+        formats: the export formats (`trainer.config.validate.export_formats`).
+
+    Raises:
+        ConfigError: naming the format, the missing packages and the extra to install.
+    """
+    for name in formats:
+        missing = [package for package in PACKAGES.get(name, ()) if not installed(package)]
+        if missing:
+            rest = ",".join(f for f in formats if f != name)
+            raise ConfigError(f"export {name} needs {', '.join(missing)}, not installed: "
+                              f"pip install 'trainer[{name}]' (or drop it: export=[{rest}])")
+
+
+def export_model(model: Any, run_dir: str | Path, formats: Sequence[str],
+                 validation: Any) -> dict[str, str]:
+    """Writes the model in each format into the run directory, each checked before it is kept.
+
+    Args:
+        model: the trained Keras model.
+        run_dir: the run directory (`trainer.rundir.layout.RunDir`).
+        formats: the formats, in order (`saved_model`, `tflite`, `onnx`).
+        validation: the validation batches, `(inputs, targets, ...)`: the files are checked
+            on the first batch's inputs (at most `CHECKED_EXAMPLES` of them).
+
+    Returns:
+        `{format: path}` of the files written.
+
+    Raises:
+        ConfigError: a file's outputs differ from the Keras model's beyond its tolerance.
+    """
+    layout = RunDir(run_dir)
+    inputs = first_inputs(validation)
+    expected = _flat(model(inputs, training=False))
+    written = {}
+    for name in formats:
+        tmp, final = layout.export_tmp(name), layout.export(name)
+        _remove(tmp)
+        try:
+            WRITERS[name](model, tmp)
+            difference = max_difference(expected, _flat(RUNNERS[name](tmp, inputs)))
+            check_difference(name, difference, examples=len(expected[0]), formats=formats)
+        except BaseException:
+            _remove(tmp)
+            raise
+        if final.is_dir():  # a directory is not replaced by a rename: the old one goes first
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        log.info("exported %s to %s (largest difference from Keras: %.2e)", name, final,
+                 difference)
+        written[name] = str(final)
+    return written
+
+
+def first_inputs(validation: Any) -> Any:
+    """The inputs of the first validation batch, at most `CHECKED_EXAMPLES`, as NumPy."""
+    import keras
+
+    batch = next(iter(validation))
+    inputs = batch[0] if isinstance(batch, (tuple, list)) else batch
+    return keras.tree.map_structure(lambda x: np.asarray(x)[:CHECKED_EXAMPLES], inputs)
+
+
+def max_difference(expected: list[np.ndarray], got: list[np.ndarray]) -> float:
+    """The largest difference between two lists of outputs, scaled by the expected value's
+    size beyond 1 (infinite where their number or shapes differ)."""
+    if len(expected) != len(got):
+        return float("inf")
+    worst = 0.0
+    for want, have in zip(expected, got, strict=True):
+        want, have = np.asarray(want, np.float64), np.asarray(have, np.float64)
+        if want.shape != have.shape:
+            return float("inf")
+        if want.size:
+            worst = max(worst, float(np.max(np.abs(have - want) / np.maximum(1, np.abs(want)))))
+    return worst
+
+
+def check_difference(name: str, difference: float, examples: int,
+                     formats: Sequence[str] = ()) -> None:
+    """Refuses a file whose outputs differ from the Keras model's beyond its tolerance."""
+    tolerance = TOLERANCES[name]
+    if not difference <= tolerance:  # NaN too
+        rest = ",".join(f for f in formats if f != name)
+        raise ConfigError(f"export {name}: its outputs differ from the Keras model's by up to "
+                          f"{difference:.2e} (tolerance {tolerance:.0e}) on {examples} "
+                          f"validation examples; the file is not kept (export=[{rest}] leaves "
+                          "it out)")
+
+
+def _flat(outputs: Any) -> list[np.ndarray]:
+    import keras
+
+    return [np.asarray(x) for x in keras.tree.flatten(outputs)]
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Converters print and warn what nobody can act on (tf2onnx's NumPy patch, TFLite's
+    deprecation notice); a failure still raises."""
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _write_saved_model(model: Any, path: Path) -> None:
+    model.export(str(path), format="tf_saved_model", verbose=False)
+
+
+def _write_tflite(model: Any, path: Path) -> None:
+    with _quiet():
+        model.export(str(path), format="litert", verbose=False)
+
+
+def _write_onnx(model: Any, path: Path) -> None:
+    with _quiet():
+        model.export(str(path), format="onnx", verbose=False)
+
+
+def _run_saved_model(path: Path, inputs: Any) -> Any:
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(str(path))  # held: `serve` alone does not keep its variables
+    return loaded.serve(inputs)
+
+
+def _in_order(names: Sequence[str], inputs: Any) -> dict[str, Any]:
+    """Inputs by a runtime's input names: by name where they are the model's, else in order."""
+    if isinstance(inputs, dict) and set(names) == set(inputs):
+        return dict(inputs)
+    import keras
+
+    flat = keras.tree.flatten(inputs)
+    if len(flat) != len(names):
+        raise ValueError(f"the exported model takes {len(names)} inputs; the data has "
+                         f"{len(flat)}")
+    return dict(zip(names, flat, strict=True))
+
+
+def _natural(name: str) -> list:
+    """`output_10` after `output_9`."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def _run_tflite(path: Path, inputs: Any) -> list[np.ndarray]:
+    with _quiet():
+        interpreter = _interpreter()(model_path=str(path))
+        runner = interpreter.get_signature_runner()
+        outputs = runner(**_in_order(list(runner.get_input_details()), inputs))
+    return [outputs[key] for key in sorted(outputs, key=_natural)]
+
+
+def _interpreter() -> Callable:
+    import tensorflow as tf
+
+    lite = getattr(tf, "lite", None)
+    if lite is not None and hasattr(lite, "Interpreter"):
+        return lite.Interpreter  # with TensorFlow's own ops (SELECT_TF_OPS)
+    from ai_edge_litert.interpreter import Interpreter
+
+    return Interpreter
+
+
+def _run_onnx(path: Path, inputs: Any) -> list[np.ndarray]:
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [node.name for node in session.get_inputs()]
+    return session.run(None, _in_order(names, inputs))
+
+
+WRITERS: dict[str, Callable[[Any, Path], None]] = {
+    "saved_model": _write_saved_model, "tflite": _write_tflite, "onnx": _write_onnx}
+RUNNERS: dict[str, Callable[[Path, Any], Any]] = {
+    "saved_model": _run_saved_model, "tflite": _run_tflite, "onnx": _run_onnx}
