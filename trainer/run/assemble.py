@@ -396,12 +396,14 @@ class Callbacks:
     trackers: tuple
     watchdog: Any
     user: tuple
+    curves: Any = None  # draws curves.png (the chief's), after the backup
 
     def all(self) -> list:
         """Built-in ones first (the watchdog last of them), then the user's. The backup
-        follows the checkpoints: at an epoch's end it links the best one just written."""
-        found = [self.throughput, *self.checkpoints, self.backup, *self.trackers,
-                 self.watchdog, *self.user]
+        follows the checkpoints: at an epoch's end it links the best one just written; the
+        curves follow the backup, whose history then holds the epoch."""
+        found = [self.throughput, *self.checkpoints, self.backup, self.curves,
+                 *self.trackers, self.watchdog, *self.user]
         return [c for c in found if c is not None]
 
 
@@ -425,6 +427,7 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
     from trainer.run.callbacks import AtomicModelCheckpoint, StepWatchdog, Throughput
     from trainer.rundir.backup import Backup, BackupStore
     from trainer.task.build import build_callbacks as build_user_callbacks
+    from trainer.track.curves import Curves
     from trainer.track.trackers import build_trackers
 
     saving = spec.checkpoint
@@ -460,4 +463,6 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
     return Callbacks(
         throughput=Throughput(run.data.source.train_size, run.batch.global_size, started),
         backup=backup, checkpoints=tuple(saved), trackers=trackers, watchdog=watchdog,
-        user=(*user, *extra))
+        user=(*user, *extra),
+        curves=Curves(run_dir, lambda: backup.history, saving.monitor if saving.save_best
+                      else None, best_mode) if run.is_chief else None)

@@ -212,6 +212,7 @@ def _train_and_report(spec: Spec, plan: DevicePlan, run: Run, run_dir: Path,
     summary["loggers"] = logged_to(callbacks.trackers, run_dir)
     summary["finetune"] = phases
     if run.is_chief:
+        callbacks.curves.draw(summary["history"])  # what epoch ends left undrawn
         _finish(summary, run_dir)
         finish_trackers(list(callbacks.trackers), summary, "FINISHED")
     else:

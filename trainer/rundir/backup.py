@@ -197,11 +197,12 @@ def _set_aside(damaged: list[Path]) -> None:
 def tidy(run_dir: Path) -> None:
     """Removes what a kill in the middle of a write left in a run directory: temporary
     backups (`backup/.tmp-*`), checkpoints (`checkpoints/.tmp-*`), exports (`.tmp-*` in the
-    run directory) and summary; never a complete file."""
+    run directory), summary and curves; never a complete file."""
     layout = RunDir(run_dir)
     leftovers = [*layout.backup.glob(".tmp-*"), *layout.checkpoints.glob(".tmp-*"),
                  *(path for path in map(layout.export_tmp, EXPORTS) if path.exists()),
-                 *layout.root.glob(f".{layout.summary.name}.tmp")]
+                 *(tmp for path in (layout.summary, layout.curves)
+                   for tmp in layout.root.glob(f".{path.name}.tmp"))]
     for path in leftovers:
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)

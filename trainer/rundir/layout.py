@@ -10,6 +10,7 @@ RUN_DIR/
   saved_model/          export=true or export=[saved_model,...]
   model.tflite          export=[tflite] (TFLite / LiteRT)
   model.onnx            export=[onnx]
+  curves.png            loss and metrics per epoch (each epoch's end, and the run's end)
   summary.json          written last: the run finished
   trial.json            a sweep job's outcome
 ```
@@ -49,6 +50,11 @@ class RunDir:
     @property
     def summary(self) -> Path:
         return self.root / "summary.json"
+
+    @property
+    def curves(self) -> Path:
+        """Loss and metrics per epoch, best epoch marked (`trainer.track.curves`)."""
+        return self.root / "curves.png"
 
     @property
     def lock(self) -> Path:
