@@ -139,6 +139,18 @@ def test_the_entry_points_import_without_tensorflow():
     assert out.returncode == 0, out.stderr.strip().splitlines()[-1:]
 
 
+def test_matplotlib_is_imported_only_where_a_picture_is_drawn():
+    """matplotlib takes a second to import: inside the functions that draw (curves.png, the
+    scaling report), never at a module's top, so starting a run does not pay it."""
+    top = []
+    for name, path in _modules().items():
+        for node in ast.parse(path.read_text()).body:
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            top += [f"{name}:{node.lineno}" for n in names if n.split(".")[0] == "matplotlib"]
+    assert top == []
+
+
 def test_every_function_local_import_of_ours_says_why():
     """An import inside a function hides an arrow; it is kept only where TensorFlow must not
     start yet, and says so (`# lazy: ...` on the line above its block)."""
