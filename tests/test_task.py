@@ -108,7 +108,7 @@ def test_readme_project_trains_outside_the_repository_from_an_installed_trainer(
     assert out.returncode == 0, out.stderr[-3000:]
     (summary_path,) = root.glob("outputs/*/*/summary.json")
     summary = json.loads(summary_path.read_text())
-    assert summary["replicas"] == 2 and summary["model"] == "my_task"
+    assert summary["replicas"] == 2 and summary["model"] == "mlp"
     assert summary["loss"] == "mean_squared_error" and summary["metrics"] == ["mae"]
     assert summary["optimizer"] == "SGD"
     assert summary["validation_metrics"]["loss"] < 0.8 * diabetes_baseline()
@@ -312,3 +312,44 @@ def test_evaluate_refuses_a_bad_override_in_one_line(tmp_path, override, message
 def test_no_string_keyed_run_state_or_callbacks_by_position():
     code = "\n".join(p.read_text() for p in (REPO / "trainer").rglob("*.py"))
     assert 'run["' not in code and "builtin[" not in code and "callbacks[1]" not in code
+
+
+def test_a_hydra_job_names_its_model_and_dataset_by_their_config_choices(project, tmp_path):
+    """`mlp / diabetes` (the config files chosen), not the module both come from
+    (`my_task / my_task`); outside a Hydra job (`train(cfg, run_dir)`) the module it is."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+
+    from trainer.config.schema import config_dir
+    from trainer.run.resolve import resolve
+    from trainer.run.summary import format_summary
+
+    overrides = ("experiment=diabetes", "accelerator=cpu", "devices=1", "epochs=1")
+    assert resolve(own_config(project, *overrides)).choices == {}
+    with initialize_config_dir(str(config_dir()), version_base="1.3"):
+        job = compose("config", return_hydra_config=True, overrides=[
+            f"hydra.searchpath=[file://{project}/conf]", *QUIET, *overrides])
+    HydraConfig.instance().set_config(job)  # as Hydra does for the job it runs
+    try:
+        summary = train(own_config(project, *overrides), run_dir=tmp_path / "run")
+    finally:
+        HydraConfig.instance().cfg = None
+    assert (summary["model"], summary["dataset"]) == ("mlp", "diabetes")
+    model = keras.models.load_model(tmp_path / "run" / "checkpoints" / "last.keras",
+                                    compile=False)
+    assert summary["parameters"] == {"trainable": model.count_params(), "frozen": 0}
+    rows = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1)
+                for line in format_summary(summary).splitlines()[1:])
+    assert rows["model / dataset"] == "mlp / diabetes"
+    assert rows["parameters"] == f"{model.count_params():,} trainable, 0 frozen"
+
+
+def test_frozen_parameters_are_every_weight_not_trained():
+    from trainer.run.summary import _parameters
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8),
+                              keras.layers.BatchNormalization(), keras.layers.Dense(1)])
+    model.layers[-1].trainable = False
+    # trainable: 4x8+8 and batch norm's scale and offset; frozen: its moving mean and
+    # variance, and the last layer's 8+1
+    assert _parameters(model) == {"trainable": 40 + 16, "frozen": 16 + 9}

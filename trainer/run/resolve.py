@@ -10,7 +10,7 @@ runtime seed and the learning-rate plan. The open nodes (`model`, `dataset`, `op
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -46,6 +46,10 @@ class Spec:
         record: the whole config, interpolations resolved, as plain data: what backups,
             trackers and resume checks record and compare.
         seed: the config's `seed` as written (reported); `runtime_seed` is what is used.
+        choices: the config files the `model` and `dataset` groups chose (`wine_mlp`,
+            `wine`), read from Hydra in a Hydra job (before TensorFlow starts); empty
+            outside one (`train(cfg, run_dir)` in code), where the summary names the
+            `_target_`'s module instead.
     """
 
     record: dict[str, Any]
@@ -79,6 +83,22 @@ class Spec:
     resume: str | None
     profile: tuple[int, int] | None
     optimized_metric: str | None
+    choices: dict[str, str] = field(default_factory=dict)
+
+
+# The config groups whose choice names the run in its summary.
+NAMED_GROUPS = ("model", "dataset")
+
+
+def hydra_choices() -> dict[str, str]:
+    """The `model` and `dataset` choices of the Hydra job this process runs; empty outside
+    one."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return {}
+    chosen = HydraConfig.get().runtime.choices
+    return {g: str(chosen[g]) for g in NAMED_GROUPS if chosen.get(g) is not None}
 
 
 def resolve(cfg: DictConfig) -> Spec:
@@ -131,4 +151,5 @@ def resolve(cfg: DictConfig) -> Spec:
         resume=cfg.get("resume"),
         profile=tuple(record["profile"]) if node("profile") is not None else None,
         optimized_metric=node("optimized_metric"),
+        choices=hydra_choices(),
     )

@@ -8,12 +8,21 @@ from typing import Any
 
 from trainer.data.augment import describe
 from trainer.data.fingerprint import of_source
+from trainer.task.finetune import parameter_counts
 
 
 def _name(target: str) -> str:
-    """`trainer.models.cnn.build` -> `cnn`; `mine.load` -> `mine`."""
+    """`trainer.models.cnn.build` -> `cnn`; `mine.load` -> `mine`: what names the model or
+    dataset where no Hydra choice does (`Spec.choices`)."""
     parts = target.split(".")
     return parts[-2] if len(parts) > 1 else parts[0]
+
+
+def _parameters(model: Any) -> dict[str, int]:
+    """The model's parameters at the end: trainable, and frozen (every other weight: a
+    frozen backbone's, batch norm's moving statistics)."""
+    counts = parameter_counts(model)
+    return {"trainable": counts["trainable"], "frozen": counts["total"] - counts["trainable"]}
 
 
 def _loss_name(spec: Any) -> str:
@@ -45,8 +54,9 @@ def build_summary(spec: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, c
     cluster = run.cluster
     return {
         "run_dir": str(run_dir),
-        "model": _name(spec.model["_target_"]),
-        "dataset": _name(spec.dataset["_target_"]),
+        "model": spec.choices.get("model") or _name(spec.model["_target_"]),
+        "dataset": spec.choices.get("dataset") or _name(spec.dataset["_target_"]),
+        "parameters": _parameters(run.model),
         "accelerator": plan.kind,
         "devices": list(plan.names),
         "replicas": run.strategy.num_replicas_in_sync,
@@ -176,6 +186,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     rows = [
         ("run directory", summary["run_dir"]),
         ("model / dataset", f"{summary['model']} / {summary['dataset']}"),
+        *([("parameters", "{trainable:,} trainable, {frozen:,} frozen".format(
+            **summary["parameters"]))] if summary.get("parameters") else []),
         ("devices", summary["devices"]),
         ("replicas", summary["replicas"] if summary.get("workers", 1) == 1 else
          f"{summary['replicas']} on {summary['workers']} workers"),
