@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from omegaconf import OmegaConf
 from PIL import Image
 
 from tests.conftest import TINY, run_cli
-from trainer.track.report import COLUMNS, main, scaling_rows
+from trainer.track.report import COLUMNS, ScalingReport, main, scaling_rows
 
 
 def fake_summary(replicas, rate, accuracy=0.9):
@@ -67,3 +68,41 @@ def test_report_of_a_real_sweep(tmp_path):
 def test_report_command_errors(tmp_path):
     assert main([str(tmp_path / "nowhere")]) == 2
     assert main([str(tmp_path)]) == 2
+
+
+def fake_sweep(root, jobs, replicas=(1, 1)):
+    """A sweep directory as Hydra and the jobs leave it: each job's `.hydra/overrides.yaml`
+    and `summary.json`."""
+    for n, (overrides, count) in enumerate(zip(jobs, replicas, strict=True)):
+        job = root / str(n)
+        (job / ".hydra").mkdir(parents=True)
+        (job / ".hydra" / "overrides.yaml").write_text(
+            "".join(f"- {o}\n" for o in overrides))
+        summary = {**fake_summary(count, 100.0 * count), "model": "cnn", "dataset": "digits"}
+        (job / "summary.json").write_text(json.dumps(summary))
+    return root
+
+
+def _end_of(sweep):
+    ScalingReport().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}}))
+    return sorted(p.name for p in sweep.glob("scaling.*"))
+
+
+def test_only_a_sweep_over_the_devices_gets_a_scaling_report(tmp_path, capsys):
+    shared = ["epochs=1", "accelerator=cpu"]
+    lr = fake_sweep(tmp_path / "lr", [[*shared, "optimizer.lr=0.01"],
+                                      [*shared, "optimizer.lr=0.1"]])
+    assert _end_of(lr) == []  # speed-up between jobs on the same devices means nothing
+    assert main([str(lr)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: no scaling report for {lr}: its jobs vary optimizer.lr, not the devices "
+        "(accelerator, devices, cluster, strategy, batch.max_per_replica, batch.accumulate, "
+        "gpu); speed-up compares devices")
+    assert _end_of(fake_sweep(tmp_path / "devices", [[*shared, "devices=1"],
+                                                     [*shared, "devices=2"]], (1, 2))) == [
+        "scaling.md", "scaling.png"]
+    for varied in ("accelerator=gpu", "batch.max_per_replica=16", "strategy=mirrored",
+                   "cluster.workers=[a:1,b:1]"):
+        key = varied.split("=")[0]
+        sweep = fake_sweep(tmp_path / key, [["optimizer.lr=0.1"], ["optimizer.lr=0.1", varied]])
+        assert _end_of(sweep) == ["scaling.md", "scaling.png"], varied

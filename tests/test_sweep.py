@@ -145,6 +145,7 @@ def test_optuna_search_goes_on_past_a_failed_trial_and_tables_every_trial(tmp_pa
     assert all(p in header for p in ("optimizer.lr", "batch.per_replica", "model.dropout"))
     results = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
     assert results["best_value"] == pytest.approx(best["value"])
+    assert not list(sweep.glob("scaling.*"))  # the jobs share their devices: no speed-up
 
 
 @pytest.mark.slow

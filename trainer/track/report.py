@@ -2,6 +2,10 @@
 
     python -m trainer -m accelerator=cpu devices=1,2,4   # writes the report at the end
     python -m trainer.track.report multirun/2026-11-21/10-00-00  # or again, by hand
+
+Only a sweep whose jobs differ in their devices (`devices`, `accelerator`, the cluster, the
+strategy, how the batch is split) gets one: speed-up over the fewest replicas means nothing
+between jobs on the same devices (a sweep over `optimizer.lr`).
 """
 
 from __future__ import annotations
@@ -11,11 +15,57 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
 from hydra.experimental.callback import Callback
 
 COLUMNS = ("devices", "replicas", "micro-batch", "accumulate", "global batch", "scaled lr",
            "time (s)", "first step (s)", "examples/s", "speed-up", "efficiency", "val accuracy",
            "test accuracy")
+
+
+# Override keys (and the nodes under them) that change the devices a job trains on.
+DEVICE_KEYS = ("accelerator", "devices", "cluster", "strategy", "batch.max_per_replica",
+               "batch.accumulate", "gpu")
+
+
+def job_overrides(sweep_dir: Path) -> list[dict[str, str]]:
+    """Each job's overrides (`key: value`), from the `.hydra/overrides.yaml` Hydra writes
+    into its directory, else its `trial.json`; failed jobs included."""
+    sweep_dir = Path(sweep_dir)
+    found = []
+    for job in sorted(p for p in sweep_dir.iterdir() if p.is_dir()) if sweep_dir.is_dir() else []:
+        saved, trial = job / ".hydra" / "overrides.yaml", job / "trial.json"
+        try:
+            if saved.is_file():
+                items = yaml.safe_load(saved.read_text()) or []
+            elif trial.is_file():
+                items = json.loads(trial.read_text()).get("overrides", [])
+            else:
+                continue
+        except (OSError, ValueError, yaml.YAMLError):
+            continue
+        pairs = (str(o).split("=", 1) for o in items if "=" in str(o))
+        found.append({k.lstrip("+~"): v for k, v in pairs})
+    return found
+
+
+def _varying(jobs: list[dict[str, str]]) -> list[str]:
+    keys = sorted({k for job in jobs for k in job})
+    return [k for k in keys if len({job.get(k) for job in jobs}) > 1]
+
+
+def _is_device_key(key: str) -> bool:
+    return any(key == d or key.startswith((f"{d}.", f"{d}/")) for d in DEVICE_KEYS)
+
+
+def not_a_scaling_sweep(sweep_dir: Path) -> str | None:
+    """Why the sweep gets no scaling report (one line): none of the keys its jobs vary
+    changes the devices. None where one does."""
+    varying = _varying(job_overrides(sweep_dir))
+    if any(_is_device_key(k) for k in varying):
+        return None
+    return (f"its jobs vary {', '.join(varying) or 'nothing'}, not the devices "
+            f"({', '.join(DEVICE_KEYS)}); speed-up compares devices")
 
 
 def collect(sweep_dir: Path) -> list[dict[str, Any]]:
@@ -90,11 +140,12 @@ def write_report(sweep_dir: str | Path) -> tuple[Path, Path] | None:
     """Writes `scaling.md` and `scaling.png` into the sweep directory.
 
     Returns:
-        The two paths, or None when no job wrote a summary.
+        The two paths, or None when no job wrote a summary or the jobs do not differ in
+        their devices (`not_a_scaling_sweep`).
     """
     sweep_dir = Path(sweep_dir)
     summaries = collect(sweep_dir)
-    if not summaries:
+    if not summaries or not_a_scaling_sweep(sweep_dir) is not None:
         return None
     rows = scaling_rows(summaries)
     first = summaries[0]
@@ -109,6 +160,7 @@ class ScalingReport(Callback):
     """Hydra callback: writes the scaling report when a sweep ends."""
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        # Only where the jobs differ in their devices; any sweep's report is trials.md.
         written = write_report(config.hydra.sweep.dir)
         if written:
             print(f"scaling report: {written[0]}\n{written[0].read_text()}", flush=True)
@@ -121,10 +173,14 @@ def main(argv: list[str] | None = None) -> int:
         print("error: usage: python -m trainer.track.report SWEEP_DIR (a multirun directory); "
               f"received: {' '.join(args) or 'nothing'}", file=sys.stderr)
         return 2
-    written = write_report(args[0])
-    if written is None:
+    if not collect(Path(args[0])):
         print(f"error: no */summary.json under {args[0]}; run a sweep first", file=sys.stderr)
         return 2
+    why = not_a_scaling_sweep(Path(args[0]))
+    if why is not None:
+        print(f"error: no scaling report for {args[0]}: {why}", file=sys.stderr)
+        return 2
+    written = write_report(args[0])
     print(written[0].read_text())
     print(f"wrote {written[0]} and {written[1]}")
     return 0
