@@ -132,6 +132,7 @@ def test_the_entry_points_import_without_tensorflow():
     import sys
 
     code = ("import sys; sys.modules['tensorflow'] = sys.modules['keras'] = None; "
+            "sys.modules['matplotlib'] = None; "
             "import trainer.__main__, trainer.evaluate, trainer.launch, trainer.run.preflight, "
             "trainer.run.resolve")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -140,8 +141,9 @@ def test_the_entry_points_import_without_tensorflow():
 
 
 def test_matplotlib_is_imported_only_where_a_picture_is_drawn():
-    """matplotlib takes a second to import: inside the functions that draw (curves.png, the
-    scaling report), never at a module's top, so starting a run does not pay it."""
+    """matplotlib takes about a second to import: inside the functions that draw (curves.png,
+    the scaling report), never at a module's top, so the entry points and the pre-flight,
+    before TensorFlow, do not pay it."""
     top = []
     for name, path in _modules().items():
         for node in ast.parse(path.read_text()).body:

@@ -70,7 +70,7 @@ def draw_curves(history: dict[str, list], path: str | Path, best_epoch: int | No
         What was drawn: `{"history": {name: values}, "best_epoch": ..., "monitor": ...}`,
         also kept in the PNG's `trainer:curves` text chunk.
     """
-    # lazy: matplotlib costs a second to import; only runs that draw pay it
+    # lazy: matplotlib takes about a second to import; nothing before a drawing pays it
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
