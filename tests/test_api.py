@@ -152,3 +152,15 @@ def test_fit_reads_the_users_config_dir(tmp_path):
     result = trainer.fit(["experiment=short", "logger=[]"], config_dir=tmp_path / "conf",
                          run_dir=tmp_path / "run")
     assert result.summary["epochs"] == 2 and len(result.history["loss"]) == 2
+
+
+def test_fits_summary_names_the_config_choices(tmp_path):
+    import shutil
+
+    from trainer.config.schema import config_dir
+
+    (tmp_path / "conf" / "model").mkdir(parents=True)
+    shutil.copy(config_dir() / "model" / "cnn.yaml", tmp_path / "conf" / "model" / "small.yaml")
+    result = trainer.fit([*TINY, "model=small"], config_dir=tmp_path / "conf",
+                         run_dir=tmp_path / "run")
+    assert (result.summary["model"], result.summary["dataset"]) == ("small", "digits")

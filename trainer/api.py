@@ -91,6 +91,7 @@ def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
         cfg = compose_from_args(args)
         logs = OmegaConf.select(cfg, "hydra.run.dir")
         overrides_seen = list(OmegaConf.select(cfg, "hydra.overrides.task") or [])
+        choices = dict(OmegaConf.select(cfg, "hydra.runtime.choices") or {})
         with open_dict(cfg):
             del cfg["hydra"]
         try:
@@ -105,7 +106,7 @@ def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
             # lazy: it imports TensorFlow, which starts after the pre-flight
             from trainer.run.train import train
 
-            train(cfg, place)
+            train(cfg, place, choices=choices)
         except BaseException:
             for path, top in fresh:
                 if top is not None and path.is_dir() and not RunDir(path).holds_run():

@@ -101,11 +101,13 @@ def hydra_choices() -> dict[str, str]:
     return {g: str(chosen[g]) for g in NAMED_GROUPS if chosen.get(g) is not None}
 
 
-def resolve(cfg: DictConfig) -> Spec:
+def resolve(cfg: DictConfig, choices: dict[str, str] | None = None) -> Spec:
     """Turns a composed, checked config into a `Spec`.
 
     Args:
         cfg: the composed config, already through `trainer.run.preflight.check_config`.
+        choices: the config groups' choices where no Hydra job runs (`trainer.fit`
+            composes without one); None reads the running job's.
 
     Returns:
         The run's `Spec`.
@@ -151,5 +153,6 @@ def resolve(cfg: DictConfig) -> Spec:
         resume=cfg.get("resume"),
         profile=tuple(record["profile"]) if node("profile") is not None else None,
         optimized_metric=node("optimized_metric"),
-        choices=hydra_choices(),
+        choices=hydra_choices() if choices is None else {
+            g: str(choices[g]) for g in NAMED_GROUPS if choices.get(g) is not None},
     )

@@ -83,7 +83,8 @@ class Outcome:
 
 
 def train(cfg: DictConfig, run_dir: str | Path | None = None,
-          callbacks: Sequence[Any] = ()) -> dict[str, Any]:
+          callbacks: Sequence[Any] = (), choices: dict[str, str] | None = None
+          ) -> dict[str, Any]:
     """Trains and evaluates as the config says; writes everything into the run directory.
 
     Args:
@@ -91,6 +92,8 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None,
         run_dir: where checkpoints, logs and `summary.json` go; Hydra's output directory
             when None.
         callbacks: extra Keras callbacks, after the built-in and the configured ones.
+        choices: the config groups' choices (`{"model": "cnn", ...}`) where no Hydra job
+            runs; the summary names the model and dataset by them.
 
     Returns:
         The summary dict, also written to `run_dir/summary.json`.
@@ -98,7 +101,7 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None,
     started = time.perf_counter()
     startup = process_seconds()
     check_config(cfg)
-    spec = resolve(cfg)
+    spec = resolve(cfg, choices)
     cluster = resolve_cluster(list(spec.cluster.workers), spec.cluster.task_index,
                               os.environ.get("TF_CONFIG"), os.environ,
                               spec.cluster.port_base)
