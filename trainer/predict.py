@@ -161,8 +161,8 @@ def _predict(run: Any, inputs: Any, examples: int) -> Any:
                           f"was trained on {_shapes(expected)}")
     # Every replica computes batches of exactly `per_replica` examples (the last padded
     # with copies of the first example, cut off after): the same shapes, so the same
-    # kernels, whatever the device count; each example's outputs are then identical on 1 or
-    # N replicas, not merely close.
+    # kernels, whatever the device count (outputs agree to float32 rounding: the threads
+    # replicas share may change a kernel's order of summation).
     per_replica, replicas = run.batch.per_replica, run.batch.replicas
     global_batch = per_replica * replicas
     padded = -(-examples // global_batch) * global_batch
