@@ -334,6 +334,18 @@ def test_a_run_directory_name_too_long_for_the_file_system_is_one_line(tmp_path,
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("empty", ["hydra.run.dir=", 'hydra.run.dir=""', "hydra.run.dir=' '"])
+def test_an_empty_run_directory_is_one_line_and_writes_nothing(tmp_path, empty):
+    """`Path('')` is the working directory: an empty value would fill it with the run."""
+    out = run_main(*TINY, empty, cwd=tmp_path, timeout=60)
+    assert out.returncode == 2
+    lines = error_lines(out.stderr)
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("error: hydra.run.dir is empty ("), lines
+    assert "hydra.run.dir=runs/NAME" in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
 COUNT_CHECKS = """
 import atexit, sys
 import trainer.run.preflight as preflight
