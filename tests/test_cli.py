@@ -75,6 +75,8 @@ def test_sweep_over_devices_gives_each_job_its_devices(tmp_path):
                          "mixed_bfloat16; received: 'fp16'"),
     (["jit_compile=yes"], "error: jit_compile must be auto, true or false; received: 'yes'"),
     (["steps_per_execution=0"], "error: steps_per_execution must be auto or a positive integer"),
+    (["verbose=7"], "error: verbose must be 0 (silent), 1 (progress bar), 2 (a line per "
+                    "epoch) or auto; received: 7"),
     # degenerate data (#16.8) and the full name of a missing key (#16.18)
     (["dataset=synthetic", "dataset.num_classes=1"],
      "error: dataset.num_classes must be at least 2 for a classifier; received: 1"),
