@@ -150,7 +150,11 @@ def _run(spec: Spec, plan: DevicePlan, run_dir: Path, extra: Sequence[Any],
          startup: float | None = None) -> dict[str, Any]:
     """Builds, trains, evaluates and reports; `wired` receives the callbacks once built."""
     run = assemble(spec, plan, cluster)
-    needed = needed_bytes(run.model)
+    model = run.model
+    with run.strategy.scope():  # the optimizer's slots are distributed variables
+        if not model.optimizer.built:  # built now, so the space estimate counts its slots
+            model.optimizer.build(model.trainable_variables)
+    needed = needed_bytes(model, export=spec.export)
     if run.is_chief:
         check_free_space(run_dir, needed)
     try:
@@ -171,7 +175,7 @@ def _train_and_report(spec: Spec, plan: DevicePlan, run: Run, run_dir: Path,
     check_metric_name(spec.optimized_metric, run.logged, tested=run.data.test is not None)
     start, changes, done = _resume_point(spec, run, run_dir)
 
-    # after the optimizer is built over every variable (in _resume_point)
+    # after the optimizer is built over every variable (in _run)
     phases = phase_report(run.model, spec.finetune, spec.epochs)
     if phases is not None:
         scale_backbone_gradients(run.model, spec.finetune.backbone_lr_scale)
@@ -250,10 +254,7 @@ def _resume_point(spec: Spec, run: Run,
         check_global_batch(run_dir, state, run.batch.global_size, run.batch.replicas,
                            run.batch.accumulate)
         tidy(run_dir)
-    model = run.model
-    with run.strategy.scope():  # the optimizer's slots are distributed variables
-        if not model.optimizer.built:
-            model.optimizer.build(model.trainable_variables)
+    model = run.model  # its optimizer built over every trainable variable (in _run)
     # Loaded outside the scope: Keras's loader creates throwaway variables, which under
     # MultiWorkerMirroredStrategy's scope would start collectives on the chief alone.
     point = BackupStore(RunDir(run_dir).backup).restore(model)
