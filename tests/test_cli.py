@@ -75,6 +75,8 @@ def test_sweep_over_devices_gives_each_job_its_devices(tmp_path):
                          "mixed_bfloat16; received: 'fp16'"),
     (["jit_compile=yes"], "error: jit_compile must be auto, true or false; received: 'yes'"),
     (["steps_per_execution=0"], "error: steps_per_execution must be auto or a positive integer"),
+    (["verbose=7"], "error: verbose must be 0 (silent), 1 (progress bar), 2 (a line per "
+                    "epoch) or auto; received: 7"),
     # degenerate data (#16.8) and the full name of a missing key (#16.18)
     (["dataset=synthetic", "dataset.num_classes=1"],
      "error: dataset.num_classes must be at least 2 for a classifier; received: 1"),
@@ -331,6 +333,18 @@ def test_a_run_directory_name_too_long_for_the_file_system_is_one_line(tmp_path,
     assert len(lines) == 1, out.stderr
     assert lines[0].startswith("error: run directory "), lines
     assert "choose a shorter hydra.run.dir" in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("empty", ["hydra.run.dir=", 'hydra.run.dir=""', "hydra.run.dir=' '"])
+def test_an_empty_run_directory_is_one_line_and_writes_nothing(tmp_path, empty):
+    """`Path('')` is the working directory: an empty value would fill it with the run."""
+    out = run_main(*TINY, empty, cwd=tmp_path, timeout=60)
+    assert out.returncode == 2
+    lines = error_lines(out.stderr)
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("error: hydra.run.dir is empty ("), lines
+    assert "hydra.run.dir=runs/NAME" in lines[0]
     assert list(tmp_path.iterdir()) == []
 
 

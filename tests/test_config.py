@@ -72,11 +72,22 @@ def test_compose_and_validate_do_not_import_tensorflow():
     (["devices=[1,1]"], "distinct non-negative indices; received: [1, 1]"),
     (["devices=[]"], "received: []"),
     (["devices=many"], "received: 'many'"),
+    (["verbose=7"], "verbose must be 0 (silent), 1 (progress bar), 2 (a line per epoch) or "
+                    "auto; received: 7"),
+    (["verbose=-1"], "received: -1"),
+    (["verbose=loud"], "received: 'loud'"),
+    (["verbose=true"], "received: True"),
+    (["verbose=1.5"], "received: 1.5"),
 ])
 def test_validation_names_the_bad_value(overrides, message):
     with pytest.raises(ConfigError, match=None) as info:
         validate(make_config(*overrides))
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("verbose", ["0", "1", "2", "auto"])
+def test_every_verbose_keras_takes_validates(verbose):
+    validate(make_config(f"verbose={verbose}"))
 
 
 def test_parse_devices_forms():

@@ -9,6 +9,7 @@ with one line, and leaves the run directory exactly as it was.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -17,12 +18,14 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tests.conftest import error_lines, run_cli, run_main
 from tests.test_fault_tolerance import _damage_the_middle
 from trainer.config.errors import ConfigError, Interrupted
 from trainer.evaluate import load_checkpoint
 from trainer.run.train import train
+from trainer.rundir.backup import Backup, BackupStore, StopRequest, _load_metrics, _save_metrics
 from trainer.rundir.resume import check_global_batch, check_resume, flatten
 
 ELASTIC = ["optimizer=sgd", "optimizer.lr=0.05", "model.dropout=0.0", "deterministic=true",
@@ -334,3 +337,82 @@ def test_a_backup_from_before_loggers_named_their_builders_resumes_unchanged(tmp
     new = {"epochs": 2, "logger": {"tensorboard": {
         "_target_": "trainer.track.trackers.tensorboard", "update_freq": "epoch"}}}
     assert check_resume(tmp_path, {"config": old, "epoch": 0, "step": 0}, new) == {}
+
+
+# A stop in the middle of the first epoch (12 steps at a global batch of 128), resumed on the
+# same devices.
+METRICS_RESUME = ["deterministic=true", "batch.per_replica=null", "batch.global_size=128",
+                  "accelerator=cpu", "epochs=1"]
+
+
+@pytest.mark.parametrize("loop, devices", [
+    ("fit", 1), ("custom", 1),
+    # on 2 replicas too (about 30 s each); test_metric_state_assigned_across_replicas... fast
+    pytest.param("fit", 2, marks=pytest.mark.slow),
+    pytest.param("custom", 2, marks=pytest.mark.slow)])
+def test_the_epoch_resumed_mid_way_reports_the_training_metrics_of_all_its_steps(
+        tiny_config, tmp_path, loop, devices):
+    """The metrics' totals and counts at the stop are kept in the backup (metrics.npz) and
+    assigned back after the loop resets them: the resumed epoch's loss and accuracy are the
+    uninterrupted run's, not those of the steps after the resume."""
+    args = [*METRICS_RESUME, f"loop={loop}", f"devices={devices}"]
+    reference = train(tiny_config(*args), run_dir=tmp_path / "reference")
+    run_dir = tmp_path / "run"
+    with pytest.raises(Interrupted, match="at epoch 1"):
+        train(tiny_config(*args), run_dir=run_dir, callbacks=[SigtermAt(0, 5)])
+    newest = sorted((run_dir / "backup").glob("ckpt-*"))[-1]
+    assert newest.name == "ckpt-000000-000000006"
+    assert (newest / "metrics.npz").is_file()
+    resumed = train(tiny_config(*args), run_dir=run_dir)
+    assert resumed["resumed_from"]["step"] == 6
+    assert reference["train_metrics"].keys() == resumed["train_metrics"].keys() != set()
+    for name, value in reference["train_metrics"].items():
+        assert resumed["train_metrics"][name] == pytest.approx(value, abs=1e-6), name
+    for name in ("loss", "accuracy"):
+        np.testing.assert_allclose(resumed["history"][name], reference["history"][name],
+                                   rtol=0, atol=1e-6, err_msg=name)
+
+
+def test_a_mid_epoch_backup_without_metrics_still_resumes(tiny_config, tmp_path):
+    """Backups written before metrics.npz existed: the resumed epoch counts from the resume."""
+    args = [*METRICS_RESUME, "devices=1"]
+    run_dir = tmp_path / "run"
+    with pytest.raises(Interrupted, match="at epoch 1"):
+        train(tiny_config(*args), run_dir=run_dir, callbacks=[SigtermAt(0, 5)])
+    newest = sorted((run_dir / "backup").glob("ckpt-*"))[-1]
+    (newest / "metrics.npz").unlink()
+    state = json.loads((newest / "state.json").read_text())
+    del state["sha256"]["metrics.npz"]
+    (newest / "state.json").write_text(json.dumps(state))
+    resumed = train(tiny_config(*args), run_dir=run_dir)
+    assert resumed["resumed_from"]["step"] == 6
+    assert resumed["epochs"] == 1 and np.isfinite(resumed["train_metrics"]["loss"])
+
+
+def test_metric_state_assigned_across_replicas_reads_back_whole():
+    """Metric variables are summed on read over the replicas (SyncOnRead, SUM): a backup
+    saves the sum, and the cross-replica assign at the resume splits it back over them."""
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        mean = keras.metrics.Mean(name="loss")
+    values = tf.constant([[1.0, 2.0], [3.0, 10.0]])
+    batches = strategy.experimental_distribute_values_from_function(
+        lambda context: values[context.replica_id_in_sync_group])
+    strategy.run(mean.update_state, args=(batches,))
+    assert float(mean.result()) == 4.0 and float(mean.variables[1].numpy()) == 4.0
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"metrics-{os.getpid()}.npz"
+    try:
+        _save_metrics(path, mean.variables)
+        saved = _load_metrics(path)
+    finally:
+        path.unlink(missing_ok=True)
+    mean.reset_state()
+    backup = Backup(BackupStore(Path("unused")), 0, 1, StopRequest(), initial_epoch=1,
+                    initial_step=3)
+    backup.metric_source = lambda: mean.variables
+    backup.resumed_metrics = saved
+    backup.on_epoch_begin(1)
+    assert [float(v.numpy()) for v in mean.variables] == [16.0, 4.0]
+    assert float(mean.result()) == 4.0
+    strategy.run(mean.update_state, args=(batches,))  # the steps after the resume add on
+    assert [float(v.numpy()) for v in mean.variables] == [32.0, 8.0]

@@ -167,6 +167,7 @@ def _refuse_finished_run_dir(args: list[str]) -> None:
     run_dirs = [a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")]
     resume = any(a.startswith("resume=") and a != "resume=null" for a in args)
     if run_dirs and os.environ.get(CHILD_ENV) is None:
+        check_name(run_dirs[-1])  # the raw value: an empty one is '.' once a Path
         refuse_finished_run(Path(run_dirs[-1]), resume)
 
 
@@ -196,7 +197,7 @@ def _precheck(args: list[str]) -> None:
         return
     logs = OmegaConf.select(cfg, "hydra.run.dir")
     if logs is not None:
-        check_name(Path(logs))
+        check_name(logs)  # the string: an empty one would be '.' as a Path
         check_writable(Path(logs))
     with open_dict(cfg):
         del cfg["hydra"]

@@ -220,6 +220,7 @@ def validate(cfg: DictConfig) -> None:
              f"a metric name such as val_accuracy, or null; received: {metric!r}")
     _one_of("loop", cfg.loop, LOOPS)
     _validate_speed(cfg)
+    _validate_verbose(cfg.verbose)
     _one_of("accelerator", cfg.accelerator, ACCELERATORS)
     parse_devices(cfg.devices)
     _one_of("strategy.name", cfg.strategy.name, STRATEGIES)
@@ -262,6 +263,17 @@ def _validate_speed(cfg: DictConfig) -> None:
     if steps != "auto":
         _require(isinstance(steps, int) and not isinstance(steps, bool) and steps > 0,
                  f"steps_per_execution must be auto or a positive integer; received: {steps!r}")
+
+
+# What Keras's fit takes as `verbose` (the custom loop reads it the same way); a bool is
+# refused, not read as 0 or 1.
+VERBOSE = (0, 1, 2, "auto")
+
+
+def _validate_verbose(verbose: Any) -> None:
+    ok = not isinstance(verbose, bool) and verbose in VERBOSE
+    _require(ok, "verbose must be 0 (silent), 1 (progress bar), 2 (a line per epoch) or auto; "
+             f"received: {_plain(verbose)!r}")
 
 
 def _validate_builders(model: DictConfig, dataset: DictConfig) -> None:

@@ -168,6 +168,11 @@ class CustomLoop:
     def _results(self) -> dict[str, float]:
         return {m.name: float(m.result()) for m in (self.loss_metric, *self.metrics)}
 
+    @property
+    def metric_variables(self) -> list:
+        """The training metrics' variables (this loop's own, not the compiled model's)."""
+        return [v for m in (self.loss_metric, *self.metrics) for v in m.variables]
+
     def _reset(self) -> None:
         for metric in (self.loss_metric, *self.metrics):
             metric.reset_state()

@@ -13,6 +13,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import keras
+import tensorflow as tf
 from omegaconf import DictConfig
 
 from trainer.config.errors import ConfigError, Interrupted, WorkerLost
@@ -156,7 +158,11 @@ def _run(spec: Spec, plan: DevicePlan, run_dir: Path, extra: Sequence[Any],
          startup: float | None = None) -> dict[str, Any]:
     """Builds, trains, evaluates and reports; `wired` receives the callbacks once built."""
     run = assemble(spec, plan, cluster)
-    needed = needed_bytes(run.model)
+    model = run.model
+    with run.strategy.scope():  # the optimizer's slots are distributed variables
+        if not model.optimizer.built:  # built now, so the space estimate counts its slots
+            model.optimizer.build(model.trainable_variables)
+    needed = needed_bytes(model, export=spec.export)
     if run.is_chief:
         check_free_space(run_dir, needed)
     try:
@@ -175,15 +181,16 @@ def _train_and_report(spec: Spec, plan: DevicePlan, run: Run, run_dir: Path,
                       startup: float | None = None) -> dict[str, Any]:
     cluster = run.cluster
     check_metric_name(spec.optimized_metric, run.logged, tested=run.data.test is not None)
-    start, changes, done = _resume_point(spec, run, run_dir)
+    start, changes, done, metrics = _resume_point(spec, run, run_dir)
 
-    # after the optimizer is built over every variable (in _resume_point)
+    # after the optimizer is built over every variable (in _run)
     phases = phase_report(run.model, spec.finetune, spec.epochs)
     if phases is not None:
         scale_backbone_gradients(run.model, spec.finetune.backbone_lr_scale)
     request = StopRequest()
     callbacks = build_callbacks(spec, run, run_dir, started, start, request, tuple(extra),
                                 history=done)
+    callbacks.backup.resumed_metrics = metrics  # the resumed epoch's training metrics
     wired.append(callbacks)
     try:
         # The end of a run (final evaluations, export) listens for signals too: a stop
@@ -240,13 +247,15 @@ def _stop_if_asked(request: StopRequest, during: str, run_dir: Path, chief: bool
                           "same command to finish the run")
 
 
-def _resume_point(spec: Spec, run: Run,
-                  run_dir: Path) -> tuple[tuple[int, int], dict, dict[str, list]]:
+def _resume_point(spec: Spec, run: Run, run_dir: Path
+                  ) -> tuple[tuple[int, int], dict, dict[str, list], tuple | None]:
     """Restores the newest good backup.
 
     Returns:
-        (epoch, step in epoch) to start from, the config changes the resume accepted, and
-        the per-epoch metrics of the epochs done before it.
+        (epoch, step in epoch) to start from, the config changes the resume accepted, the
+        per-epoch metrics of the epochs done before it, and the training metrics' state at
+        that step (None at an epoch's start, for an older backup, or one shared by the
+        chief of a multi-worker run).
 
     Raises:
         ConfigError: the config or the global batch differs from the backup's in a way
@@ -261,10 +270,7 @@ def _resume_point(spec: Spec, run: Run,
         check_global_batch(run_dir, state, run.batch.global_size, run.batch.replicas,
                            run.batch.accumulate)
         tidy(run_dir)
-    model = run.model
-    with run.strategy.scope():  # the optimizer's slots are distributed variables
-        if not model.optimizer.built:
-            model.optimizer.build(model.trainable_variables)
+    model = run.model  # its optimizer built over every trainable variable (in _run)
     # Loaded outside the scope: Keras's loader creates throwaway variables, which under
     # MultiWorkerMirroredStrategy's scope would start collectives on the chief alone.
     point = BackupStore(RunDir(run_dir).backup).restore(model)
@@ -272,7 +278,7 @@ def _resume_point(spec: Spec, run: Run,
         # Only the chief keeps backups: every worker continues from the chief's.
         point = share_from_chief(run.strategy, model, point)
     if point is None:
-        return (0, 0), {}, {}
+        return (0, 0), {}, {}, None
     start = (point.epoch + 1, 0) if point.step >= run.steps else (point.epoch, point.step)
     if start[0] >= spec.epochs and not start[1]:
         log.warning("resuming from %s: every epoch is trained; finishing the run",
@@ -281,7 +287,20 @@ def _resume_point(spec: Spec, run: Run,
         log.warning("resuming from %s: epoch %d, step %d", point.path, point.epoch + 1,
                     point.step)
     done = {k: list(v)[:start[0]] for k, v in point.state.get("history", {}).items()}
-    return start, changes, done
+    return start, changes, done, point.metrics if start[1] else None
+
+
+def _build_compiled_metrics(run: Run, element_spec: Any) -> None:
+    """Creates the compiled metrics' variables before `fit` (on one device it creates them
+    only when it traces its first step), so the resumed epoch's saved state can be assigned
+    to them at its start; from one example of zeros, whose update `fit` resets."""
+    model = run.model
+    if all(getattr(m, "built", True) for m in model.metrics):
+        return
+    zeros = tf.nest.map_structure(lambda s: tf.zeros([1, *s.shape[1:]], s.dtype), element_spec)
+    x, y, weights = keras.utils.unpack_x_y_sample_weight(zeros)
+    with run.strategy.scope():
+        model.compute_metrics(x, y, model(x, training=False), sample_weight=weights)
 
 
 def _segments(spec: Spec, run: Run, start: tuple[int, int]) -> list:
@@ -320,9 +339,11 @@ def _fit(spec: Spec, run: Run, callbacks: Callbacks, start: tuple[int, int],
     build_s = time.perf_counter() - callbacks.throughput.started
 
     def new_loop():
-        return CustomLoop(model, run.strategy, run.speed.steps_per_execution,
+        made = CustomLoop(model, run.strategy, run.speed.steps_per_execution,
                           jit_compile=run.speed.jit_compile is True, loss=run.loss,
                           metrics=run.metrics, accumulate=run.batch.accumulate)
+        callbacks.backup.metric_source = lambda: made.metric_variables  # not the model's
+        return made
 
     if run.loop == "custom":
         loop = new_loop()
@@ -331,6 +352,8 @@ def _fit(spec: Spec, run: Run, callbacks: Callbacks, start: tuple[int, int],
     if spec.verbose != 0:
         progress = [RunProgress(spec.epochs, run.steps, start)]
     for first, end, steps, dataset in _segments(spec, run, start):
+        if loop is None and backup.resumed_metrics is not None:
+            _build_compiled_metrics(run, dataset.element_spec)
         if phase_at(first, spec.finetune) != phase:
             if phase is not None:  # the trainable variables change: compile the step anew
                 model.train_function = None

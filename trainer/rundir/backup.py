@@ -2,8 +2,9 @@
 
 A backup is a directory `backup/ckpt-<epoch>-<step>/` holding the model's and optimizer's
 variables (so the learning-rate schedule's position, `optimizer.iterations`, too), the
-random states of its dropout layers, and `state.json` with the epoch and the step within
-it. It is written under a temporary name
+random states of its dropout layers, the training metrics' state of the epoch in progress
+(`metrics.npz`: a mid-epoch backup only, so the resumed epoch reports over all its steps),
+and `state.json` with the epoch and the step within it. It is written under a temporary name
 and renamed, so a directory named `ckpt-*` is always complete; the newest two are kept, and
 a latest one that does not load falls back to the one before, with a warning.
 
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 WEIGHTS = "model.weights.h5"
 LINKED = "model.keras"  # a hard link to the checkpoint written at the same point
 RNG = "rng.npz"
+METRICS = "metrics.npz"  # the training metrics' variables (loss and compiled metrics)
 
 
 def _rng_states(model: keras.Model) -> list:
@@ -59,14 +61,33 @@ def _load_rng_states(model: keras.Model, path: Path) -> None:
         variable.assign(value)
 
 
+def _save_metrics(path: Path, variables: list) -> None:
+    """The metric variables' values (each replica's summed, as a cross-replica read gives
+    them) and their paths, which a restore checks against."""
+    np.savez(path, *[np.asarray(v.numpy()) for v in variables],
+             names=np.array([str(v.path) for v in variables], dtype=str))
+
+
+def _load_metrics(path: Path) -> tuple[tuple[str, ...], tuple[np.ndarray, ...]]:
+    with np.load(path) as saved:
+        names = tuple(str(n) for n in saved["names"])
+        values = tuple(saved[f"arr_{i}"] for i in range(len(names)))
+    return names, values
+
+
 @dataclass(frozen=True)
 class ResumePoint:
-    """Where a backup left off: `step` steps of epoch `epoch` (0-based) are done."""
+    """Where a backup left off: `step` steps of epoch `epoch` (0-based) are done.
+
+    `metrics` is the training metrics' state at that step ((variable paths), (values)); None
+    for a backup without it (an epoch end, or written before backups kept it).
+    """
 
     epoch: int
     step: int
     path: Path
     state: dict
+    metrics: tuple | None = None
 
 
 class BackupStore:
@@ -84,6 +105,8 @@ class BackupStore:
         self.keep = keep
         self.meta = dict(meta or {})
         self.seconds = 0.0  # spent writing backups
+        # The training metrics' variables, kept by mid-epoch backups; None: none kept.
+        self.metrics: Callable[[], list] | None = None
 
     def save(self, model: keras.Model, epoch: int, step: int,
              same_as: Path | None = None, history: dict | None = None) -> Path:
@@ -119,6 +142,9 @@ class BackupStore:
             sums[WEIGHTS] = sha256(tmp / WEIGHTS)
         np.savez(tmp / RNG, *[v.numpy() for v in _rng_states(model)])
         sums[RNG] = sha256(tmp / RNG)
+        if step > 0 and self.metrics is not None:
+            _save_metrics(tmp / METRICS, list(self.metrics()))
+            sums[METRICS] = sha256(tmp / METRICS)
         state = {"epoch": epoch, "step": step, "sha256": sums, **self.meta}
         if history is not None:
             state["history"] = history
@@ -160,6 +186,7 @@ class BackupStore:
                 weights = path / LINKED if (path / LINKED).exists() else path / WEIGHTS
                 model.load_weights(weights)
                 _load_rng_states(model, path / RNG)
+                metrics = _load_metrics(path / METRICS) if (path / METRICS).exists() else None
             except Exception as error:  # noqa: BLE001 - any unreadable backup falls back
                 why = str(error).splitlines()[0] if str(error) else type(error).__name__
                 log.warning("backup %s does not load (%s); trying the one before", path, why)
@@ -167,7 +194,7 @@ class BackupStore:
                 damaged.append(path)
                 continue
             _set_aside(damaged)
-            return ResumePoint(int(state["epoch"]), int(state["step"]), path, state)
+            return ResumePoint(int(state["epoch"]), int(state["step"]), path, state, metrics)
         if failures:
             raise ConfigError(f"no backup in {self.directory} loads into this model ("
                               f"{'; '.join(failures)}); starting afresh would replace that run: "
@@ -262,6 +289,12 @@ class Backup(keras.callbacks.Callback):
             one at epoch ends: an epoch whose best checkpoint it wrote links it.
         history: the per-epoch metrics of the epochs done before `initial_epoch` (from the
             backup resumed); each epoch's end adds its own, and every backup keeps them.
+
+    `metric_source` gives the variables of the training metrics (None: the model's
+    `metrics_variables`, as `fit` updates them; the custom loop has its own); mid-epoch
+    backups keep them. `resumed_metrics` (a `ResumePoint.metrics`) is assigned back at the
+    start of the resumed epoch, after the loop has reset its metrics, so that epoch's loss
+    and metrics count every one of its steps, as an uninterrupted run's do.
     """
 
     def __init__(self, store: BackupStore, every: int, check_every: int, request: StopRequest,
@@ -276,6 +309,14 @@ class Backup(keras.callbacks.Callback):
         self.initial_epoch, self.initial_step = initial_epoch, initial_step
         self.epoch, self.offset, self.interrupted = initial_epoch, 0, False
         self.stopped_by_peer = False
+        self.metric_source: Callable[[], list] | None = None
+        self.resumed_metrics: tuple | None = None
+        store.metrics = self._metric_variables
+
+    def _metric_variables(self) -> list:
+        if self.metric_source is not None:
+            return list(self.metric_source())
+        return list(self.model.metrics_variables)
 
     def on_train_begin(self, logs=None):
         # before any checkpoint: checkpoints without backup/ then mean it was removed
@@ -285,6 +326,26 @@ class Backup(keras.callbacks.Callback):
         self.epoch = epoch
         self.offset = self.initial_step if epoch == self.initial_epoch else 0
         self._checked = 0
+        if self.offset and self.resumed_metrics is not None:
+            # The loop reset the metrics just before this call (fit and the custom loop).
+            self._restore_metrics(*self.resumed_metrics)
+        self.resumed_metrics = None
+
+    def _restore_metrics(self, names: tuple, values: tuple) -> None:
+        """Assigns the saved metric state; a different set of metrics (`metrics=` changed on
+        resume) keeps the reset one, with a warning."""
+        variables = self._metric_variables()
+        now = tuple(str(v.path) for v in variables)
+        if now != tuple(names) or any(tuple(v.shape) != np.shape(value)
+                                      for v, value in zip(variables, values, strict=True)):
+            log.warning("the backup's training metrics (%s) are not this run's (%s): epoch "
+                        "%d reports its loss and metrics over the steps after the resume only",
+                        ", ".join(names), ", ".join(now), self.epoch + 1)
+            return
+        for variable, value in zip(variables, values, strict=True):
+            # A cross-replica assign of a SUM on-read variable splits the value over the
+            # replicas, so the read (their sum) gives it back.
+            variable.assign(value)
 
     def _stop_requested(self, batch: int) -> bool:
         asked = self.request.signal is not None

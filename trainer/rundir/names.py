@@ -17,17 +17,24 @@ PATH_MAX = 1024 if os.uname().sysname == "Darwin" else 4096
 INSIDE = 128
 
 
-def check_name(run_dir: Path, option: str = "hydra.run.dir") -> None:
-    """Refuses a run directory whose name has a component the file system cannot hold, or
-    whose path leaves no room for the files a run writes inside it.
+def check_name(run_dir: str | Path, option: str = "hydra.run.dir") -> None:
+    """Refuses an empty run directory name (`hydra.run.dir=`: `Path('')` is the working
+    directory, which the run would fill), a name with a component the file system cannot
+    hold, or a path that leaves no room for the files a run writes inside it.
 
     Args:
-        run_dir: the run directory, as given.
+        run_dir: the run directory, as given: the raw string where there is one, since an
+            empty one is `.` once made a `Path`.
         option: the option that named it, for the remedy.
 
     Raises:
-        ConfigError: naming the component (shortened), its length and the limit.
+        ConfigError: naming the empty value, or the component (shortened), its length and
+            the limit.
     """
+    if isinstance(run_dir, str) and not run_dir.strip():
+        raise ConfigError(f"{option} is empty ({run_dir!r}): the run would write into the "
+                          f"working directory; give a directory, e.g. {option}=runs/NAME, or "
+                          f"leave {option} out for outputs/DATE/TIME")
     for part in Path(run_dir).parts:
         size = len(os.fsencode(part))
         if size > NAME_MAX:
