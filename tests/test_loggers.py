@@ -74,6 +74,7 @@ def test_an_unreachable_tracking_server_is_one_line_before_tensorflow_starts(tmp
     assert not run_dir.exists()  # nothing written
 
 
+@pytest.mark.slow  # MLflow end to end in the default run: the sqlite-artifacts test below
 def test_csv_and_mlflow_log_config_epochs_summary_and_checkpoint(tiny_config, tmp_path):
     from mlflow.tracking import MlflowClient
 

@@ -116,7 +116,8 @@ def test_readme_project_trains_outside_the_repository_from_an_installed_trainer(
     assert (summary_path.parent / "checkpoints" / "best.keras").is_file()
 
 
-@pytest.mark.parametrize("loop", ["fit", "custom"])
+# fit's twin of the same-weights proof runs by default in tests/test_parity.py
+@pytest.mark.parametrize("loop", [pytest.param("fit", marks=pytest.mark.slow), "custom"])
 def test_regression_gives_the_same_weights_on_1_2_and_4_replicas(project, tmp_path, loop):
     """Any loss, not only cross-entropy, is averaged over the global batch."""
     found = {}
@@ -161,7 +162,7 @@ def build(input_shape, num_outputs):
 '''
 
 
-@pytest.mark.parametrize("loop", ["fit", "custom"])
+@pytest.mark.parametrize("loop", [pytest.param("fit", marks=pytest.mark.slow), "custom"])
 def test_binary_task_keeps_the_checkpoint_with_the_highest_auc(tmp_path, monkeypatch, loop):
     write_project(tmp_path, {"binary_task.py": BINARY_TASK,
                              "conf/model/binary.yaml": "_target_: binary_task.build\n",

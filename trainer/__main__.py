@@ -54,6 +54,7 @@ def _hydra_main(cfg: DictConfig) -> Any:
         check_config(cfg)
 
         tensorflow_started()
+        _raise_if_signalled()
         # lazy: it imports TensorFlow, which starts after the pre-flight
         from trainer.run.train import train
 
@@ -86,8 +87,28 @@ class _Terminated(BaseException):  # noqa: N818 - a signal, like KeyboardInterru
     """SIGTERM outside the training steps (start-up, the summary), raised by `_on_sigterm`."""
 
 
+# Signals received outside the training steps. A library may catch what a signal raises (an
+# import that tries alternatives under `except BaseException`), so they are also checked
+# again once TensorFlow has started: a Ctrl-C at start-up is never silently lost.
+_signalled: list[int] = []
+
+
 def _on_sigterm(signum: int, frame: Any) -> None:
+    _signalled.append(signum)
     raise _Terminated(signum)
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    _signalled.append(signum)
+    raise KeyboardInterrupt
+
+
+def _raise_if_signalled() -> None:
+    """Raises again a start-up signal whose exception something swallowed."""
+    if signal.SIGTERM in _signalled:
+        raise _Terminated(signal.SIGTERM)
+    if signal.SIGINT in _signalled:
+        raise KeyboardInterrupt
 
 
 def main() -> None:
@@ -100,16 +121,19 @@ def main() -> None:
         sys.path.insert(0, os.getcwd())
     # SIGTERM before or after the training steps (which route it to a clean stop of their
     # own): one line and a tidy run directory, not a silent death.
+    _signalled.clear()
     try:
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _on_sigterm)}
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            previous[signal.SIGINT] = signal.signal(signal.SIGINT, _on_sigint)
     except ValueError:  # not the main thread
-        previous = None
+        previous = {}
     try:
         _main()
     finally:
         release_all()
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def _main() -> None:
