@@ -85,9 +85,6 @@ def _rows(path):
 
 def test_predictions_on_1_and_3_replicas_agree_in_order_and_equal_plain_keras(
         image_run, tmp_path):
-    import keras
-    import tensorflow as tf
-
     run, new = image_run
     one = trainer.predict(run.run_dir, new, tmp_path / "one.csv", ["accelerator=cpu",
                                                                    "devices=1"])
@@ -104,11 +101,21 @@ def test_predictions_on_1_and_3_replicas_agree_in_order_and_equal_plain_keras(
     assert [r["input"] for r in rows] == files and [r["index"] for r in rows] == [
         str(i) for i in range(15)]
     assert {r["class_name"] for r in rows} <= {"cat", "dog"}
-    model = keras.models.load_model(run.checkpoints["best"])
-    images = np.stack([tf.image.resize(tf.io.decode_image(tf.io.read_file(f), channels=3,
-                                                          expand_animations=False),
-                                       (16, 16)).numpy() / 255.0 for f in files])
-    expected = model.predict(images, verbose=0)
+    # Plain Keras on one device, in a fresh process: what other tests left in this one
+    # (Keras's global state) must not decide the reference.
+    script = (
+        "import json, sys, numpy as np, tensorflow as tf\n"
+        "from trainer.models.checkpoint import load_checkpoint\n"  # keras.models.load_model
+        "files = json.loads(sys.argv[2])\n"  # with trainer's custom objects registered
+        "model = load_checkpoint(sys.argv[1])\n"
+        "images = np.stack([tf.image.resize(tf.io.decode_image(tf.io.read_file(f), channels=3,"
+        " expand_animations=False), (16, 16)).numpy() / 255.0 for f in files])\n"
+        "print(json.dumps(model.predict(images, verbose=0).tolist()))\n")
+    out = subprocess.run([sys.executable, "-c", script, str(run.checkpoints["best"]),
+                          json.dumps(files)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    expected = np.array(json.loads(out.stdout.strip().splitlines()[-1]))
     found = np.array([[float(r["p_cat"]), float(r["p_dog"])] for r in rows])
     np.testing.assert_allclose(found, expected, atol=1e-6)
     assert [int(r["class"]) for r in rows] == list(expected.argmax(1))

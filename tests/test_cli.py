@@ -147,9 +147,12 @@ def test_ctrl_c_during_start_up_is_one_line_and_exit_130(tmp_path):
 
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     run_dir = tmp_path / "run"
+    # As from a terminal: pytest-xdist's workers ignore SIGINT, which a child inherits (and
+    # Python then leaves Ctrl-C ignored, as it should for a run started under nohup).
     process = subprocess.Popen([sys.executable, "-m", "trainer", f"hydra.run.dir={run_dir}"],
                                cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
         while not (run_dir / ".hydra").is_dir():  # Hydra is running the job: start-up
