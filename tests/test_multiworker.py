@@ -32,6 +32,10 @@ COMMON = ["dataset.image_size=8", "logger=[]", "model.dropout=0", "seed=42",
           "optimizer=sgd", "optimizer.lr=0.05"]
 
 
+
+def _sigint_as_from_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 class Launch:
     """`python -m trainer.launch` in a subprocess, its output in a file."""
 
@@ -46,7 +50,10 @@ class Launch:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "trainer.launch", "--workers", str(workers),
                  "--grace", str(grace), *overrides], cwd=tmp_path, env=env, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True)
+                stderr=subprocess.STDOUT, start_new_session=True,
+                # as from a terminal: a shell's background job (or pytest-xdist's worker)
+                # ignores SIGINT, and a child inherits that; Ctrl-C is what is tested here
+                preexec_fn=_sigint_as_from_a_terminal)
 
     @property
     def output(self) -> str:
