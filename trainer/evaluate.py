@@ -55,20 +55,8 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
     run_dir = Path(run_dir)
     split, rest = _take("split", SPLITS, list(overrides))
     cfg, which = compose_run_config(run_dir, rest)
-    spec = resolve(cfg)
-    checkpoint = RunDir(run_dir).checkpoint(which)
-    if not checkpoint.is_file():
-        raise ConfigError(f"no checkpoint {checkpoint}; valid: checkpoint=best or "
-                          "checkpoint=last of a finished run")
-    # lazy: it imports TensorFlow, which starts after the devices are set
-    from trainer.run.train import visible_gpu_count
-
-    asked = spec.devices
-    plan = plan_devices(asked.accelerator, asked.devices, visible_gpu_count(),
-                        asked.soft_placement)
-    configure_devices(plan, memory_option(asked.memory_growth, asked.memory_limit_mb),
-                      asked.soft_placement)
-    run = assemble(spec, plan)
+    checkpoint = checkpoint_of(run_dir, which)
+    run = assemble_on_these_devices(resolve(cfg))
     check_same_data(run_dir, _trained_on(run_dir), of_source(run.data.source))
     data = run.data.validation if split == "validation" else run.data.test
     if data is None:
@@ -85,6 +73,29 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
             "replicas": run.strategy.num_replicas_in_sync,
             "metrics": {k: float(v) for k, v in metrics.items()}}
 
+
+
+def checkpoint_of(run_dir: Path, which: str) -> Path:
+    """The run's `best` or `last` checkpoint, which must exist."""
+    checkpoint = RunDir(run_dir).checkpoint(which)
+    if not checkpoint.is_file():
+        raise ConfigError(f"no checkpoint {checkpoint}; valid: checkpoint=best or "
+                          "checkpoint=last of a finished run")
+    return checkpoint
+
+
+def assemble_on_these_devices(spec: Any) -> Any:
+    """A finished run's strategy, data and model, built as training built them, on the
+    devices `spec` asks of this machine (evaluation and prediction)."""
+    # lazy: it imports TensorFlow, which starts after the devices are set
+    from trainer.run.train import visible_gpu_count
+
+    asked = spec.devices
+    plan = plan_devices(asked.accelerator, asked.devices, visible_gpu_count(),
+                        asked.soft_placement)
+    configure_devices(plan, memory_option(asked.memory_growth, asked.memory_limit_mb),
+                      asked.soft_placement)
+    return assemble(spec, plan)
 
 
 def _trained_on(run_dir: Path) -> dict | None:

@@ -39,12 +39,15 @@ import numpy as np
 from trainer.config.errors import ConfigError
 from trainer.config.messages import one_line
 from trainer.config.outcome import one_error
-from trainer.distribute.devices import configure_devices, memory_option, plan_devices
-from trainer.evaluate import compose_run_config, load_weights_checked, take_option
-from trainer.run.assemble import assemble
+from trainer.evaluate import (
+    assemble_on_these_devices,
+    checkpoint_of,
+    compose_run_config,
+    load_weights_checked,
+    take_option,
+)
 from trainer.run.quiet import tensorflow_started
 from trainer.run.resolve import resolve
-from trainer.rundir.layout import RunDir
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if os.environ.get("TRAINER_TF_LOGS") == "1"
                       else "2")
@@ -80,19 +83,8 @@ def predict_run(run_dir: str | Path, input: str | Path, output: str | Path | Non
     output = Path(output) if output is not None else run_dir / "predictions.csv"
     if output.suffix not in OUTPUTS:
         raise ConfigError(f"output={output} must end in {', '.join(OUTPUTS)}")
-    checkpoint = RunDir(run_dir).checkpoint(which)
-    if not checkpoint.is_file():
-        raise ConfigError(f"no checkpoint {checkpoint}; valid: checkpoint=best or "
-                          "checkpoint=last of a finished run")
-    # lazy: it imports TensorFlow, which starts after the devices are set
-    from trainer.run.train import visible_gpu_count
-
-    asked = spec.devices
-    plan = plan_devices(asked.accelerator, asked.devices, visible_gpu_count(),
-                        asked.soft_placement)
-    configure_devices(plan, memory_option(asked.memory_growth, asked.memory_limit_mb),
-                      asked.soft_placement)
-    run = assemble(spec, plan)
+    checkpoint = checkpoint_of(run_dir, which)
+    run = assemble_on_these_devices(spec)
     load_weights_checked(run.model, checkpoint, which)
     outputs = _predict(run, inputs, len(names))
     _write(output, names, outputs, run.data.source, images)
