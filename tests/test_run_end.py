@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import keras
 import pytest
 
 from tests.conftest import error_lines, run_main
+from tests.test_fault_tolerance import start_cli, wait_for
 from trainer.config.errors import EXIT_INTERRUPTED, Interrupted
 from trainer.run.train import train
 
@@ -123,29 +123,12 @@ def test_a_signal_in_the_final_evaluation_stops_and_a_rerun_finishes(finished, t
     assert summary["test_metrics"] == whole["test_metrics"]
 
 
-def _start(*args: str, cwd: Path) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    return subprocess.Popen([sys.executable, "-m", "trainer", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _wait(predicate, process: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"gave up waiting (exit {process.returncode}): "
-                        f"{process.communicate()[1][-2000:]}")
-        time.sleep(0.02)
-
-
 def test_sigterm_at_start_up_is_one_line_and_leaves_nothing(tmp_path):
     run_dir = tmp_path / "run"
-    process = _start("epochs=1", "verbose=0", "logger=[]", f"hydra.run.dir={run_dir}",
+    process = start_cli("epochs=1", "verbose=0", "logger=[]", f"hydra.run.dir={run_dir}",
                      cwd=tmp_path)
     try:
-        _wait(lambda: (run_dir / ".hydra" / "config.yaml").exists(), process)
+        wait_for(lambda: (run_dir / ".hydra" / "config.yaml").exists(), process)
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=60)
     finally:
@@ -160,17 +143,17 @@ def test_two_starts_at_once_and_a_third_later_leave_one_run(tmp_path):
     run_dir = tmp_path / "run"
     args = ["epochs=50", "verbose=0", "logger=[]", "dataset.image_size=8",
             f"hydra.run.dir={run_dir}"]
-    first = _start(*args, cwd=tmp_path)
+    first = start_cli(*args, cwd=tmp_path)
     time.sleep(0.05)
-    second = _start(*args, cwd=tmp_path)
+    second = start_cli(*args, cwd=tmp_path)
     started = [first, second]
     try:
         # the winner trains (a backup at its first epoch's end); the loser is refused
         refused = []
         for process in (first, second):
-            _wait(lambda p=process: p.poll() is not None
+            wait_for(lambda p=process: p.poll() is not None
                   or (run_dir / "backup").is_dir(), process)
-        _wait(lambda: second.poll() is not None or first.poll() is not None, first)
+        wait_for(lambda: second.poll() is not None or first.poll() is not None, first)
         loser = second if second.poll() is not None else first
         winner = first if loser is second else second
         out, err = loser.communicate(timeout=60)
@@ -178,7 +161,7 @@ def test_two_starts_at_once_and_a_third_later_leave_one_run(tmp_path):
         assert (run_dir / ".hydra" / "config.yaml").is_file()
         assert (run_dir / ".lock").is_file()
         # a third start while the winner trains: refused, nothing removed
-        third = _start(*args, cwd=tmp_path)
+        third = start_cli(*args, cwd=tmp_path)
         started.append(third)
         out, err = third.communicate(timeout=120)
         refused.append((third.returncode, err))
