@@ -79,58 +79,80 @@ def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None
                           capture_output=True, text=True, timeout=timeout)
 
 
-class _WouldRunAJob(Exception):  # noqa: N818 - a signal, not an error
-    pass
+def _detach_handlers() -> None:
+    import logging
 
-
-def _no_job():
-    raise _WouldRunAJob
+    logging._handlers.clear()
+    del logging._handlerList[:]
 
 
 def run_main(*args: str, cwd: Path, timeout: float = 300):
-    """`python -m trainer ARGS` as `run_cli` runs it, but in this process where the
-    pre-flight refuses it (a subprocess spends seconds starting Python and TensorFlow):
-    what gets past the pre-flight, to a Hydra job, runs in a subprocess after all.
+    """`python -m trainer ARGS` as `run_cli` runs it, but in this process, the Hydra job
+    included (a subprocess spends about 8 s starting Python and TensorFlow). The test
+    session's TensorFlow already has 4 logical CPUs, so `accelerator=cpu devices=N` (N <= 4)
+    runs as it would in a fresh process. What a fresh process alone shows (TensorFlow's
+    start-up lines, a signal's exit) is tested with `run_cli`. `timeout` is unused (kept so
+    the two are interchangeable).
 
     Returns:
         A `subprocess.CompletedProcess` with the exit code, stdout and stderr.
     """
     import contextlib
     import io
+    import logging
+    import logging.config
 
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
 
     import trainer.__main__ as entry
 
+    del timeout
     out, err = io.StringIO(), io.StringIO()
     saved = (list(sys.argv), os.getcwd(), os.environ.get("HYDRA_FULL_ERROR"), list(sys.path))
-    code, job = 0, False
-    hydra_main = entry._hydra_main
+    loggers = {name: (logger.handlers[:], logger.level, logger.propagate)
+               for name, logger in [("", logging.getLogger()),
+                                    *logging.Logger.manager.loggerDict.items()]
+               if isinstance(logger, logging.Logger)}
+    code = 0
+    clear_handlers = logging.config._clearExistingHandlers
+    # Hydra's job configures logging with dictConfig, which would close every handler of the
+    # process, pytest's capture too: here it only detaches them (put back below).
+    logging.config._clearExistingHandlers = _detach_handlers
     try:
         os.chdir(cwd)
         sys.argv = ["trainer", *args]
-        entry._hydra_main = _no_job
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 entry.main()
             except SystemExit as exit_:
                 code = exit_.code if isinstance(exit_.code, int) else 1
-            except _WouldRunAJob:
-                job = True
     finally:
-        entry._hydra_main = hydra_main
         sys.argv, cwd_before, full_error, sys.path[:] = saved
         os.chdir(cwd_before)
         if full_error is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
         else:
             os.environ["HYDRA_FULL_ERROR"] = full_error
-        if job:  # the subprocess below starts from nothing, as the command line would
-            entry._remove_fresh_run_dir()
+        # Hydra's job configured logging (a console handler on the captured streams, a file
+        # in the run directory): put every logger back as it was.
+        for name, logger in [("", logging.getLogger()),
+                             *logging.Logger.manager.loggerDict.items()]:
+            if not isinstance(logger, logging.Logger):
+                continue
+            handlers, level, propagate = loggers.get(name, ([], logging.NOTSET, True))
+            for handler in logger.handlers[:]:
+                if handler not in handlers:
+                    logger.removeHandler(handler)
+                    handler.close()
+            logger.handlers[:] = handlers
+            logger.setLevel(level)
+            logger.propagate = propagate
+            logger.disabled = False
+        logging.config._clearExistingHandlers = clear_handlers
         entry._fresh_run_dir.clear()
         GlobalHydra.instance().clear()
-    if job:
-        return run_cli(*args, cwd=cwd, timeout=timeout)
+        HydraConfig.instance().cfg = None  # train() without run_dir must not find this job's
     return subprocess.CompletedProcess(["trainer", *args], code, out.getvalue(), err.getvalue())
 
 
@@ -138,3 +160,4 @@ def error_lines(stderr: str) -> list[str]:
     """stderr without TensorFlow's C++ start-up lines, which no Python code can silence."""
     noise = ("I0000", "W0000", "E0000", "WARNING: All log messages before absl")
     return [line for line in stderr.splitlines() if line.strip() and not line.startswith(noise)]
+

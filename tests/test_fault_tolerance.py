@@ -91,7 +91,7 @@ def test_sigterm_stops_at_a_step_and_resumes_from_it(tmp_path):
     state = json.loads(BackupStore(run_dir / "backup").backups()[0].joinpath("state.json")
                        .read_text())
     assert state["epoch"] in (1, 2) and (state["step"] > 0 or state["epoch"] == 2)
-    rerun = run_cli(*args, cwd=tmp_path, timeout=300)
+    rerun = run_main(*args, cwd=tmp_path)  # the same command again (in this process)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["resumed_from"] == {"epoch": state["epoch"] + 1, "step": state["step"],
@@ -117,7 +117,7 @@ class BlowUp(keras.callbacks.Callback):
 def test_diverging_learning_rate_stops_with_the_nan_error(tmp_path):
     run_dir = tmp_path / "run"
     (tmp_path / "blowup.py").write_text(BLOW_UP)
-    out = run_cli("dataset.image_size=8", "logger=[]", "verbose=0", "optimizer=sgd",
+    out = run_main("dataset.image_size=8", "logger=[]", "verbose=0", "optimizer=sgd",
                   "checkpoint.nan_check_every=1", "epochs=2", "+callbacks.blowup._target_="
                   "blowup.BlowUp", f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=300)
     lines = error_lines(out.stderr)
@@ -216,7 +216,7 @@ def test_export_and_evaluate_a_finished_run(tmp_path, tiny_config):
 
 
 def test_a_nan_before_any_backup_does_not_point_to_one(tmp_path):
-    out = run_cli("dataset.image_size=8", "logger=[]", "verbose=0", "optimizer=sgd",
+    out = run_main("dataset.image_size=8", "logger=[]", "verbose=0", "optimizer=sgd",
                   "optimizer.lr=1e30", "checkpoint.nan_check_every=1", "epochs=1",
                   f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=300)
     lines = error_lines(out.stderr)

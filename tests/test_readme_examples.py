@@ -2,7 +2,8 @@
 
 Each `<!-- example: NAME.py -->` block is written into a fresh project directory and each
 `<!-- example: NAME.sh -->` block is run there (shortened to 3 epochs, quiet, on logical
-CPU devices), so the documented examples are the tested ones.
+CPU devices; the command line's whole path, in the test process), so the documented examples
+are the tested ones.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import shlex
 
 import numpy as np
 
-from tests.conftest import REPO, error_lines, run_cli
+from tests.conftest import REPO, error_lines, run_main
 
 
 def examples() -> dict[str, str]:
@@ -33,7 +34,7 @@ def run_example(name: str, tmp_path) -> dict:
     command = shlex.split(blocks[f"{name}.sh"].replace("\\\n", " "))
     assert command[:3] == ["python", "-m", "trainer"]
     run_dir = tmp_path / f"run-{name}"
-    out = run_cli(*command[3:], "accelerator=cpu", "epochs=3", "verbose=0", "logger=[]",
+    out = run_main(*command[3:], "accelerator=cpu", "epochs=3", "verbose=0", "logger=[]",
                   f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=300)
     assert out.returncode == 0 and error_lines(out.stderr) == [], out.stderr[-3000:]
     return json.loads((run_dir / "summary.json").read_text())

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.conftest import error_lines, run_cli, run_main
+from tests.conftest import error_lines, run_main
 from tests.test_fault_tolerance import _damage_the_middle
 from trainer.config.errors import ConfigError, Interrupted
 from trainer.evaluate import load_checkpoint
@@ -228,7 +228,7 @@ def test_a_changed_resume_on_the_command_line_leaves_the_run_untouched(tmp_path,
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("finished") / "run"
-    out = run_cli(*BASE, f"hydra.run.dir={run_dir}", cwd=run_dir.parent, timeout=300)
+    out = run_main(*BASE, f"hydra.run.dir={run_dir}", cwd=run_dir.parent, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     return run_dir
 
