@@ -133,6 +133,21 @@ def test_pipeline_order_is_deterministic_with_a_seed():
     assert not np.array_equal(first_epoch_labels(7), first_epoch_labels(8))
 
 
+def test_evaluation_and_prediction_batches_keep_the_input_order_without_a_seed():
+    """Prediction writes each output beside its input. Without a seed, tf.data was allowed
+    to hand over what its parallel maps (the per-batch scaling) finished first: then
+    `trainer.predict` on images sometimes wrote a batch's predictions beside the next
+    batch's files. Evaluation batches keep the input order; training batches without a seed
+    may come in any order (their order is random anyway)."""
+    source = synthetic.load(train_examples=10, validation_examples=10, image_size=4, seed=1)
+    evaluation = build_pipeline(source.validation, 4, training=False, scale=source.scale)
+    assert evaluation.options().deterministic is True
+    training = build_pipeline(source.train, 4, training=True, scale=source.scale)
+    assert training.options().deterministic is False
+    seeded = build_pipeline(source.train, 4, training=True, scale=source.scale, seed=3)
+    assert seeded.options().deterministic is True
+
+
 def test_pipeline_keeps_the_last_partial_batch_and_scales():
     source = synthetic.load(train_examples=10, validation_examples=10, image_size=4, seed=1)
     sizes = [int(x.shape[0]) for x, _ in build_pipeline(source.validation, 4, training=False,

@@ -229,11 +229,13 @@ def build_pipeline(dataset: tf.data.Dataset, global_batch: int, *, training: boo
     Args:
         dataset: unbatched `(image, label)` elements.
         global_batch: examples per step over all replicas; the strategy splits each batch.
-        training: shuffle (and maybe drop a last partial batch); evaluation never drops one.
+        training: shuffle (and maybe drop a last partial batch); evaluation never drops one
+            and keeps the input order, seed or not.
         preprocess: per-element function, mapped in parallel.
         scale: factor that brings the inputs to [0, 1], applied per batch (vectorised);
             None leaves them as they are.
-        seed: shuffle seed; with a seed the order is deterministic.
+        seed: shuffle seed; with a seed the order is deterministic, without one training
+            batches may come in the order parallel preprocessing finishes them.
         cache: keep preprocessed elements in memory after the first pass.
         shuffle_buffer: examples in the shuffle buffer.
         drop_remainder: drop a last partial training batch.
@@ -247,7 +249,9 @@ def build_pipeline(dataset: tf.data.Dataset, global_batch: int, *, training: boo
     prepared = prepare(dataset, preprocess, cache, scale)
     batched = _batches(prepared, global_batch, training, scale, seed, shuffle_buffer,
                        drop_remainder, replicas, examples)
-    return batched.prefetch(tf.data.AUTOTUNE).with_options(_options(seed))
+    # Evaluation and prediction keep the input order: predictions are written beside their
+    # inputs, and a padded last batch is cut off by position.
+    return batched.prefetch(tf.data.AUTOTUNE).with_options(_options(seed, ordered=not training))
 
 
 def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_epoch: int,
@@ -362,9 +366,10 @@ def _scaler(scale: float) -> Callable:
     return to_unit_range
 
 
-def _options(seed: int | None) -> tf.data.Options:
+def _options(seed: int | None, ordered: bool = False) -> tf.data.Options:
+    """Without a seed and `ordered`, parallel maps may hand over what finishes first."""
     options = tf.data.Options()
-    options.deterministic = seed is not None
+    options.deterministic = ordered or seed is not None
     # In-memory data cannot be sharded by file; DATA sharding is what AUTO falls back to,
     # set explicitly so no worker logs the fallback warning.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
