@@ -68,12 +68,23 @@ def test_options_are_applied_to_the_model(tiny_config, tmp_path, loop, overrides
     assert summary["steps_per_execution"] == 3 and len(summary["speed_reasons"]) == 3
     model = capture.seen
     assert model.dtype_policy.name == precision
-    assert model.layers[-1].dtype_policy.name == "float32"  # outputs stay float32
     if loop == "fit":
         assert model.jit_compile is True and model.steps_per_execution == 3
     else:
         assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
     assert summary["validation_metrics"]["accuracy"] >= 0.0
+
+
+def test_the_default_network_keeps_float32_outputs_under_mixed_precision():
+    from trainer.models.cnn import build
+
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        model = build((8, 8, 1), 10)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    assert model.layers[1].dtype_policy.name == "mixed_bfloat16"
+    assert model.layers[-1].dtype_policy.name == "float32"  # a stable loss
 
 
 def test_auto_on_cpu_is_float32_without_xla(tiny_config, tmp_path):
