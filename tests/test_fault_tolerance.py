@@ -190,7 +190,7 @@ def test_finished_run_is_not_overwritten_unless_resumed(tmp_path, tiny_config):
     assert again.returncode == 2 and len(lines) == 1 and "holds a finished run" in lines[0]
     assert (run_dir / ".hydra" / "config.yaml").read_text() == config
     # resume= continues it: two more epochs on top of the first.
-    summary = train(tiny_config("epochs=3", f"resume={run_dir}"))
+    summary = train(tiny_config("model=cnn", "epochs=3", f"resume={run_dir}"))  # the CLI's
     assert summary["resumed_from"] == {"epoch": 2, "step": 0, "changed": {"epochs": [1, 3]}}
     model = load_checkpoint(run_dir / "checkpoints" / "last.keras")
     assert int(model.optimizer.iterations) == 3 * summary["steps_per_epoch"]

@@ -135,9 +135,11 @@ def assert_same_weights(actual: Path, expected: Path, atol: float) -> None:
 
 
 def reference(tmp_path: Path, tiny_config, name: str, *overrides: str) -> Path:
-    """The same training on one device in this process, with the same global batch."""
+    """The same training on one device in this process, with the same global batch (and the
+    default network the worker processes train: `model=small` exists in this process only)."""
     run_dir = tmp_path / name
-    train(tiny_config(*COMMON, "devices=1", "loop=custom", *overrides), run_dir=run_dir)
+    train(tiny_config(*COMMON, "model=cnn", "devices=1", "loop=custom", *overrides),
+          run_dir=run_dir)
     return run_dir
 
 
