@@ -94,7 +94,7 @@ def test_csv_and_mlflow_log_config_epochs_summary_and_checkpoint(tiny_config, tm
     assert run.info.status == "FINISHED" and run.info.run_name == "run"
     params = run.data.params
     assert params["devices"] == "2" and params["optimizer.lr"] == "0.001"
-    assert params["model._target_"] == "trainer.models.cnn.build"
+    assert params["model._target_"] == "small_model.build"  # tiny_config's model=small
     assert params["batch.per_replica"] == "64" and params["epochs"] == "2"
     history = client.get_metric_history(run_id, "val_accuracy")
     assert [m.step for m in history] == [0, 1]
