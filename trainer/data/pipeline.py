@@ -367,7 +367,7 @@ def _scaler(scale: float) -> Callable:
 
 
 def _options(seed: int | None, ordered: bool = False) -> tf.data.Options:
-    """Without a seed and `ordered`, parallel maps may hand over what finishes first."""
+    """With neither a seed nor `ordered`, parallel maps may hand over what finishes first."""
     options = tf.data.Options()
     options.deterministic = ordered or seed is not None
     # In-memory data cannot be sharded by file; DATA sharding is what AUTO falls back to,
