@@ -208,9 +208,11 @@ def test_a_start_refused_by_the_lock_removes_nothing_it_did_not_create(tmp_path,
     try:
         result = run_main("epochs=1", "logger=[]", f"hydra.run.dir={run_dir}", cwd=tmp_path)
         assert result.returncode == 2
+        # the holder named by the kernel's lock table (here this very process), not by the
+        # pid written in the file
         assert error_lines(result.stderr) == [
-            f"error: run directory {run_dir} is in use by another run (pid 4242); wait for it "
-            "to end, or choose another hydra.run.dir"]
+            f"error: run directory {run_dir} is in use by another run in this process (pid "
+            f"{os.getpid()}); wait for it to end, or choose another hydra.run.dir"]
         assert sorted(p.name for p in run_dir.iterdir()) == [".hydra", ".lock"]
     finally:
         for fd in held:

@@ -28,7 +28,7 @@ from trainer.config.schema import config_dir, register_configs
 from trainer.run.preflight import check_config, check_run_dir
 from trainer.run.quiet import tensorflow_started
 from trainer.rundir.layout import LOCK, RunDir
-from trainer.rundir.lock import check_writable, release_all, remove_created
+from trainer.rundir.lock import check_writable, release_held, remove_created
 from trainer.rundir.names import check_name
 from trainer.rundir.resume import (
     refuse_finished_run,
@@ -131,7 +131,7 @@ def main() -> None:
     try:
         _main()
     finally:
-        release_all()
+        release_held()
         for number, handler in previous.items():
             signal.signal(number, handler)
 

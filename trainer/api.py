@@ -29,7 +29,7 @@ from trainer.config.schema import register_configs
 from trainer.run.preflight import check_run_dir
 from trainer.run.quiet import tensorflow_started
 from trainer.rundir.layout import RunDir
-from trainer.rundir.lock import release_all, remove_created
+from trainer.rundir.lock import release_held, remove_created
 
 
 @dataclass(frozen=True)
@@ -99,6 +99,9 @@ def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
         except NothingToDo as done:
             print(f"finished: {done}", flush=True)
             return _result(Path(cfg.resume))
+        except BaseException:
+            release_held()  # a refused start keeps no lock
+            raise
         place = Path(place if place is not None else cfg.get("resume") or logs)
         try:
             _save_config(Path(logs), cfg, overrides_seen)
@@ -114,7 +117,7 @@ def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
                     remove_created(path, top)
             raise
         finally:
-            release_all()
+            release_held()
         return _result(place)
 
 
