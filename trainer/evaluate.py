@@ -21,6 +21,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from trainer.config.compose import compose_in
 from trainer.config.errors import ConfigError
 from trainer.config.messages import one_line
 from trainer.config.outcome import one_error
@@ -163,8 +164,6 @@ def compose_run_config(run_dir: Path, overrides: list[str]) -> tuple[DictConfig,
     Returns:
         The config and which checkpoint (`best` or `last`) to load.
     """
-    from hydra import compose, initialize_config_dir
-
     saved = RunDir(run_dir).config
     if not saved.is_file():
         raise ConfigError(f"{run_dir} is not a run directory (no .hydra/config.yaml)")
@@ -199,8 +198,7 @@ def compose_run_config(run_dir: Path, overrides: list[str]) -> tuple[DictConfig,
     _same_split_as_trained(primary, run_dir)
     with tempfile.TemporaryDirectory(prefix="trainer-evaluate-") as folder:
         OmegaConf.save(primary, Path(folder) / "run.yaml")
-        with initialize_config_dir(folder, version_base="1.3"):
-            cfg = compose("run", overrides=rest)
+        cfg = compose_in(folder, "run", rest)  # a user's own Hydra app keeps its state
     check_config(cfg)
     return cfg, which
 

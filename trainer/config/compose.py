@@ -3,11 +3,19 @@
 Used by the command line's pre-flight (before Hydra writes `.hydra/` into a run directory)
 and by the Python API (`trainer.fit`), so both see the same config from the same arguments:
 the same schema, the same search path, a `--config-dir` of the user's in front of it.
+
+Hydra's own compose API keeps its state in a process-wide `GlobalHydra`, which allows one
+initialization at a time: two `trainer.fit` calls in two threads, or one inside a user's own
+`@hydra.main` app, were told "GlobalHydra is already initialized" (or cleared the user's).
+Here a config is composed by Hydra's config loader directly, never touching `GlobalHydra`,
+and one composition at a time (the loader reads process-wide registries: the ConfigStore,
+the plugins, OmegaConf's resolvers).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 
 from hydra.errors import (
     ConfigCompositionException,
@@ -20,6 +28,11 @@ from omegaconf.errors import OmegaConfBaseException
 from trainer.config.errors import ConfigError
 from trainer.config.schema import config_dir
 
+# The version_base of the command line's @hydra.main (trainer.__main__).
+VERSION_BASE = "1.3"
+# One composition at a time in this process.
+_composing = threading.RLock()
+
 # Errors of a config that cannot be composed or checked: one line each, exit code 2.
 KNOWN_ERRORS = (ConfigError, ConfigCompositionException, OverrideParseException,
                 SearchPathException, OmegaConfBaseException)
@@ -29,10 +42,8 @@ def compose_from_args(args: list[str]) -> DictConfig | None:
     """The config (with its `hydra` node) these arguments would run, composed as Hydra
     composes it but without running anything or writing anything; None for commands that
     run no single job (`-m`, `--cfg`, `--help`, ...)."""
-    from hydra._internal.hydra import Hydra
     from hydra._internal.utils import create_config_search_path, get_args_parser
     from hydra.core.config_search_path import SearchPathQuery
-    from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
 
     parsed = get_args_parser().parse_args(args)
@@ -51,15 +62,47 @@ def compose_from_args(args: list[str]) -> DictConfig | None:
                        path=f"file://{os.path.abspath(parsed.config_dir)}",
                        anchor=SearchPathQuery(provider="schema"))
     try:
-        hydra_app = Hydra.create_main_hydra2(task_name="trainer", config_search_path=search)
-        return hydra_app.compose_config(parsed.config_name or "config", parsed.overrides,
-                                        run_mode=RunMode.MULTIRUN if parsed.multirun
-                                        else RunMode.RUN)
+        return _load(search, parsed.config_name or "config", parsed.overrides,
+                     RunMode.MULTIRUN if parsed.multirun else RunMode.RUN)
     except ValueError as error:  # Hydra's own for some malformed overrides, e.g. `=5`
         if isinstance(error, KNOWN_ERRORS):
             raise
         raise ConfigError(f"cannot use the overrides {' '.join(parsed.overrides)}: "
                           f"{str(error).strip().splitlines()[0]} (overrides are key=value, "
                           "e.g. epochs=3)") from None
-    finally:
-        GlobalHydra.instance().clear()
+
+
+def compose_in(folder: str, config_name: str, overrides: list[str]) -> DictConfig:
+    """`hydra.compose(config_name, overrides)` over the configs in `folder` (as under
+    `hydra.initialize_config_dir(folder)`), without its `hydra` node, and without touching
+    `GlobalHydra` (a user's Hydra app around the call keeps its own)."""
+    from hydra._internal.utils import create_config_search_path
+    from hydra.types import RunMode
+    from omegaconf import open_dict
+
+    search = create_config_search_path(f"file://{os.path.abspath(folder)}")
+    cfg = _load(search, config_name, list(overrides), RunMode.RUN, from_shell=False)
+    with open_dict(cfg):
+        cfg.pop("hydra", None)
+    return cfg
+
+
+def _load(search, config_name: str, overrides: list[str], run_mode,
+          from_shell: bool = True) -> DictConfig:
+    """What `Hydra.compose_config` returns, by its config loader alone, one at a time."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.utils import setup_globals
+    from hydra.version import VersionBase, setbase
+
+    with _composing:
+        setup_globals()  # the resolvers Hydra registers (`now`, `hydra`): as a Hydra app has
+        # The command line's version_base (its @hydra.main's); a user's app keeps its own.
+        versions = VersionBase.instance()
+        before = versions.getbase()
+        setbase(VERSION_BASE)
+        try:
+            return ConfigLoaderImpl(config_search_path=search).load_configuration(
+                config_name=config_name, overrides=overrides, run_mode=run_mode,
+                from_shell=from_shell)
+        finally:
+            versions.version_base = before
