@@ -14,6 +14,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 # (the suite ran about 7% faster, and used 10% less CPU). Set in the environment, so the
 # subprocesses the tests start do the same.
 os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+# The image folders' hash cache (trainer.data.fingerprint): the session's own, not the user's.
+if "TRAINER_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["TRAINER_CACHE_DIR"] = tempfile.mkdtemp(prefix="trainer-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["TRAINER_CACHE_DIR"], True)
 
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402

@@ -4,6 +4,7 @@ backup/ is gone are not trained over."""
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import numpy as np
@@ -105,3 +106,135 @@ def test_large_arrays_are_sampled_not_read_whole(monkeypatch):
     first = fingerprint.of_arrays(big)
     big[0, 0] = 1  # inside the first sample
     assert fingerprint.of_arrays(big) != first
+
+
+def _png(path, value, shape=(6, 5, 3)):
+    """An uncompressed PNG: its size depends on its shape alone, not on its pixels."""
+    import zlib
+
+    height, width, _ = shape
+    rows = b"".join(b"\x00" + bytes([value % 256]) * (width * 3) for _ in range(height))
+    def chunk(kind, data):
+        return (len(data).to_bytes(4, "big") + kind + data
+                + zlib.crc32(kind + data).to_bytes(4, "big"))
+    header = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes([8, 2, 0, 0, 0])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
+                     + chunk(b"IDAT", zlib.compress(rows, 0)) + chunk(b"IEND", b""))
+
+
+def _folder(root, per_class=4):
+    """Two class folders of same-size PNGs, `0.png`, `1.png`, ... in each; their files."""
+    for c, name in enumerate(("cat", "dog")):
+        for i in range(per_class):
+            _png(root / name / f"{i}.png", 40 * c + 7 * i + 1)
+    return _files(root, per_class)
+
+
+def _files(root, per_class=4):
+    return {"train": [(str(root / name / f"{i}.png"), c) for c, name in enumerate(("cat", "dog"))
+                      for i in range(per_class)]}
+
+
+def _swap(a, b):
+    a.rename(a.with_name("swap.tmp"))
+    b.rename(a)
+    a.with_name("swap.tmp").rename(b)
+
+
+def test_file_fingerprints_hash_contents_and_reread_only_changed_files(tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.setenv("TRAINER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(fingerprint, "RACY_NS", 0)  # files just written may be cached
+    root = tmp_path / "images"
+    files = _folder(root)
+    time.sleep(0.05)  # past the file system's clock tick
+
+    def take():
+        cache = fingerprint.HashCache(str(root))
+        return fingerprint.of_folder(files, str(root), cache), cache
+
+    cold, cache = take()
+    assert (cache.hashed, cache.reused) == (8, 0)
+    warm, cache = take()
+    assert warm == cold and (cache.hashed, cache.reused) == (0, 8)
+    # two files of one name and size swapped between class folders: new inodes, re-read
+    assert (root / "cat" / "1.png").stat().st_size == (root / "dog" / "1.png").stat().st_size
+    _swap(root / "cat" / "1.png", root / "dog" / "1.png")
+    swapped, cache = take()
+    assert (cache.hashed, cache.reused) == (2, 6)
+    assert swapped["train"]["sha256"] == cold["train"]["sha256"]  # names, sizes, classes
+    assert fingerprint.changes(cold, swapped) == [
+        "train has the same number of examples (8) with other contents"]
+    _swap(root / "cat" / "1.png", root / "dog" / "1.png")
+    assert take()[0] == cold
+    # a same-size rewrite whose mtime is set back: its ctime moved, so it is read again
+    time.sleep(0.05)
+    path = root / "cat" / "2.png"
+    before = path.stat()
+    _png(path, 200)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_size == before.st_size
+    rewritten, cache = take()
+    assert cache.hashed == 1 and fingerprint.changes(cold, rewritten) != []
+
+
+def test_a_fingerprint_from_before_content_hashes_compares_what_both_have(tmp_path):
+    root = tmp_path / "images"
+    now = fingerprint.of_folder(_folder(root), str(root))
+    old = {"train": {k: v for k, v in now["train"].items() if k != "content"}}
+    assert fingerprint.changes(old, now) == []
+    _swap(root / "cat" / "1.png", root / "dog" / "1.png")  # what an old backup cannot see
+    assert fingerprint.changes(old, fingerprint.of_folder(_files(root), str(root))) == []
+    old["train"]["examples"] = 9
+    assert fingerprint.changes(old, now) == ["train had 9 examples, now 8"]
+
+
+def test_the_same_folder_spelled_another_way_has_the_same_fingerprint(tmp_path, monkeypatch):
+    root = tmp_path / "images"
+    files = _folder(root)
+    (tmp_path / "link").symlink_to(root)
+    monkeypatch.chdir(tmp_path)
+    spelled = {"train": [(os.path.join("link", os.path.relpath(p, root)), c)
+                         for p, c in files["train"]]}
+    assert fingerprint.of_folder(spelled, "link") == fingerprint.of_folder(files, str(root))
+
+
+FOLDER_RESUME = [*FOLDER, "epochs=1", "dataset.validation_fraction=0.25",
+                 "dataset.test_fraction=0"]
+
+
+def test_a_same_size_swap_between_class_folders_is_refused_on_resume_and_in_evaluate(
+        tmp_path, capsys, monkeypatch):
+    """With the hashes cached (the folder older than the cache's caution), so the swap is
+    found by its changed inodes, not by a cold read."""
+    from trainer.evaluate import main as evaluate
+
+    monkeypatch.setattr(fingerprint, "RACY_NS", 0)
+    images, run_dir = tmp_path / "images", tmp_path / "run"
+    _folder(images, per_class=8)
+    cfg = make_config(*FOLDER_RESUME, f"dataset.path={images}")
+    train(cfg, run_dir)
+    (run_dir / ".hydra").mkdir()
+    OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
+    (run_dir / "summary.json").unlink()  # as if stopped before its end: a resume continues it
+    _swap(images / "cat" / "3.png", images / "dog" / "3.png")
+    before = _every_byte(run_dir)
+    more = make_config(*FOLDER_RESUME, f"dataset.path={images}", "epochs=2")
+    with pytest.raises(ConfigError, match=rf"the data of {run_dir} changed since it trained: "
+                                          r"(train|validation) has the same number of examples "
+                                          r"\(\d+\) with other contents"):
+        train(more, run_dir)
+    assert _every_byte(run_dir) == before  # .lock's bytes and times included
+    assert evaluate([str(run_dir)]) == 2
+    lines = error_lines(capsys.readouterr().err)
+    assert len(lines) == 1 and "with other contents" in lines[0], lines
+    _swap(images / "cat" / "3.png", images / "dog" / "3.png")
+    assert train(more, run_dir)["epochs_done"] == 2
+
+
+def _every_byte(run_dir):
+    """Each file's bytes and mtime_ns, by path (the lock file too)."""
+    return {str(p.relative_to(run_dir)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(run_dir.rglob("*")) if p.is_file()}

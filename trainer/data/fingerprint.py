@@ -5,19 +5,43 @@ meanwhile is refused in one line naming the role that changed, instead of resumi
 files (an image folder that gained files moves some former training files into validation)
 or scoring training examples as validation.
 
-- files: each file's path relative to the dataset folder, its size and its class;
+- files (an image folder): `sha256` over each file's path relative to the dataset folder,
+  its size and its class (all a backup from before content hashes has), and `content` over
+  the same with the SHA-256 of each file's bytes: a file rewritten at the same size, or two
+  files of one name and size swapped between class folders, changes `content`;
 - arrays: a SHA-256 of the arrays' bytes, shapes and dtypes (arrays over `FULL_BYTES` are
   sampled: 1 MiB at each of 64 evenly spaced places, so a fingerprint costs at most ~0.1 s);
 - any other source: the number of examples of each role (and the split it names).
+
+Two fingerprints are compared on the keys both have, so a backup written before `content`
+existed resumes on the same names, sizes and classes.
+
+What hashing the files costs, and what the cache of it misses: reading every file of a
+folder costs about as much as an epoch's decoding of small images. So each file's hash is
+kept in a cache file per dataset folder (`fingerprints/` under `TRAINER_CACHE_DIR`, by
+default `~/.cache/trainer`; never in the run directory, which a refused resume must leave
+byte for byte as it was, nor in the dataset folder), with the file's size, mtime_ns,
+ctime_ns and inode, and a file is read again only where one of them changed. A rename
+(a swap) changes the inode, and any write changes the ctime, which no program can set back;
+so a change the cache misses is one that keeps all four: a same-size rewrite that keeps the
+mtime, on a file system that keeps no ctime or inode of its own (some FUSE and network
+mounts). A file changed within `RACY_NS` of being hashed is not cached (its timestamps may
+not have moved yet). Delete the cache (or set `TRAINER_CACHE_DIR` elsewhere) to hash every
+file again; where the cache cannot be written, every file is hashed each time.
 
 Pure Python and NumPy: no TensorFlow.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
+import threading
+import time
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,14 +52,109 @@ FULL_BYTES = 64 << 20
 SAMPLES, SAMPLE_BYTES = 64, 1 << 20
 
 
+CACHE_ENV = "TRAINER_CACHE_DIR"
+# A file whose mtime or ctime is this close to the moment it was hashed is not cached: a
+# write in the same clock tick may not move them (2 s: FAT's and ext3's granularity).
+RACY_NS = 2_000_000_000
+READ_BYTES = 1 << 20
+
+
 def of_files(files: Iterable[tuple[str, int]], root: str) -> dict[str, Any]:
     """A role's fingerprint from `(path, class index)` pairs."""
-    digest, count = hashlib.sha256(), 0
-    for path, label in files:
-        size = os.stat(path).st_size
-        digest.update(f"{os.path.relpath(path, root)}\t{size}\t{label}\n".encode())
-        count += 1
-    return {"examples": count, "sha256": digest.hexdigest()[:32]}
+    return of_folder({"role": list(files)}, root)["role"]
+
+
+def of_folder(roles: Mapping[str, Iterable[tuple[str, int]]], root: str,
+              cache: HashCache | None = None) -> dict[str, dict[str, Any]]:
+    """Each role's fingerprint from its `(path, class index)` pairs, under one folder (one
+    read and one write of the folder's hash cache, or of `cache`)."""
+    cache = cache if cache is not None else HashCache(root)
+    found = {}
+    for role, files in roles.items():
+        names, content, count = hashlib.sha256(), hashlib.sha256(), 0
+        for path, label in files:
+            relative = os.path.relpath(path, root)
+            stat = os.stat(path)
+            line = f"{relative}\t{stat.st_size}\t{label}"
+            names.update(f"{line}\n".encode())
+            content.update(f"{line}\t{cache.hash(relative, path, stat)}\n".encode())
+            count += 1
+        found[role] = {"examples": count, "sha256": names.hexdigest()[:32],
+                       "content": content.hexdigest()[:32]}
+    cache.save()
+    return found
+
+
+def cache_dir() -> Path:
+    """Where trainer keeps what it may recompute: `TRAINER_CACHE_DIR`, else
+    `$XDG_CACHE_HOME/trainer`, else `~/.cache/trainer`."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "trainer"
+
+
+def file_hash(path: str) -> str:
+    """The SHA-256 of a file's bytes (32 hex digits)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(READ_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()[:32]
+
+
+class HashCache:
+    """The files' hashes of one dataset folder, by relative path, with the size, mtime_ns,
+    ctime_ns and inode each was hashed at (see the module's docstring for what it misses).
+
+    Attributes:
+        hashed: files read this time (a cache miss); `reused`: files whose hash was kept.
+    """
+
+    def __init__(self, root: str) -> None:
+        real = os.path.realpath(root)
+        key = hashlib.sha256(real.encode()).hexdigest()[:24]
+        self.path = cache_dir() / "fingerprints" / f"{key}.json"
+        self.started = time.time_ns()
+        self.hashed = self.reused = 0
+        self._old: dict[str, list] = {}
+        self._new: dict[str, list] = {}
+        self._root = real
+        try:
+            kept = json.loads(self.path.read_text())
+            if kept.get("root") == real and isinstance(kept.get("files"), dict):
+                self._old = kept["files"]
+        except (OSError, ValueError, AttributeError):
+            pass  # no cache yet, or a damaged one: every file is hashed
+
+    def hash(self, relative: str, path: str, stat: os.stat_result) -> str:
+        """`path`'s hash: the cached one where its size, times and inode are as cached."""
+        key = [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
+        kept = self._old.get(relative)
+        if isinstance(kept, list) and len(kept) == 5 and kept[:4] == key:
+            self.reused += 1
+            digest = kept[4]
+        else:
+            self.hashed += 1
+            digest = file_hash(path)
+        if max(stat.st_mtime_ns, stat.st_ctime_ns) < self.started - RACY_NS:
+            self._new[relative] = [*key, digest]
+        return digest
+
+    def save(self) -> None:
+        """Writes the hashes of this time's files (none of others), where anything changed;
+        a cache that cannot be written is left out silently (the next time hashes again)."""
+        if self._new == self._old:
+            return
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}-{threading.get_ident()}")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps({"root": self._root, "files": self._new},
+                                      separators=(",", ":")))
+            os.replace(tmp, self.path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
 
 
 def of_arrays(*structures: Any) -> dict[str, Any]:
@@ -90,7 +209,7 @@ def changes(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[str]:
     order = ("train", "validation", "test")
     for role in sorted(set(old) | set(new), key=lambda r: (order + (r,)).index(r)):
         before, after = old.get(role) or {}, new.get(role) or {}
-        if before == after:
+        if _same(before, after):
             continue
         if not before or not after:
             found.append(f"{role} {'appeared' if after else 'is gone'}")
@@ -101,6 +220,15 @@ def changes(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[str]:
             found.append(f"{role} has the same number of examples ({after.get('examples')}) "
                          "with other contents")
     return found
+
+
+def _same(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
+    """Whether two fingerprints of a role agree on what both have (an older one may lack
+    the content hash); two with nothing in common differ unless both are empty."""
+    common = set(before) & set(after)
+    if not common:
+        return not before and not after
+    return all(before[key] == after[key] for key in common)
 
 
 def of_source(source: Any) -> dict[str, Any]:

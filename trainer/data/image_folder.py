@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from trainer.data.fingerprint import of_files
+from trainer.data.fingerprint import of_folder
 from trainer.data.pipeline import DataError, Source
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
@@ -77,8 +77,8 @@ def load(path: str, image_size: int = 64, channels: int = 3, validation_fraction
                   explain=_explainer([n for r in files.values() for n, _ in r or []], path,
                                      channels),
                   class_names=list(classes),
-                  fingerprint={role: of_files(items, str(root))
-                               for role, items in files.items() if items})
+                  fingerprint=of_folder({role: items for role, items in files.items()
+                                         if items}, str(root)))
 
 
 def _role_folders(root: Path) -> dict[str, Path | None] | None:
