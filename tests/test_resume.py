@@ -416,3 +416,59 @@ def test_metric_state_assigned_across_replicas_reads_back_whole():
     assert float(mean.result()) == 4.0
     strategy.run(mean.update_state, args=(batches,))  # the steps after the resume add on
     assert [float(v.numpy()) for v in mean.variables] == [32.0, 8.0]
+
+
+def test_a_path_spelled_another_way_is_no_change(tmp_path, monkeypatch):
+    (tmp_path / "images").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "images")
+    monkeypatch.chdir(tmp_path)
+    state, config = _state()
+    config["dataset"] = {"path": "images"}
+    for spelling in (str(tmp_path / "images"), str(tmp_path / "link"), "./link/",
+                     str(tmp_path / "other" / ".." / "images")):
+        assert check_resume(Path("r"), state, _with(config, **{"dataset.path": spelling})) == {}
+    with pytest.raises(ConfigError, match=r"dataset.path from 'images' to "
+                                          rf"'{tmp_path / 'other'}'"):
+        check_resume(Path("r"), state, _with(config, **{"dataset.path": str(tmp_path / "other")}))
+    # only existing paths are compared as places: a missing folder's spellings differ
+    config["dataset"] = {"path": "gone"}
+    with pytest.raises(ConfigError, match=r"dataset.path from 'gone' to './gone'"):
+        check_resume(Path("r"), state, _with(config, **{"dataset.path": "./gone"}))
+
+
+def test_a_run_resumes_on_its_folder_spelled_through_a_symlink(tmp_path, monkeypatch):
+    from tests.conftest import make_config
+    from tests.test_data import write_images
+
+    write_images(tmp_path / "images")
+    (tmp_path / "link").symlink_to(tmp_path / "images")
+    monkeypatch.chdir(tmp_path)
+    folder = ["dataset=image_folder", "dataset.image_size=8", "verbose=0", "logger=[]",
+              "batch.per_replica=4", "model=small"]
+    run_dir = tmp_path / "run"
+    train(make_config(*folder, "dataset.path=images", "epochs=1"), run_dir)
+    summary = train(make_config(*folder, f"dataset.path={tmp_path / 'link'}", "epochs=2",
+                                f"resume={run_dir}"))
+    assert summary["epochs_done"] == 2
+    assert "dataset.path" not in (summary.get("resumed_from") or {}).get("changed", {})
+
+
+def _every_byte(run_dir: Path) -> dict[str, tuple[bytes, int]]:
+    """Each file's bytes and mtime_ns, by path, the lock file's included."""
+    return {str(p.relative_to(run_dir)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def test_a_refused_resume_leaves_every_byte_as_it_was_the_lock_file_included(tmp_path,
+                                                                             tiny_config):
+    run_dir = tmp_path / "run"
+    train(tiny_config("epochs=2", "checkpoint.backup_every=5"), run_dir)
+    (run_dir / "summary.json").unlink()  # as if stopped: a rerun continues it
+    (run_dir / ".lock").write_text("4242\n")  # the pid of the run that made it, long gone
+    os.utime(run_dir / ".lock", ns=(1_000_000_000, 1_000_000_000))
+    before = _every_byte(run_dir)
+    out = run_main("epochs=2", "verbose=0", "dataset.image_size=8", "logger=[]",
+                   "model=small", "seed=7", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert out.returncode == 2 and "with a changed config" in error_lines(out.stderr)[0]
+    assert _every_byte(run_dir) == before

@@ -6,9 +6,11 @@ anything is written: keys that change what is trained (model, dataset, optimizer
 seed, precision, loop, the global batch) are refused with one line naming each key, its old
 and its new value; keys that only change how the run is watched or how long it goes
 (epochs, logging, checkpoints, callbacks, speed options) are accepted and reported in the
-summary. Devices, accelerator, cluster, strategy and the micro-batch split may change when
-the global batch is fixed (`batch.global_size`): the run continues on another device count
-with the same global batch, learning rate, schedule position and data order.
+summary. A path spelled another way (relative or absolute, through a symlink, with `~`) is
+no change where both spellings name one existing file or folder. Devices, accelerator,
+cluster, strategy and the micro-batch split may change when the global batch is fixed
+(`batch.global_size`): the run continues on another device count with the same global
+batch, learning rate, schedule position and data order.
 
 Nothing here imports TensorFlow: the command line checks before Hydra writes `.hydra/`.
 """
@@ -16,6 +18,7 @@ Nothing here imports TensorFlow: the command line checks before Hydra writes `.h
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +70,18 @@ def _predates(key: str, old: dict[str, Any], now: dict[str, Any]) -> bool:
         and now.get("dataset.validation_split") != "auto"
 
 
+def same_place(before: Any, after: Any) -> bool:
+    """Whether two config values are two spellings of one existing file or folder (relative
+    and absolute, through a symlink, `~`): the same data, not a change. Values that are not
+    both existing paths are compared as they are."""
+    if not isinstance(before, str) or not isinstance(after, str) or not before or not after:
+        return False
+    try:
+        return os.path.samefile(os.path.expanduser(before), os.path.expanduser(after))
+    except (OSError, ValueError):  # either is not there (or not a path at all)
+        return False
+
+
 def _matches(key: str, names: tuple[str, ...]) -> bool:
     return any(key == name or key.startswith(name + ".") for name in names)
 
@@ -115,7 +130,8 @@ def check_resume(run_dir: Path, state: dict[str, Any] | None,
                           "continue it (its checkpoints are kept)")
     old, now = flatten(state["config"]), flatten(new)
     changed = {k: [old.get(k), now.get(k)] for k in sorted(set(old) | set(now))
-               if old.get(k) != now.get(k) and k != "resume" and not _predates(k, old, now)}
+               if old.get(k) != now.get(k) and k != "resume" and not _predates(k, old, now)
+               and not same_place(old.get(k), now.get(k))}
     fixed = now.get("batch.global_size")
     saved = state.get("global_batch")
     refused, elastic = [], []
