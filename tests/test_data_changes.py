@@ -159,6 +159,8 @@ def test_file_fingerprints_hash_contents_and_reread_only_changed_files(tmp_path,
     assert (cache.hashed, cache.reused) == (8, 0)
     warm, cache = take()
     assert warm == cold and (cache.hashed, cache.reused) == (0, 8)
+    listed = {path: os.stat(path) for path, _ in files["train"]}  # as image_folder lists
+    assert fingerprint.of_folder(files, str(root), stats=listed) == cold
     # two files of one name and size swapped between class folders: new inodes, re-read
     assert (root / "cat" / "1.png").stat().st_size == (root / "dog" / "1.png").stat().st_size
     _swap(root / "cat" / "1.png", root / "dog" / "1.png")

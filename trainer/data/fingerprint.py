@@ -65,22 +65,57 @@ def of_files(files: Iterable[tuple[str, int]], root: str) -> dict[str, Any]:
 
 
 def of_folder(roles: Mapping[str, Iterable[tuple[str, int]]], root: str,
-              cache: HashCache | None = None) -> dict[str, dict[str, Any]]:
-    """Each role's fingerprint from its `(path, class index)` pairs, under one folder (one
-    read and one write of the folder's hash cache, or of `cache`)."""
+              cache: HashCache | None = None,
+              stats: Mapping[str, os.stat_result] | None = None) -> dict[str, dict[str, Any]]:
+    """Each role's fingerprint from its `(path, class index)` pairs (paths as strings),
+    under one folder: one read and one write of the folder's hash cache (or of `cache`).
+
+    Args:
+        stats: the files' `os.stat` results where the caller has them (the folder's
+            listing took them): each file is then not stat'ed again.
+
+    On a warm cache the cost is a lean loop over the files (and their `stat`, where not
+    given); see scripts/bench_fingerprint.py.
+    """
     cache = cache if cache is not None else HashCache(root)
+    prefix = os.path.join(root, "") if root not in ("", ".") else None
+    cut = len(prefix or "")
+    stat, kept, fresh = os.stat, cache.kept, cache.fresh
+    given = stats or {}
+    settled = cache.started - RACY_NS
     found = {}
+    hashed = 0
     for role, files in roles.items():
-        names, content, count = hashlib.sha256(), hashlib.sha256(), 0
+        lines, digests = [], []
         for path, label in files:
-            relative = os.path.relpath(path, root)
-            stat = os.stat(path)
-            line = f"{relative}\t{stat.st_size}\t{label}"
-            names.update(f"{line}\n".encode())
-            content.update(f"{line}\t{cache.hash(relative, path, stat)}\n".encode())
-            count += 1
-        found[role] = {"examples": count, "sha256": names.hexdigest()[:32],
-                       "content": content.hexdigest()[:32]}
+            relative = (path[cut:] if prefix is not None and path.startswith(prefix)
+                        else os.path.relpath(path, root))
+            now = given.get(path) or stat(path)
+            size, mtime, ctime = now.st_size, now.st_mtime_ns, now.st_ctime_ns
+            entry = kept.get(relative)
+            try:
+                same = (entry[0] == size and entry[1] == mtime and entry[2] == ctime
+                        and entry[3] == now.st_ino)
+                digest = entry[4]
+            except (TypeError, IndexError, KeyError):  # none cached, or a damaged entry
+                same = False
+            if not same:
+                digest = file_hash(path)
+                hashed += 1
+                entry = [size, mtime, ctime, now.st_ino, digest]
+            if mtime < settled and ctime < settled:
+                fresh[relative] = entry
+            lines.append(f"{relative}\t{size}\t{label}")
+            digests.append(digest)
+        # each line ends in a newline (the content's with its file's hash before it)
+        names = "".join(line + "\n" for line in lines)
+        content = "".join(map("{}\t{}\n".format, lines, digests))
+        found[role] = {"examples": len(lines),
+                       "sha256": hashlib.sha256(names.encode()).hexdigest()[:32],
+                       "content": hashlib.sha256(content.encode()).hexdigest()[:32]}
+        cache.reused += len(lines)
+    cache.hashed += hashed
+    cache.reused -= hashed
     cache.save()
     return found
 
@@ -108,48 +143,35 @@ class HashCache:
     ctime_ns and inode each was hashed at (see the module's docstring for what it misses).
 
     Attributes:
+        kept: what the cache file held, `{relative path: [size, mtime_ns, ctime_ns, inode,
+            hash]}`; `fresh`: the same for this time's files, written by `save`.
         hashed: files read this time (a cache miss); `reused`: files whose hash was kept.
     """
 
     def __init__(self, root: str) -> None:
-        real = os.path.realpath(root)
-        key = hashlib.sha256(real.encode()).hexdigest()[:24]
+        self.root = os.path.realpath(root)
+        key = hashlib.sha256(self.root.encode()).hexdigest()[:24]
         self.path = cache_dir() / "fingerprints" / f"{key}.json"
         self.started = time.time_ns()
         self.hashed = self.reused = 0
-        self._old: dict[str, list] = {}
-        self._new: dict[str, list] = {}
-        self._root = real
+        self.kept: dict[str, list] = {}
+        self.fresh: dict[str, list] = {}
         try:
-            kept = json.loads(self.path.read_text())
-            if kept.get("root") == real and isinstance(kept.get("files"), dict):
-                self._old = kept["files"]
+            held = json.loads(self.path.read_text())
+            if held.get("root") == self.root and isinstance(held.get("files"), dict):
+                self.kept = held["files"]  # each entry checked where it is read
         except (OSError, ValueError, AttributeError):
             pass  # no cache yet, or a damaged one: every file is hashed
 
-    def hash(self, relative: str, path: str, stat: os.stat_result) -> str:
-        """`path`'s hash: the cached one where its size, times and inode are as cached."""
-        key = [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino]
-        kept = self._old.get(relative)
-        if isinstance(kept, list) and len(kept) == 5 and kept[:4] == key:
-            self.reused += 1
-            digest = kept[4]
-        else:
-            self.hashed += 1
-            digest = file_hash(path)
-        if max(stat.st_mtime_ns, stat.st_ctime_ns) < self.started - RACY_NS:
-            self._new[relative] = [*key, digest]
-        return digest
-
     def save(self) -> None:
-        """Writes the hashes of this time's files (none of others), where anything changed;
-        a cache that cannot be written is left out silently (the next time hashes again)."""
-        if self._new == self._old:
-            return
+        """Writes the hashes of this time's files (none of others') where they differ from
+        the file's; a cache that cannot be written is left out (the next time hashes again)."""
+        if not self.hashed and len(self.fresh) == len(self.kept):
+            return  # every file reused and kept again: the file holds exactly these
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}-{threading.get_ident()}")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps({"root": self._root, "files": self._new},
+            tmp.write_text(json.dumps({"root": self.root, "files": self.fresh},
                                       separators=(",", ":")))
             os.replace(tmp, self.path)
         except OSError:

@@ -8,7 +8,9 @@ fixed fractions, the same files on every run whatever the seed. No file is in tw
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -45,19 +47,21 @@ def load(path: str, image_size: int = 64, channels: int = 3, validation_fraction
     del seed
     root = Path(path).expanduser()
     roles = _role_folders(root)
+    stats: dict[str, os.stat_result] = {}  # the listing's, for the fingerprint
     if roles:
         classes = _classes(roles["train"], str(roles["train"]))
-        files = {"train": _files(roles["train"], classes)}
+        files = {"train": _files(roles["train"], classes, stats=stats)}
         for role in ("validation", "test"):
             if roles.get(role) is not None:
-                files[role] = _files(roles[role], classes, check_classes=True)
+                files[role] = _files(roles[role], classes, check_classes=True, stats=stats)
         if "validation" not in files:
             files["train"], files["validation"], _ = _split(files["train"],
                                                             validation_fraction, 0.0)
     else:
         classes = _classes(root, path)
         files = dict(zip(("train", "validation", "test"),
-                         _split(_files(root, classes), validation_fraction, test_fraction),
+                         _split(_files(root, classes, stats=stats), validation_fraction,
+                                test_fraction),
                          strict=True))
     _check_files([name for role_files in files.values() for name, _ in role_files or []])
     for role in ("train", "validation"):
@@ -78,7 +82,7 @@ def load(path: str, image_size: int = 64, channels: int = 3, validation_fraction
                                      channels),
                   class_names=list(classes),
                   fingerprint=of_folder({role: items for role, items in files.items()
-                                         if items}, str(root)))
+                                         if items}, str(root), stats=stats))
 
 
 def _role_folders(root: Path) -> dict[str, Path | None] | None:
@@ -90,17 +94,32 @@ def _role_folders(root: Path) -> dict[str, Path | None] | None:
             "test": root / "test" if (root / "test").is_dir() else None}
 
 
-def _files(folder: Path, classes: list[str], check_classes: bool = False) -> list[tuple]:
-    """`(path, class index)` of every image under `folder/<class>/`, in sorted order."""
+def _files(folder: Path, classes: list[str], check_classes: bool = False,
+           stats: dict[str, os.stat_result] | None = None) -> list[tuple]:
+    """`(path, class index)` of every image under `folder/<class>/`, in sorted order;
+    `stats` receives each one's `os.stat` (taken to tell a file from a folder anyway)."""
     if check_classes:
         extra = sorted(d.name for d in folder.iterdir() if d.is_dir() and _has_images(d)
                        and d.name not in classes)
         if extra:
             raise DataError(f"dataset=image_folder: {folder} has classes train/ lacks: "
                             f"{', '.join(extra)}; train/ has {', '.join(classes)}")
-    return [(str(f), index) for index, name in enumerate(classes) if (folder / name).is_dir()
-            for f in sorted((folder / name).rglob("*"))
-            if f.suffix.lower() in EXTENSIONS and f.is_file()]
+    stats = {} if stats is None else stats
+    found = []
+    for index, name in enumerate(classes):
+        if not (folder / name).is_dir():
+            continue
+        for file in sorted((folder / name).rglob("*")):
+            if file.suffix.lower() not in EXTENSIONS:
+                continue
+            try:
+                status = os.stat(file)
+            except OSError:  # gone meanwhile, or a broken link: not a file (as is_file says)
+                continue
+            if stat.S_ISREG(status.st_mode):
+                stats[str(file)] = status
+                found.append((str(file), index))
+    return found
 
 
 def _split(files: list[tuple], validation: float, test: float) -> tuple[list, list, list]:
