@@ -210,3 +210,17 @@ def test_a_refused_fit_keeps_no_lock(tmp_path):
         trainer.fit([*TINY, "seed=7"], run_dir=run_dir)
     assert lock.holder(run_dir) is None
 
+
+
+def test_resuming_a_run_still_starting_says_it_is_training(tmp_path):
+    from trainer.rundir.resume import check_resume_target
+
+    run_dir = tmp_path / "run"
+    with lock.acquire(run_dir):  # a run before its first backup: only its lock file
+        with pytest.raises(ConfigError) as refused:
+            check_resume_target(str(run_dir), None)
+    assert str(refused.value) == (f"resume={run_dir} is a run still training (pid "
+                                  f"{os.getpid()}), with nothing to resume from yet; wait for "
+                                  "it to end, then resume it")
+    with pytest.raises(ConfigError, match="is not a run directory"):  # its lock released
+        check_resume_target(str(run_dir), None)

@@ -24,6 +24,7 @@ from typing import Any
 
 from trainer.config.errors import ConfigError
 from trainer.rundir.layout import RunDir
+from trainer.rundir.lock import holder
 from trainer.rundir.names import check_name
 
 # Keys (and key prefixes) that may change on any resume.
@@ -225,6 +226,10 @@ def check_resume_target(resume: str | None, hydra_run_dir: str | None) -> None:
         return
     target = Path(resume)
     if not is_run_dir(target):
+        busy = holder(target)
+        if busy is not None:  # a run that has not written its first backup yet
+            raise ConfigError(f"resume={resume} is a run still training (pid {busy}), with "
+                              "nothing to resume from yet; wait for it to end, then resume it")
         raise ConfigError(f"resume={resume} is not a run directory (no backup/, checkpoints/ or "
                           "summary.json in it); pass the directory of an earlier run")
     if hydra_run_dir is None:
