@@ -17,7 +17,8 @@ Two fingerprints are compared on the keys both have, so a backup written before 
 existed resumes on the same names, sizes and classes.
 
 What hashing the files costs, and what the cache of it misses: reading every file of a
-folder costs about as much as an epoch's decoding of small images. So each file's hash is
+folder costs about a fifth of an epoch of small images (scripts/bench_fingerprint.py: 0.18 s
+for 10,000 32x32 PNGs, against 0.98 s for an epoch; 0.026 s warm). So each file's hash is
 kept in a cache file per dataset folder (`fingerprints/` under `TRAINER_CACHE_DIR`, by
 default `~/.cache/trainer`; never in the run directory, which a refused resume must leave
 byte for byte as it was, nor in the dataset folder), with the file's size, mtime_ns,
