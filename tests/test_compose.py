@@ -67,3 +67,14 @@ def test_fit_and_evaluate_inside_a_users_hydra_app(tmp_path):
         assert GlobalHydra.instance().hydra is users
     assert result.summary["epochs_done"] == 1
     assert evaluated["metrics"]["accuracy"] == result.summary["validation_metrics"]["accuracy"]
+
+
+def test_a_composition_is_the_command_lines_and_leaves_hydras_settings_as_they_were(tmp_path):
+    from hydra.core.utils import JobRuntime
+    from hydra.version import getbase
+
+    with initialize_config_dir(str(tmp_path), version_base="1.2", job_name="users_job"):
+        cfg = compose_from_args(["epochs=3"])
+        assert JobRuntime.instance().get("name") == "users_job"
+        assert str(getbase()) == "1.2"
+    assert cfg.hydra.job.name == "trainer" and cfg.hydra.runtime.version_base == "1.3"

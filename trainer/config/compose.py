@@ -81,28 +81,32 @@ def compose_in(folder: str, config_name: str, overrides: list[str]) -> DictConfi
     from omegaconf import open_dict
 
     search = create_config_search_path(f"file://{os.path.abspath(folder)}")
-    cfg = _load(search, config_name, list(overrides), RunMode.RUN, from_shell=False)
+    cfg = _load(search, config_name, list(overrides), RunMode.RUN, from_shell=False,
+                job_name="app")
     with open_dict(cfg):
         cfg.pop("hydra", None)
     return cfg
 
 
 def _load(search, config_name: str, overrides: list[str], run_mode,
-          from_shell: bool = True) -> DictConfig:
+          from_shell: bool = True, job_name: str = "trainer") -> DictConfig:
     """What `Hydra.compose_config` returns, by its config loader alone, one at a time."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra.core.utils import setup_globals
+    from hydra.core.utils import JobRuntime, setup_globals
     from hydra.version import VersionBase, setbase
 
     with _composing:
         setup_globals()  # the resolvers Hydra registers (`now`, `hydra`): as a Hydra app has
-        # The command line's version_base (its @hydra.main's); a user's app keeps its own.
-        versions = VersionBase.instance()
-        before = versions.getbase()
+        # The command line's version_base (its @hydra.main's) and job name, for this
+        # composition only: a user's app around it keeps its own.
+        versions, runtime = VersionBase.instance(), JobRuntime.instance()
+        before, name = versions.getbase(), runtime.get("name")
         setbase(VERSION_BASE)
+        runtime.set("name", job_name)
         try:
             return ConfigLoaderImpl(config_search_path=search).load_configuration(
                 config_name=config_name, overrides=overrides, run_mode=run_mode,
                 from_shell=from_shell)
         finally:
             versions.version_base = before
+            runtime.set("name", name)
