@@ -224,3 +224,12 @@ def test_resuming_a_run_still_starting_says_it_is_training(tmp_path):
                                   "it to end, then resume it")
     with pytest.raises(ConfigError, match="is not a run directory"):  # its lock released
         check_resume_target(str(run_dir), None)
+
+
+def test_a_thread_that_ends_holding_a_lock_leaves_it_free(tmp_path):
+    import gc
+
+    run_dir = tmp_path / "run"
+    _in_thread(lock.hold, run_dir)  # never released by its thread
+    gc.collect()
+    assert lock.holder(run_dir) is None

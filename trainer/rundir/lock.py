@@ -221,6 +221,12 @@ class RunLock:
         if mine.get(_key(self.run_dir)) is self:
             del mine[_key(self.run_dir)]
 
+    def __del__(self) -> None:
+        # A hold nobody keeps (its thread ended without releasing it) does not outlive it.
+        fd, self._fd = getattr(self, "_fd", None), None
+        if fd is not None:
+            os.close(fd)
+
     def __enter__(self) -> RunLock:
         return self
 
