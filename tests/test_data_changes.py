@@ -240,3 +240,19 @@ def _every_byte(run_dir):
     """Each file's bytes and mtime_ns, by path (the lock file too)."""
     return {str(p.relative_to(run_dir)): (p.read_bytes(), p.stat().st_mtime_ns)
             for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def test_a_backup_from_before_content_hashes_resumes(tmp_path):
+    import json
+
+    images, run_dir = tmp_path / "images", tmp_path / "run"
+    _folder(images, per_class=8)
+    train(make_config(*FOLDER_RESUME, f"dataset.path={images}"), run_dir)
+    (run_dir / "summary.json").unlink()
+    for state in (run_dir / "backup").glob("ckpt-*/state.json"):
+        kept = json.loads(state.read_text())
+        for role in kept["data"].values():
+            del role["content"]  # as a backup made before content hashes has it
+        state.write_text(json.dumps(kept))
+    more = make_config(*FOLDER_RESUME, f"dataset.path={images}", "epochs=2")
+    assert train(more, run_dir)["epochs_done"] == 2

@@ -233,3 +233,16 @@ def test_a_thread_that_ends_holding_a_lock_leaves_it_free(tmp_path):
     _in_thread(lock.hold, run_dir)  # never released by its thread
     gc.collect()
     assert lock.holder(run_dir) is None
+
+
+def test_a_lock_that_is_a_directory_is_one_line_from_the_command_line(tmp_path):
+    from tests.conftest import error_lines, run_main
+
+    run_dir = tmp_path / "run"
+    (run_dir / ".lock").mkdir(parents=True)
+    out = run_main(*TINY, f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert out.returncode == 2
+    assert error_lines(out.stderr) == [
+        f"error: run directory {run_dir} has a directory .lock where its lock file goes; "
+        f"remove {run_dir / '.lock'} (a run never makes it), or choose another hydra.run.dir"]
+    assert [p.name for p in run_dir.iterdir()] == [".lock"]
