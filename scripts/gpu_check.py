@@ -346,7 +346,7 @@ def use_devices(kind: str, names: tuple[str, ...]) -> None:
     logical GPUs of one physical GPU; its plan is replaced, the rest of its run is its own.
     """
     import trainer.run.train as train_module
-    from trainer.distribute.devices import DevicePlan
+    from trainer.distribute.device_plan import DevicePlan
 
     plan = DevicePlan(kind, (0,) if kind == "gpu" else (), 0, names)
     train_module.plan_devices = lambda *args, **kwargs: plan
@@ -472,7 +472,8 @@ def replicas_equal_work(ctx: Context) -> dict[str, Any]:
     """The worker of 1 vs 2 logical devices of one physical device: same final weights."""
     import tensorflow as tf
 
-    from trainer.distribute.strategy import choose_cross_device_ops, nccl_available
+    from trainer.distribute.runtime import nccl_available
+    from trainer.distribute.strategy import choose_cross_device_ops
 
     names = carve(ctx, 2)
     # TF32 (on by default from Ampere on) rounds float32 matmuls and convolutions to a 10-bit

@@ -8,7 +8,8 @@ import tensorflow as tf
 from omegaconf import OmegaConf
 
 from trainer.config.errors import ConfigError
-from trainer.data.augment import _affine, check, describe
+from trainer.data.augment import check, describe
+from trainer.data.augmenters import _affine
 from trainer.data.pipeline import build_training_epochs
 from trainer.run.train import train
 

@@ -218,7 +218,7 @@ def test_multi_worker_strategy_gets_the_communication_options(tmp_path):
     """`strategy.communication` reaches TensorFlow, and no per-collective timeout does (it
     would start a thread per collective). Own process: the strategy must come first."""
     code = (
-        "from trainer.distribute.strategy import build_strategy\n"
+        "from trainer.distribute.runtime import build_strategy\n"
         "s = build_strategy('multi_worker', ('/cpu:0',), 'collective (ring)', None, 'ring')\n"
         "o = s.extended._communication_options\n"
         "print(type(s).__name__, o.implementation.name, o.timeout_seconds, "

@@ -10,13 +10,8 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import LOGICAL_CPUS, REPO
-from trainer.distribute.devices import (
-    DeviceError,
-    DevicePlan,
-    configure_devices,
-    memory_option,
-    plan_devices,
-)
+from trainer.distribute.device_plan import DeviceError, DevicePlan, memory_option, plan_devices
+from trainer.distribute.devices import configure_devices
 
 
 @pytest.mark.parametrize("devices, visible", [

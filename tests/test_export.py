@@ -13,10 +13,11 @@ import pytest
 import tensorflow as tf
 
 import trainer.models.export as export
+import trainer.models.formats as formats
 from tests.conftest import error_lines, run_main
 from trainer.config.errors import ConfigError
 from trainer.config.validate import export_formats
-from trainer.models.checkpoint import load_checkpoint
+from trainer.run.restore import load_checkpoint
 from trainer.run.train import train
 from trainer.rundir.backup import tidy
 from trainer.rundir.layout import RunDir
@@ -54,7 +55,7 @@ def test_an_unknown_export_format_is_one_line_before_anything_runs(tmp_path):
 
 
 def test_onnx_without_its_converter_is_one_line_naming_the_extra(tmp_path, monkeypatch):
-    monkeypatch.setattr(export, "installed", lambda package: package != "tf2onnx")
+    monkeypatch.setattr(formats, "installed", lambda package: package != "tf2onnx")
     out = run_main("export=[saved_model,onnx]", f"hydra.run.dir={tmp_path / 'run'}",
                    cwd=tmp_path)
     lines = error_lines(out.stderr)
@@ -65,7 +66,7 @@ def test_onnx_without_its_converter_is_one_line_naming_the_extra(tmp_path, monke
 
 
 def test_train_refuses_a_missing_converter_before_training(tmp_path, tiny_config, monkeypatch):
-    monkeypatch.setattr(export, "installed", lambda package: False)
+    monkeypatch.setattr(formats, "installed", lambda package: False)
     with pytest.raises(ConfigError, match=r"pip install 'trainer\[onnx\]'"):
         train(tiny_config("export=[onnx]", "epochs=2"), run_dir=tmp_path)
     assert not any(tmp_path.iterdir())  # nothing trained, nothing written

@@ -12,14 +12,8 @@ from tests.test_resume import SigtermAt
 from trainer.config.errors import ConfigError, Interrupted
 from trainer.evaluate import load_checkpoint
 from trainer.run.train import train
-from trainer.task.finetune import (
-    FULL,
-    HEAD,
-    boundaries,
-    check,
-    phase_at,
-    scale_backbone_gradients,
-)
+from trainer.task.finetune import FULL, HEAD, boundaries, check, phase_at
+from trainer.task.freeze import scale_backbone_gradients
 
 TINY_APP = ["model._target_=test_finetune.tiny", "model.dropout=0", "dataset=synthetic",
             "dataset.train_examples=32", "dataset.validation_examples=8",

@@ -38,7 +38,8 @@ def gpu_memory():
 GROWTH = MEMORY + '''
 import json
 import tensorflow as tf
-from trainer.distribute.devices import configure_devices, memory_option, plan_devices
+from trainer.distribute.device_plan import memory_option, plan_devices
+from trainer.distribute.devices import configure_devices
 
 gpus = tf.config.list_physical_devices("GPU")
 before = gpu_memory()
@@ -57,7 +58,8 @@ print(json.dumps({
 LIMIT = '''
 import json
 import tensorflow as tf
-from trainer.distribute.devices import configure_devices, memory_option, plan_devices
+from trainer.distribute.device_plan import memory_option, plan_devices
+from trainer.distribute.devices import configure_devices
 
 
 def fits(mb):
@@ -80,8 +82,13 @@ import json, sys
 import keras
 import numpy as np
 import tensorflow as tf
-from trainer.distribute.strategy import (build_strategy, choose_cross_device_ops,
-                                         nccl_available)
+from trainer.distribute.runtime import (
+    apply_precision,
+    build_strategy,
+    compute_capability,
+    nccl_available,
+)
+from trainer.distribute.strategy import choose_cross_device_ops
 from trainer.run.loop import CustomLoop
 
 loop = sys.argv[1]

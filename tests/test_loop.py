@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer.distribute.strategy import build_strategy
+from trainer.distribute.runtime import build_strategy
 from trainer.run.accumulate import accumulating_train_step
 from trainer.run.loop import CustomLoop
 from trainer.run.step import build_from_one_replica, exact_train_step

@@ -6,11 +6,8 @@ import pytest
 import tensorflow as tf
 
 from trainer.config.errors import ConfigError
-from trainer.distribute.strategy import (
-    build_strategy,
-    choose_cross_device_ops,
-    choose_strategy,
-)
+from trainer.distribute.runtime import build_strategy
+from trainer.distribute.strategy import choose_cross_device_ops, choose_strategy
 
 
 @pytest.mark.parametrize("name, replicas, chosen", [

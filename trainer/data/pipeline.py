@@ -8,10 +8,12 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from keras.src.trainers.data_adapters.tf_dataset_adapter import make_class_weight_map_fn
 
 from trainer.config.errors import ConfigError
-from trainer.data.augment import PRESETS, batch_layers, batch_mixer, check, element_augmenter
+from trainer.data.augment import PRESETS, listed
 from trainer.data.augment import mixers as mixer_names
+from trainer.data.augmenters import batch_layers, batch_mixer, element_augmenter
 from trainer.data.fingerprint import of_arrays
 from trainer.plan.scaling import balanced_batch_sizes
 
@@ -103,26 +105,9 @@ class Source:
         Raises:
             DataError: an argument of the wrong type or size (one line naming it).
         """
-        if num_classes is not None and (isinstance(num_classes, bool)
-                                        or not isinstance(num_classes, int)
-                                        or num_classes < 1):
-            raise DataError(f"Source.from_arrays(num_classes=...) must be a positive int or "
-                            f"None; received: {num_classes!r}")
-        if (x_test is None) != (y_test is None):
-            raise DataError("Source.from_arrays needs x_test and y_test together; received "
-                            f"only {'x_test' if y_test is None else 'y_test'}")
-        sizes = {}
-        for name, value in (("x_train", x_train), ("y_train", y_train),
-                            ("x_validation", x_validation), ("y_validation", y_validation),
-                            ("x_test", x_test), ("y_test", y_test),
-                            ("sample_weight", sample_weight)):
-            if value is not None:
-                sizes[name] = examples_in(value, name)
-        for features, targets in (("x_train", "y_train"), ("x_validation", "y_validation"),
-                                  ("x_test", "y_test"), ("x_train", "sample_weight")):
-            if targets in sizes and sizes[features] != sizes[targets]:
-                raise DataError(f"Source.from_arrays: {features} holds {sizes[features]} "
-                                f"examples, {targets} {sizes[targets]}; they must match")
+        sizes = _checked_sizes(num_classes, x_train=x_train, y_train=y_train,
+                               x_validation=x_validation, y_validation=y_validation,
+                               x_test=x_test, y_test=y_test, sample_weight=sample_weight)
         outputs = None
         if num_classes is None and not isinstance(y_train, Mapping):
             outputs = int(np.prod(np.shape(y_train)[1:])) or 1
@@ -272,7 +257,7 @@ def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_
     arguments as `build_pipeline`.
     """
     prepared = prepare(dataset, preprocess, cache, scale)
-    items = check(augment)
+    items = listed(augment)
     presets = [i for i in items if isinstance(i, str) and i in PRESETS]
     mix = batch_mixer(mixer_names(items)) if mixer_names(items) else None
     per_element = element_augmenter(presets) if presets else None
@@ -280,44 +265,71 @@ def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_
     # an unseeded run still needs seeds for the stateless ops: one drawn for this run
     base = seed if seed is not None else int(np.random.default_rng().integers(1, 2**31 - 1))
 
-    if class_weight:
-        from keras.src.trainers.data_adapters.tf_dataset_adapter import (
-            make_class_weight_map_fn,
-        )
-
-        weigh = make_class_weight_map_fn(class_weight)  # Keras's own rule
+    weigh = make_class_weight_map_fn(class_weight) if class_weight else None  # Keras's rule
 
     def one_epoch(epoch):
         epoch_seed = None if seed is None else seed * 7919 + epoch
         source = prepared
         if per_element is not None:
-            source = prepared.shuffle(shuffle_buffer, seed=epoch_seed,
-                                      reshuffle_each_iteration=False).enumerate()
-            key = tf.cast(base, tf.int64) * 7919 + epoch
-
-            def augmented(position, element):
-                return per_element(*element, tf.stack([key, position]))
-
-            source = source.map(augmented, num_parallel_calls=tf.data.AUTOTUNE)
+            source = _per_element(prepared, per_element, shuffle_buffer, epoch_seed,
+                                  tf.cast(base, tf.int64) * 7919 + epoch)
         batches = _batches(source, global_batch, True, scale, epoch_seed,
                            shuffle_buffer if per_element is None else 0, drop_remainder,
                            replicas, examples, reshuffle=False)
         for layer in layers:
             batches = batches.map(lambda x, *rest, layer=layer: (layer(x, training=True), *rest),
                                   num_parallel_calls=tf.data.AUTOTUNE)
-        if mix is not None:
-            key = tf.cast(base, tf.int64) * 7919 + epoch + 104729  # apart from the images'
-
-            def mixed(position, batch):
-                return mix(*batch, tf.stack([key, position]))
-
-            batches = batches.enumerate().map(mixed, num_parallel_calls=tf.data.AUTOTUNE)
-        if class_weight:
+        if mix is not None:  # a key apart from the images'
+            batches = _keyed(batches, mix, tf.cast(base, tf.int64) * 7919 + epoch + 104729)
+        if weigh is not None:
             batches = batches.map(weigh, num_parallel_calls=tf.data.AUTOTUNE)
         return batches
 
     epochs_ds = tf.data.Dataset.range(first_epoch, epochs).flat_map(one_epoch)
     return epochs_ds.skip(skip_steps).prefetch(tf.data.AUTOTUNE).with_options(_options(seed))
+
+
+def _checked_sizes(num_classes: Any, **arrays: Any) -> dict[str, int]:
+    """The examples in each array `Source.from_arrays` was given, which must agree.
+
+    Raises:
+        DataError: a bad `num_classes`, a test split half given, or sizes that differ.
+    """
+    if num_classes is not None and (isinstance(num_classes, bool)
+                                    or not isinstance(num_classes, int) or num_classes < 1):
+        raise DataError(f"Source.from_arrays(num_classes=...) must be a positive int or "
+                        f"None; received: {num_classes!r}")
+    if (arrays["x_test"] is None) != (arrays["y_test"] is None):
+        raise DataError("Source.from_arrays needs x_test and y_test together; received "
+                        f"only {'x_test' if arrays['y_test'] is None else 'y_test'}")
+    sizes = {name: examples_in(value, name) for name, value in arrays.items()
+             if value is not None}
+    for features, targets in (("x_train", "y_train"), ("x_validation", "y_validation"),
+                              ("x_test", "y_test"), ("x_train", "sample_weight")):
+        if targets in sizes and sizes[features] != sizes[targets]:
+            raise DataError(f"Source.from_arrays: {features} holds {sizes[features]} "
+                            f"examples, {targets} {sizes[targets]}; they must match")
+    return sizes
+
+
+def _per_element(prepared: tf.data.Dataset, augment: Callable, shuffle_buffer: int,
+                 epoch_seed: int | None, key: Any) -> tf.data.Dataset:
+    """An epoch's examples shuffled, then each augmented with the seed (key, position)."""
+    source = prepared.shuffle(shuffle_buffer, seed=epoch_seed,
+                              reshuffle_each_iteration=False).enumerate()
+    return _keyed_map(source, augment, key)
+
+
+def _keyed(batches: tf.data.Dataset, mix: Callable, key: Any) -> tf.data.Dataset:
+    """Each batch mixed with the seed (key, position)."""
+    return _keyed_map(batches.enumerate(), mix, key)
+
+
+def _keyed_map(positioned: tf.data.Dataset, fn: Callable, key: Any) -> tf.data.Dataset:
+    def apply(position, element):
+        return fn(*element, tf.stack([key, position]))
+
+    return positioned.map(apply, num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def prepare(dataset: tf.data.Dataset, preprocess: Callable | None, cache: bool,

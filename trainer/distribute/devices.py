@@ -1,121 +1,48 @@
-"""Devices: which ones a run uses, hiding the rest, memory options, the logical CPU split.
-
-The decisions are pure functions of the device list (`plan_devices`, `memory_option`), so they
-are tested without a GPU; `configure_devices` applies a plan to TensorFlow, which must happen
-before its runtime starts. `python -m trainer.distribute.devices` lists what TensorFlow sees.
+"""Devices made real in TensorFlow: a device plan (`trainer.distribute.device_plan`) applied
+(visibility, memory, the logical CPU split), process-wide determinism, and
+`python -m trainer.distribute.devices`, which lists what TensorFlow sees. A build module
+(TensorFlow at the top): it must run before TensorFlow's runtime starts.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
 
-from trainer.config.errors import ConfigError
-from trainer.config.validate import parse_devices
+import tensorflow as tf
+from tensorflow.python.framework import config as tf_config
+
+from trainer.distribute.cluster import Cluster, slurm_devices
+from trainer.distribute.device_plan import DeviceError, DevicePlan, memory_option, plan_devices
 
 log = logging.getLogger(__name__)
 
 
-class DeviceError(ConfigError):
-    """A requested device that does not exist, or a device setup TensorFlow refuses."""
-
-
-@dataclass(frozen=True)
-class DevicePlan:
-    """The devices a run uses.
-
-    Attributes:
-        kind: `"gpu"` or `"cpu"`.
-        visible: physical GPU indices to keep visible (empty for a CPU run: all hidden).
-        logical_cpus: logical CPU devices to split the host into (0 keeps TensorFlow's one).
-        names: the devices the strategy places replicas on, e.g. `("/gpu:0", "/gpu:1")`.
-        warnings: what soft placement changed, for the log and the summary.
-    """
-
-    kind: str
-    visible: tuple[int, ...]
-    logical_cpus: int
-    names: tuple[str, ...]
-    warnings: tuple[str, ...] = ()
-
-
-def plan_devices(accelerator: str, devices: Any, num_gpus: int,
-                 soft_placement: bool = False) -> DevicePlan:
-    """Decides which devices a run uses.
+def open_devices(asked: Any, cluster: Cluster | None = None) -> DevicePlan:
+    """Chooses the devices a run asks for on this machine (a SLURM task's share of them in
+    a cluster), applies the plan, and returns it.
 
     Args:
-        accelerator: `"auto"`, `"gpu"` or `"cpu"`.
-        devices: `"auto"`, a count N, or a list of indices (see
-            `trainer.config.validate.parse_devices`).
-        num_gpus: physical GPUs TensorFlow sees (after `CUDA_VISIBLE_DEVICES`).
-        soft_placement: use what exists, with a warning, instead of failing.
-
-    Returns:
-        A `DevicePlan`.
+        asked: what the config asks (`accelerator`, `devices`, `soft_placement`,
+            `log_placement`, `memory_growth`, `memory_limit_mb`).
+        cluster: the multi-worker cluster, or None on one machine.
     """
-    spec = parse_devices(devices)
-    kind = accelerator if accelerator != "auto" else ("gpu" if num_gpus else "cpu")
-    if kind == "gpu" and not num_gpus:
-        if not soft_placement:
-            raise DeviceError("accelerator=gpu but TensorFlow sees no GPU; available: cpu "
-                              "(use accelerator=cpu, or soft_placement=true)")
-        return _cpu_plan(spec, ("no GPU found; using the CPU instead",))
-    return _gpu_plan(spec, num_gpus, soft_placement) if kind == "gpu" else _cpu_plan(spec)
+    gpus = len(tf.config.list_physical_devices("GPU"))
+    plan = plan_devices(asked.accelerator,
+                        slurm_devices(asked.devices, cluster, gpus, asked.accelerator),
+                        gpus, asked.soft_placement)
+    configure_devices(plan, memory_option(asked.memory_growth, asked.memory_limit_mb),
+                      asked.soft_placement, asked.log_placement)
+    return plan
 
 
-def _gpu_plan(spec: Any, num_gpus: int, soft_placement: bool) -> DevicePlan:
-    if spec == "auto":
-        wanted = tuple(range(num_gpus))
-    elif isinstance(spec, int):
-        wanted = tuple(range(spec))
-    else:
-        wanted = spec
-    missing = [i for i in wanted if i >= num_gpus]
-    warnings: tuple[str, ...] = ()
-    if missing:
-        message = (f"GPU {', '.join(map(str, missing))} requested by devices={_show(spec)} does "
-                   f"not exist; available GPUs: {', '.join(map(str, range(num_gpus)))}")
-        if not soft_placement:
-            raise DeviceError(message)
-        wanted = tuple(i for i in wanted if i < num_gpus) or (0,)
-        warnings = (message + f"; using GPU {', '.join(map(str, wanted))}",)
-    names = tuple(f"/gpu:{n}" for n in range(len(wanted)))  # renumbered once the rest are hidden
-    return DevicePlan("gpu", wanted, 0, names, warnings)
-
-
-def _cpu_plan(spec: Any, warnings: tuple[str, ...] = ()) -> DevicePlan:
-    if spec == "auto":
-        return DevicePlan("cpu", (), 0, ("/cpu:0",), warnings)
-    indices = tuple(range(spec)) if isinstance(spec, int) else spec
-    logical = max(indices) + 1
-    return DevicePlan("cpu", (), logical if logical > 1 else 0,
-                      tuple(f"/cpu:{i}" for i in indices), warnings)
-
-
-def _show(spec: Any) -> str:
-    return "[" + ",".join(map(str, spec)) + "]" if isinstance(spec, tuple) else str(spec)
-
-
-def memory_option(memory_growth: bool, memory_limit_mb: int | None) -> tuple[str, int | None]:
-    """Decides how TensorFlow may take GPU memory.
-
-    A memory cap and memory growth exclude each other in TensorFlow (a capped GPU becomes a
-    logical device, and growth cannot be set on those), so the cap wins when both are asked.
-
-    Args:
-        memory_growth: grow the allocation on demand instead of taking the whole GPU.
-        memory_limit_mb: a cap per GPU in MiB, or None.
-
-    Returns:
-        `("limit", mb)`, `("growth", None)` or `("all", None)` (TensorFlow's default).
-    """
-    if memory_limit_mb is not None:
-        if memory_limit_mb <= 0:
-            raise DeviceError(f"gpu.memory_limit_mb must be a positive number of MiB; "
-                              f"received: {memory_limit_mb}")
-        return ("limit", memory_limit_mb)
-    return ("growth", None) if memory_growth else ("all", None)
+def set_determinism(on: bool) -> None:
+    """TensorFlow's op determinism is process-wide: set it either way, so a second run in one
+    process (a notebook, a test session) gets what its own config says."""
+    if on:
+        tf.config.experimental.enable_op_determinism()
+    elif tf_config.is_op_determinism_enabled():
+        tf_config.disable_op_determinism()
 
 
 def configure_devices(plan: DevicePlan, memory: tuple[str, int | None],
@@ -131,8 +58,6 @@ def configure_devices(plan: DevicePlan, memory: tuple[str, int | None],
     Raises:
         DeviceError: when TensorFlow's runtime already started with a different device setup.
     """
-    import tensorflow as tf
-
     for warning in plan.warnings:
         log.warning(warning)
     gpus = tf.config.list_physical_devices("GPU")
@@ -174,8 +99,6 @@ def _check_already_started(tf: Any, plan: DevicePlan) -> None:
 
 def describe_devices() -> str:
     """Lists the physical and logical devices TensorFlow sees, one per line."""
-    import tensorflow as tf
-
     lines = ["physical devices:"]
     for d in tf.config.list_physical_devices():
         details = tf.config.experimental.get_device_details(d) if d.device_type == "GPU" else {}

@@ -1,5 +1,5 @@
 """Model builders, each named by a model YAML's `_target_` (`trainer.models.cnn.build`), and
-the loading of a run's `.keras` checkpoint.
+export to serving formats (`formats`, checked in the pre-flight; `export`).
 
-May import `config/`, `plan/` and `rundir/`.
+May import `config/` and `rundir/` (never `plan/`).
 """

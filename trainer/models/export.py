@@ -15,14 +15,13 @@ A mismatch is one line naming the format and the largest difference.
 - `onnx`: Keras's ONNX export (`format="onnx"`, tf2onnx under TensorFlow), run with
   onnxruntime; both come with `pip install 'trainer[onnx]'`.
 
-`check_converters` runs in the pre-flight, before TensorFlow starts: nothing at the top of
-this module imports it.
+A build module (TensorFlow at the top); `trainer.models.formats.check_converters` runs in
+the pre-flight, before TensorFlow starts.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import logging
 import os
@@ -33,7 +32,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import keras
 import numpy as np
+import tensorflow as tf
 
 from trainer.config.errors import ConfigError
 from trainer.rundir.layout import RunDir
@@ -43,33 +44,8 @@ log = logging.getLogger(__name__)
 # The largest difference from the Keras model's outputs each format may show: absolute for
 # outputs up to 1 in size (probabilities, logits near zero), relative beyond.
 TOLERANCES = {"saved_model": 1e-5, "tflite": 1e-3, "onnx": 1e-4}
-# What a format needs beyond TensorFlow, to convert and to run the check; the extra of the
-# same name installs it.
-PACKAGES = {"onnx": ("tf2onnx", "onnx", "onnxruntime")}
 # Validation examples each file is checked on (the first batch, at most this many).
 CHECKED_EXAMPLES = 16
-
-
-def installed(package: str) -> bool:
-    """Whether a package can be imported (without importing it)."""
-    return importlib.util.find_spec(package) is not None
-
-
-def check_converters(formats: Sequence[str]) -> None:
-    """Refuses, before training, an export format whose converter or runtime is missing.
-
-    Args:
-        formats: the export formats (`trainer.config.validate.export_formats`).
-
-    Raises:
-        ConfigError: naming the format, the missing packages and the extra to install.
-    """
-    for name in formats:
-        missing = [package for package in PACKAGES.get(name, ()) if not installed(package)]
-        if missing:
-            rest = ",".join(f for f in formats if f != name)
-            raise ConfigError(f"export {name} needs {', '.join(missing)}, not installed: "
-                              f"pip install 'trainer[{name}]' (or drop it: export=[{rest}])")
 
 
 def export_model(model: Any, run_dir: str | Path, formats: Sequence[str],
@@ -114,8 +90,6 @@ def export_model(model: Any, run_dir: str | Path, formats: Sequence[str],
 
 def first_inputs(validation: Any) -> Any:
     """The inputs of the first validation batch, at most `CHECKED_EXAMPLES`, as NumPy."""
-    import keras
-
     batch = next(iter(validation))
     inputs = batch[0] if isinstance(batch, (tuple, list)) else batch
     return keras.tree.map_structure(lambda x: np.asarray(x)[:CHECKED_EXAMPLES], inputs)
@@ -149,8 +123,6 @@ def check_difference(name: str, difference: float, examples: int,
 
 
 def _flat(outputs: Any) -> list[np.ndarray]:
-    import keras
-
     return [np.asarray(x) for x in keras.tree.flatten(outputs)]
 
 
@@ -185,8 +157,6 @@ def _write_onnx(model: Any, path: Path) -> None:
 
 
 def _run_saved_model(path: Path, inputs: Any) -> Any:
-    import tensorflow as tf
-
     loaded = tf.saved_model.load(str(path))  # held: `serve` alone does not keep its variables
     return loaded.serve(inputs)
 
@@ -195,8 +165,6 @@ def _in_order(names: Sequence[str], inputs: Any) -> dict[str, Any]:
     """Inputs by a runtime's input names: by name where they are the model's, else in order."""
     if isinstance(inputs, dict) and set(names) == set(inputs):
         return dict(inputs)
-    import keras
-
     flat = keras.tree.flatten(inputs)
     if len(flat) != len(names):
         raise ValueError(f"the exported model takes {len(names)} inputs; the data has "
@@ -218,8 +186,6 @@ def _run_tflite(path: Path, inputs: Any) -> list[np.ndarray]:
 
 
 def _interpreter() -> Callable:
-    import tensorflow as tf
-
     lite = getattr(tf, "lite", None)
     if lite is not None and hasattr(lite, "Interpreter"):
         return lite.Interpreter  # with TensorFlow's own ops (SELECT_TF_OPS)

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import keras
 from keras import ops
+
+from trainer.config.schema import LrPlan
+from trainer.plan.scaling import scaled_learning_rate
+from trainer.plan.scaling import warmup_steps as to_steps
 
 
 @keras.saving.register_keras_serializable(package="trainer")
@@ -65,3 +71,34 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
                 "warmup_steps": self.warmup_steps, "total_steps": self.total_steps,
                 "decay": self.decay, "decay_rate": self.decay_rate,
                 "decay_steps": self.decay_steps, "staircase": self.staircase}
+
+
+@dataclass(frozen=True)
+class LearningRate:
+    """The learning-rate plan: `base` at `reference_batch`, `scaled` to the global batch."""
+
+    base: float
+    scaled: float
+    rule: str
+    reference_batch: int
+    warmup_steps: int
+    decay: str
+    schedule: Any
+
+    def report(self) -> dict[str, Any]:
+        """The plan as the summary shows it (the schedule object left out)."""
+        return {"base": self.base, "scaled": self.scaled, "rule": self.rule,
+                "reference_batch": self.reference_batch, "warmup_steps": self.warmup_steps,
+                "decay": self.decay}
+
+
+def learning_rate(plan: LrPlan, global_batch: int, steps: int, epochs: int) -> LearningRate:
+    """The scaled rate, warm-up and decay for a global batch, as one Keras schedule."""
+    scaled = scaled_learning_rate(plan.lr, global_batch, plan.reference_batch, plan.lr_scaling)
+    warm = to_steps(plan.warmup_epochs, steps)
+    schedule = WarmupSchedule(plan.lr, scaled, warm, steps * epochs, plan.decay,
+                              plan.decay_rate, to_steps(plan.decay_epochs, steps),
+                              plan.staircase)
+    return LearningRate(base=plan.lr, scaled=scaled, rule=plan.lr_scaling,
+                        reference_batch=plan.reference_batch, warmup_steps=warm,
+                        decay=plan.decay, schedule=schedule)

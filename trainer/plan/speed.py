@@ -83,21 +83,3 @@ def _steps(value: Any, replicas: int, loop: str) -> tuple[int, str]:
         raise ConfigError("steps_per_execution must be auto or a positive integer; "
                           f"received: {value!r}")
     return value, f"steps_per_execution={value}: asked for"
-
-
-def compute_capability() -> tuple[int, int] | None:
-    """The first visible GPU's compute capability, None without GPUs."""
-    import tensorflow as tf
-
-    gpus = tf.config.list_physical_devices("GPU")
-    if not gpus:
-        return None
-    details = tf.config.experimental.get_device_details(gpus[0])
-    return details.get("compute_capability")
-
-
-def apply_precision(precision: str) -> None:
-    """Sets Keras's global dtype policy before the model is built."""
-    import keras
-
-    keras.config.set_dtype_policy(precision)

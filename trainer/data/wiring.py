@@ -1,0 +1,145 @@
+"""A run's data wired from its config: the source built, its splits batched for training
+(epoch by epoch, resumable mid-epoch), validation and test; class weights and label mixing
+checked against the source.
+
+A build module: TensorFlow is imported at the top; the run imports it after the devices are
+set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import tensorflow as tf
+
+from trainer.config.build import build_object
+from trainer.config.errors import ConfigError
+from trainer.data.augment import check_inputs, mixers
+from trainer.data.pipeline import Source, build_pipeline, build_training_epochs
+
+# Dataset options that are the pipeline's, not the source builder's.
+PIPELINE_KEYS = ("cache", "shuffle_buffer")
+
+
+@dataclass(frozen=True)
+class Data:
+    """A run's data: the source, a maker of training epochs, the validation batches, and the
+    test batches (None without a test split).
+
+    `make_train(first_epoch, end_epoch, skip_steps)` returns the training batches of those
+    epochs as one dataset, skipping the steps a resumed run already did.
+    """
+
+    source: Any
+    make_train: Callable[[int, int, int], Any]
+    validation: Any
+    test: Any = None
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How the run batches: the global batch over `shards` (replicas x micro-batches, so
+    every shard of a last partial batch is non-empty), and evaluation's `eval_batch` over
+    `replicas` (one micro-batch per replica; None: the global batch over the shards)."""
+
+    global_batch: int
+    shards: int
+    eval_batch: int | None = None
+    replicas: int = 1
+    drop_remainder: bool = False
+
+
+def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = None,
+               augment: Any = None, class_weight: dict[int, float] | None = None) -> Data:
+    """Loads the dataset a config node names, with its training epochs and evaluation
+    batches.
+
+    Args:
+        dataset: the `dataset` node (`_target_` and its options, pipeline keys included).
+        batching: the batch sizes.
+        seed: the run's runtime seed (shuffling, augmentation).
+        augment: the `augment` presets and nodes (training only).
+        class_weight: per-class weights of the training examples.
+    """
+    options = dict(dataset)
+    pipeline = {key: options.pop(key) for key in PIPELINE_KEYS if key in options}
+    source = build_object(options, "dataset", seed=seed)
+    if not isinstance(source, Source):
+        raise ConfigError(f"dataset {options['_target_']} must return a trainer.data.Source "
+                          f"(Source.from_arrays for arrays); received: {type(source).__name__}")
+    check_inputs(augment, source.input_shape, options["_target_"])
+    source = one_hot_if_mixing(augment, source)
+    check_class_weight(class_weight, source)
+    common = dict(preprocess=source.preprocess, scale=source.scale, seed=seed, **pipeline)
+
+    def make_train(first_epoch: int, epochs: int, skip_steps: int):
+        return build_training_epochs(source.train, batching.global_batch,
+                                     first_epoch=first_epoch, epochs=epochs,
+                                     skip_steps=skip_steps,
+                                     drop_remainder=batching.drop_remainder,
+                                     examples=source.train_size, replicas=batching.shards,
+                                     augment=augment, class_weight=class_weight, **common)
+
+    def evaluation(split, examples, cache=None):
+        options = common if cache is None else {**common, "cache": cache}
+        return build_pipeline(split, batching.eval_batch or batching.global_batch,
+                              training=False, examples=examples,
+                              replicas=(batching.shards if batching.eval_batch is None
+                                        else batching.replicas), **options)
+
+    # The test split is read once, at the end: no cache holding it through the run.
+    test = (evaluation(source.test, source.test_size, cache=False)
+            if source.test is not None and source.test_size > 0 else None)
+    return Data(source=source, make_train=make_train,
+                validation=evaluation(source.validation, source.validation_size), test=test)
+
+
+def check_class_weight(weights: dict[int, float] | None, source: Any) -> None:
+    """Refuses class weights Keras would refuse or that name no class of the dataset."""
+    if weights is None:
+        return
+    spec = source.train.element_spec
+    if source.num_classes is None or isinstance(spec[1], dict):
+        raise ConfigError("class_weight weighs the classes of one class target; this dataset "
+                          + ("has no classes (a regression target)" if source.num_classes is None
+                             else "has a target per output") + "; remove class_weight")
+    if len(spec) > 2:
+        raise ConfigError("class_weight and the dataset's own sample weights cannot be combined "
+                          "(as in Keras's fit); remove class_weight or the sample weights")
+    beyond = sorted(k for k in weights if k >= source.num_classes)
+    if beyond:
+        raise ConfigError(f"class_weight names class {beyond[0]}; this dataset has "
+                          f"{source.num_classes} classes (0-{source.num_classes - 1})")
+
+
+def one_hot_if_mixing(augment: Any, source: Any) -> Any:
+    """Every split's labels one-hot where MixUp or CutMix mixes them (the same shape for
+    training and evaluation, so the loss and the metrics read both)."""
+    names = mixers(list(augment or []))
+    if not names:
+        return source
+    if source.num_classes is None:
+        raise ConfigError(f"augment {', '.join(names)} mixes class labels; this dataset's "
+                          "targets are not classes")
+    classes = source.num_classes
+
+    def hot(split):
+        if split is None:
+            return None
+        return split.map(lambda x, y, *rest: (x, tf.one_hot(tf.cast(y, tf.int32), classes),
+                                              *rest))
+
+    return dataclasses.replace(source, train=hot(source.train),
+                               validation=hot(source.validation), test=hot(source.test))
+
+
+def loss_for_labels(loss: Any, augment: Any) -> Any:
+    """The loss that reads the labels as the pipeline gives them: MixUp / CutMix make every
+    split's labels one-hot, so `sparse_categorical_crossentropy` becomes
+    `categorical_crossentropy` there."""
+    if mixers(list(augment or [])) and loss == "sparse_categorical_crossentropy":
+        return "categorical_crossentropy"
+    return loss
