@@ -27,7 +27,6 @@ from omegaconf import DictConfig
 
 from trainer.config.errors import EXIT_CONFIG, EXIT_INTERRUPTED, ConfigError
 from trainer.config.metrics import sweep_mode
-from trainer.distribute.cluster import resolve_cluster
 from trainer.rundir.atomic import write_json
 from trainer.rundir.layout import RunDir
 
@@ -198,13 +197,21 @@ def in_sweep() -> bool:
 _STOPS_SWEEP = (EXIT_INTERRUPTED, 130, -2, -15)
 
 
-def run_job_in_subprocess(cfg: DictConfig, full_error: bool = False) -> Any:
+def run_job_in_subprocess(cfg: DictConfig, full_error: bool = False,
+                          cluster: Any = None) -> Any:
     """Runs one sweep job as `python -m trainer` in a fresh process.
 
     TensorFlow's devices can be set once per process, before its runtime starts, and Hydra's
     basic launcher runs every job of a sweep in this one process; so each job re-executes
     itself with its own overrides, writing into the job's own directory. The job's stderr is
     passed through, its last line kept as the reason of a failed trial.
+
+    Args:
+        cfg: the job's config.
+        full_error: the user asked for whole tracebacks (`HYDRA_FULL_ERROR=1`).
+        cluster: the job's multi-worker cluster where it has several tasks (a SLURM
+            launcher's nodes x tasks: each task a worker, the chief writing the job's
+            directory and reporting, the others only training); None for one.
 
     Returns:
         The value of `optimized_metric` where it is set (what an optimizing sweeper needs),
@@ -219,14 +226,6 @@ def run_job_in_subprocess(cfg: DictConfig, full_error: bool = False) -> Any:
     out = Path(hc.runtime.output_dir)
     command = [sys.executable, "-m", "trainer", *config_options(), *hc.overrides.task,
                "hydra.mode=RUN", f"hydra.run.dir={out}", f"hydra.job.name={hc.job.name}"]
-    # A job of several tasks (a SLURM launcher's nodes x tasks): each task is a worker;
-    # the chief writes the job's directory and reports, the others only train.
-    try:
-        cluster = resolve_cluster(list(cfg.cluster.workers), cfg.cluster.task_index,
-                                  os.environ.get("TF_CONFIG"), os.environ,
-                                  cfg.cluster.port_base)
-    except ConfigError:
-        cluster = None  # the job itself says what is wrong, and fails this trial only
     chief = cluster is None or cluster.is_chief
     if not chief:
         command.append("hydra.output_subdir=null")
@@ -240,6 +239,18 @@ def run_job_in_subprocess(cfg: DictConfig, full_error: bool = False) -> Any:
             "value": None, "status": "failed", "exit_code": EXIT_CONFIG,
             "error": str(error)}, "max")
         raise TrialFailed(f"sweep job {hc.job.num}: {error}", EXIT_CONFIG) from None
+    code, last = _run_job(command, full_error)
+    if not chief:
+        if code:
+            raise TrialFailed(f"sweep job {hc.job.num}, worker {cluster.task_id}: "
+                              f"{last.removeprefix('error: ') or f'exit code {code}'}", code)
+        return None
+    return _report_trial(hc, out, code, last, metric, optimized, mode)
+
+
+def _run_job(command: list[str], full_error: bool) -> tuple[int, str]:
+    """Runs the job's process, passing its stderr on; returns its exit code and the last
+    line it wrote there."""
     env = {**os.environ, CHILD_ENV: "1"}
     if not full_error:
         env.pop("HYDRA_FULL_ERROR", None)
@@ -264,12 +275,12 @@ def run_job_in_subprocess(cfg: DictConfig, full_error: bool = False) -> Any:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         relay()
         sys.exit(process.wait() or EXIT_INTERRUPTED)
-    code = process.wait()
-    if not chief:
-        if code:
-            raise TrialFailed(f"sweep job {hc.job.num}, worker {cluster.task_id}: "
-                              f"{last.removeprefix('error: ') or f'exit code {code}'}", code)
-        return None
+    return process.wait(), last
+
+
+def _report_trial(hc: Any, out: Path, code: int, last: str, metric: str,
+                  optimized: str | None, mode: str) -> Any:
+    """Records the chief's trial in the table; returns the job's value (or summary)."""
     trial = {"job": hc.job.num, "overrides": list(hc.overrides.task), "metric": metric,
              "value": None, "status": "failed", "exit_code": code, "error": None}
     summary = None

@@ -32,10 +32,33 @@ def _numbers(logs: Mapping | None) -> dict[str, float]:
 
 
 class Tracker(keras.callbacks.Callback):
-    """A tracker: per-epoch logs through Keras's callback calls, plus the run's end."""
+    """A tracker: per-epoch logs through Keras's callback calls, plus the run's end.
+
+    The protocol a tracker (built-in or a user's own Keras callback) may follow, each part
+    optional: `finish(summary, status)` once at the run's end, and `logged_at(run_dir)`,
+    `(name, how to look at it)` for the summary.
+    """
 
     def finish(self, summary: dict[str, Any] | None, status: str) -> None:
         """Called once when the run ends: `status` is FINISHED, FAILED or KILLED."""
+
+    def logged_at(self, run_dir: Path) -> tuple[str, str] | None:
+        """(name, where it logged) for the summary; None where there is nothing to say."""
+        return None
+
+
+class TensorBoardTracker(keras.callbacks.TensorBoard):
+    """Keras's TensorBoard callback, saying where it wrote."""
+
+    def logged_at(self, run_dir: Path) -> tuple[str, str]:
+        return "tensorboard", f"tensorboard --logdir {RunDir(run_dir).tensorboard}"
+
+
+class CsvTracker(keras.callbacks.CSVLogger):
+    """Keras's CSVLogger, saying where it wrote."""
+
+    def logged_at(self, run_dir: Path) -> tuple[str, str]:
+        return "csv", str(self.filename)
 
 
 class MlflowTracker(Tracker):
@@ -146,6 +169,10 @@ class MlflowTracker(Tracker):
     def ui_command(self) -> str:
         return f"mlflow ui --backend-store-uri {self.uri}"
 
+    def logged_at(self, run_dir: Path) -> tuple[str, str]:
+        return "mlflow", (f"{self.ui_command()} (run {self.run_id}; artifacts in "
+                          f"{self.artifacts()})")
+
     def artifacts(self) -> str:
         """Where this run's artifacts go: a local folder, or the URI of a remote store."""
         folder = local_path(str(self.artifact_uri)) if self.artifact_uri else None
@@ -176,6 +203,9 @@ class WandbTracker(Tracker):
             settings=wandb.Settings(silent=True, console="off"), reinit="finish_previous")
         self.place = Path(self.run.dir).parent  # wandb/offline-run-<time>-<id>
 
+    def logged_at(self, run_dir: Path) -> tuple[str, str]:
+        return "wandb", f"{self.place} (upload: wandb sync {self.place})"
+
     def on_epoch_end(self, epoch, logs=None):
         self.run.log({**_numbers(logs), "epoch": epoch}, step=epoch)
 
@@ -194,7 +224,7 @@ class WandbTracker(Tracker):
 def tensorboard(run_dir: Path, params: dict[str, Any], chief: bool,
                 update_freq: Any = "epoch", profile: Any = None) -> keras.callbacks.Callback:
     """`logger=[tensorboard]`: Keras's TensorBoard callback, in `RUN_DIR/tensorboard`."""
-    return keras.callbacks.TensorBoard(
+    return TensorBoardTracker(
         str(RunDir(run_dir).tensorboard), update_freq=update_freq,
         profile_batch=tuple(profile) if profile is not None and chief else 0)
 
@@ -202,7 +232,7 @@ def tensorboard(run_dir: Path, params: dict[str, Any], chief: bool,
 def csv(run_dir: Path, params: dict[str, Any], chief: bool,
         filename: str = "metrics.csv") -> keras.callbacks.Callback | None:
     """`logger=[csv]`: one row per epoch in `RUN_DIR/metrics.csv` (the chief's only)."""
-    return keras.callbacks.CSVLogger(str(run_dir / filename), append=True) if chief else None
+    return CsvTracker(str(run_dir / filename), append=True) if chief else None
 
 
 def mlflow(run_dir: Path, params: dict[str, Any], chief: bool,
@@ -273,25 +303,17 @@ def _in_one_line(error: BaseException) -> str:
 def finish_trackers(trackers: list, summary: dict[str, Any] | None, status: str) -> None:
     """Ends every tracker's run; a tracker's own failure at the end is one warning."""
     for tracker in trackers:
-        if isinstance(tracker, Tracker):
-            try:
-                tracker.finish(summary, status)
-            except Exception as error:  # the run itself is done and saved
-                logging.getLogger(__name__).warning("logger %s could not finish: %s",
-                                                    type(tracker).__name__, error)
+        finish = getattr(tracker, "finish", None)
+        if finish is None:
+            continue
+        try:
+            finish(summary, status)
+        except Exception as error:  # the run itself is done and saved
+            logging.getLogger(__name__).warning("logger %s could not finish: %s",
+                                                type(tracker).__name__, error)
 
 
 def logged_to(trackers: Any, run_dir: Path) -> dict[str, str]:
     """Where each tracker wrote, for the summary (how to look at it)."""
-    where: dict[str, str] = {}
-    for tracker in trackers:
-        if isinstance(tracker, keras.callbacks.TensorBoard):
-            where["tensorboard"] = f"tensorboard --logdir {RunDir(run_dir).tensorboard}"
-        elif isinstance(tracker, keras.callbacks.CSVLogger):
-            where["csv"] = str(tracker.filename)
-        elif isinstance(tracker, MlflowTracker):
-            where["mlflow"] = (f"{tracker.ui_command()} (run {tracker.run_id}; artifacts in "
-                               f"{tracker.artifacts()})")
-        elif isinstance(tracker, WandbTracker):
-            where["wandb"] = f"{tracker.place} (upload: wandb sync {tracker.place})"
-    return where
+    found = [getattr(t, "logged_at", lambda _: None)(run_dir) for t in trackers]
+    return dict(item for item in found if item is not None)
