@@ -352,16 +352,16 @@ def test_the_free_space_asked_for_covers_the_peak_of_a_real_run(tmp_path, tiny_c
     the estimate made before training is above every moment's disk use (58.6 MB for a peak of
     35.0 MB). Before, it counted the optimizer unbuilt (Adam's two slots per weight left out)
     and no export: 17.8 MB."""
-    import trainer.run.train as train_module
+    import trainer.run.guards as guards
 
     estimates, peak = [], [0]
-    needed_bytes = train_module.needed_bytes
+    needed_bytes = guards.needed_bytes
 
     def recorded(*args, **kwargs):
         estimates.append(needed_bytes(*args, **kwargs))
         return estimates[-1]
 
-    monkeypatch.setattr(train_module, "needed_bytes", recorded)
+    monkeypatch.setattr(guards, "needed_bytes", recorded)
     run_dir = tmp_path / "run"
     _measure_peak(monkeypatch, run_dir, peak)
     # The default network: on a small one, the files' fixed overhead would dominate.

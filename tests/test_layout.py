@@ -153,21 +153,114 @@ def test_matplotlib_is_imported_only_where_a_picture_is_drawn():
     assert top == []
 
 
-def test_every_function_local_import_of_ours_says_why():
-    """An import inside a function hides an arrow; it is kept only where TensorFlow must not
-    start yet, and says so (`# lazy: ...` on the line above its block)."""
-    unexplained = []
+# The entry points: they parse, start TensorFlow quietly (`trainer.run.process`), then import
+# the run's build side inside the function that dispatches to it. `trainer.data` resolves
+# `Source` and `DataError` on first use (the names users import).
+ENTRY = {"trainer.__main__", "trainer.api", "trainer.evaluate", "trainer.predict",
+         "trainer.launch", "trainer.run.process", "trainer.data"}
+TENSORFLOW = {"tensorflow", "keras"}
+
+
+def _imported(path: Path, top_only: bool) -> set[str]:
+    """Every module name an import in `path` names (at the top, or anywhere)."""
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_only else list(ast.walk(tree))
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+    return found
+
+
+def _build_modules() -> set[str]:
+    """Modules that import TensorFlow or Keras at their top, or a module that does."""
+    modules = _modules()
+    tops = {name: _imported(path, True) for name, path in modules.items()}
+    build = {name for name, top in tops.items()
+             if any(m.split(".")[0] in TENSORFLOW for m in top)}
+    grown = True
+    while grown:
+        grown = False
+        for name, top in tops.items():
+            if name not in build and any(m in build for m in top):
+                build.add(name)
+                grown = True
+    return build
+
+
+def test_decide_modules_import_no_tensorflow_at_any_level():
+    """The TensorFlow line, drawn by the layout: a module either imports TensorFlow (or a
+    module that does) at its top, a build module, or imports neither anywhere, a decide
+    module the pre-flight can use before TensorFlow starts."""
+    build, graph = _build_modules(), _graph()
+    crossing = []
     for name, path in _modules().items():
-        lines = path.read_text().splitlines()
-        for function in ast.walk(ast.parse("\n".join(lines))):
-            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            for node in ast.walk(function):
-                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
-                        "trainer"):
-                    row = node.lineno - 1
-                    while row > 0 and lines[row - 1].strip().startswith(("from ", "import ")):
-                        row -= 1
-                    if "# lazy" not in lines[row - 1]:
-                        unexplained.append(f"{name}:{node.lineno}")
-    assert unexplained == []
+        if name in build or name in ENTRY:
+            continue
+        crossing += [f"{name} -> {m}" for m in _imported(path, False)
+                     if m.split(".")[0] in TENSORFLOW]
+        crossing += [f"{name} -> {m}" for m in graph[name] if m in build]
+    assert crossing == []
+    assert {"trainer.run.preflight", "trainer.run.resolve", "trainer.config.validate",
+            "trainer.distribute.strategy", "trainer.distribute.device_plan",
+            "trainer.data.augment", "trainer.models.formats", "trainer.task.finetune",
+            "trainer.plan.speed"}.isdisjoint(build)
+
+
+def test_only_the_entry_points_import_our_modules_inside_functions():
+    """An import inside a function hides an arrow and a late TensorFlow start; past the
+    entry points the build modules import TensorFlow at their top instead."""
+    hidden = []
+    for name, path in _modules().items():
+        if name in ENTRY:
+            continue
+        for function in ast.walk(ast.parse(path.read_text())):
+            if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                hidden += [f"{name}:{node.lineno}" for node in ast.walk(function)
+                           if isinstance(node, ast.ImportFrom)
+                           and (node.module or "").startswith("trainer")
+                           or isinstance(node, ast.Import)
+                           and any(a.name.startswith("trainer") for a in node.names)]
+    assert hidden == []
+
+
+def test_no_function_is_longer_than_60_lines():
+    long = [f"{name}:{node.name} ({node.end_lineno - node.lineno + 1})"
+            for name, path in _modules().items()
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > 60]
+    assert long == []
+
+
+def test_run_modules_import_at_most_12_of_ours_and_the_recipe_fits_a_screen():
+    graph = _graph()
+    wide = {name: len(targets) for name, targets in graph.items()
+            if name.startswith("trainer.run.") and len(targets) > 12}
+    assert wide == {}
+    tree = ast.parse((PACKAGE / "run" / "train.py").read_text())
+    recipe = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run")
+    assert recipe.end_lineno - recipe.lineno + 1 <= 40
+
+
+def _under(targets: set[str], *packages: str) -> list[str]:
+    return sorted(t for t in targets if any(t.startswith(f"trainer.{p}.") or
+                                            t == f"trainer.{p}" for p in packages))
+
+
+def test_the_entry_points_go_through_the_run():
+    """The entry points parse, dispatch and print one line: no run directory or tracker
+    internals (`rundir.layout`, the public map of a run directory, aside); evaluation and
+    prediction restore the run through `trainer.run.restore`, not from its parts."""
+    graph = _graph()
+    for entry in ("trainer.__main__", "trainer.api", "trainer.evaluate", "trainer.predict"):
+        assert [t for t in _under(graph[entry], "rundir", "track")
+                if t != "trainer.rundir.layout"] == [], entry
+    for entry in ("trainer.evaluate", "trainer.predict"):
+        assert _under(graph[entry], "data", "distribute", "models") == [], entry
+    assert [f"{a} -> {t}" for a, targets in graph.items() if a.startswith("trainer.track")
+            for t in _under(targets, "distribute")] == []
+    assert [f"{a} -> {t}" for a, targets in graph.items() if a.startswith("trainer.models")
+            for t in _under(targets, "plan")] == []

@@ -166,15 +166,15 @@ def test_two_fits_in_two_threads_each_keep_their_own_lock(tmp_path, monkeypatch)
 
     first, second = tmp_path / "first", tmp_path / "second"
     started, go = threading.Event(), threading.Event()
-    real = training._train
+    real = training.run
 
-    def held_at_start(spec, run_dir, *args, **kwargs):
-        if Path(run_dir) == first:
+    def held_at_start(checked, *args, **kwargs):
+        if Path(checked.run_dir) == first:
             started.set()
             assert go.wait(300)
-        return real(spec, run_dir, *args, **kwargs)
+        return real(checked, *args, **kwargs)
 
-    monkeypatch.setattr(training, "_train", held_at_start)
+    monkeypatch.setattr(training, "run", held_at_start)
     results = {}
 
     def fit(name, run_dir):

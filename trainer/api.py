@@ -14,7 +14,6 @@ and `${hydra:...}` interpolations, which need a running Hydra job.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,10 +25,9 @@ from trainer.config.compose import compose_from_args
 from trainer.config.errors import ConfigError, NothingToDo
 from trainer.config.outcome import one_error
 from trainer.config.schema import register_configs
-from trainer.run.preflight import check_run_dir
-from trainer.run.quiet import tensorflow_started
+from trainer.run import process
+from trainer.run.preflight import preflight
 from trainer.rundir.layout import RunDir
-from trainer.rundir.lock import release_held, remove_created
 
 
 @dataclass(frozen=True)
@@ -78,11 +76,10 @@ def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
     Raises:
         TrainerError: with the command line's one line and exit code.
     """
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    process.quiet_logs()
     args = [*(["--config-dir", str(config_dir)] if config_dir else []), *overrides]
     if run_dir is not None:
         args.append(f"hydra.run.dir={run_dir}")
-    fresh: list = []
     with one_error():
         if any(a in ("-m", "--multirun") for a in args):
             raise ConfigError("trainer.fit runs one config; a sweep (-m) is the command "
@@ -95,30 +92,18 @@ def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
         with open_dict(cfg):
             del cfg["hydra"]
         try:
-            place = check_run_dir(cfg, logs, fresh)
+            checked = preflight(cfg, logs, choices=choices)
         except NothingToDo as done:
             print(f"finished: {done}", flush=True)
             return _result(Path(cfg.resume))
-        except BaseException:
-            release_held()  # a refused start keeps no lock
-            raise
-        place = Path(place if place is not None else cfg.get("resume") or logs)
-        try:
+        with checked.owned():
             _save_config(Path(logs), cfg, overrides_seen)
-            tensorflow_started()
-            # lazy: it imports TensorFlow, which starts after the pre-flight
-            from trainer.run.train import train
+            process.start_tensorflow()
+            # an entry point: the run imports TensorFlow, started quietly by now
+            from trainer.run.train import run
 
-            train(cfg, place, choices=choices)
-        except BaseException:
-            for path, top in fresh:
-                if top is not None and path.is_dir() and not RunDir(path).holds_run():
-                    _remove_written(path)
-                    remove_created(path, top)
-            raise
-        finally:
-            release_held()
-        return _result(place)
+            run(checked)
+        return _result(checked.run_dir or Path(cfg.get("resume") or logs))
 
 
 def _save_config(logs: Path, cfg: Any, overrides: list[str]) -> None:
@@ -127,12 +112,6 @@ def _save_config(logs: Path, cfg: Any, overrides: list[str]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, folder / "config.yaml")
     OmegaConf.save(OmegaConf.create(overrides), folder / "overrides.yaml")
-
-
-def _remove_written(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path / ".hydra", ignore_errors=True)
 
 
 def _result(run_dir: Path) -> Result:

@@ -39,18 +39,10 @@ import numpy as np
 from trainer.config.errors import ConfigError
 from trainer.config.messages import one_line
 from trainer.config.outcome import one_error
-from trainer.evaluate import (
-    assemble_on_these_devices,
-    checkpoint_of,
-    compose_run_config,
-    load_weights_checked,
-    take_option,
-)
-from trainer.run.quiet import tensorflow_started
-from trainer.run.resolve import resolve
+from trainer.run import process
+from trainer.run.reopen import reopen, take_option
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if os.environ.get("TRAINER_TF_LOGS") == "1"
-                      else "2")
+process.quiet_logs()
 IMAGES = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
 ARRAYS = (".npy", ".npz", ".csv")
 OUTPUTS = (".csv", ".npy", ".npz")
@@ -76,20 +68,19 @@ def predict_run(run_dir: str | Path, input: str | Path, output: str | Path | Non
             checkpoint; one line each.
     """
     run_dir = Path(run_dir)
-    cfg, which = compose_run_config(run_dir, list(overrides))
-    spec = resolve(cfg)
-    images = str(spec.dataset["_target_"]).endswith("image_folder.load")
-    names, inputs = _read_input(Path(input), images)
     output = Path(output) if output is not None else run_dir / "predictions.csv"
     if output.suffix not in OUTPUTS:
         raise ConfigError(f"output={output} must end in {', '.join(OUTPUTS)}")
-    checkpoint = checkpoint_of(run_dir, which)
-    run = assemble_on_these_devices(spec)
-    load_weights_checked(run.model, checkpoint, which)
-    outputs = _predict(run, inputs, len(names))
-    _write(output, names, outputs, run.data.source, images)
-    return {"output": str(output), "rows": len(names), "checkpoint": str(checkpoint),
-            "replicas": run.strategy.num_replicas_in_sync}
+    opened = reopen(run_dir, list(overrides))
+    names, inputs = _read_input(Path(input), opened.images)
+    # an entry point: the run's build modules import TensorFlow, started quietly by now
+    from trainer.run.restore import predict_outputs, restore_run
+
+    restored = restore_run(opened)
+    outputs = predict_outputs(restored.run, inputs, len(names))
+    _write(output, names, outputs, restored.run.data.source, opened.images)
+    return {"output": str(output), "rows": len(names), "checkpoint": str(restored.checkpoint),
+            "replicas": restored.replicas}
 
 
 def _read_input(path: Path, images: bool) -> tuple[list[str], Any]:
@@ -133,53 +124,6 @@ def _read_csv(path: Path) -> np.ndarray:
     except (ValueError, IndexError):
         rows = rows[1:]  # a header
     return np.asarray(rows, dtype=np.float32)
-
-
-def _predict(run: Any, inputs: Any, examples: int) -> Any:
-    """The model's outputs for every example once, in input order."""
-    import tensorflow as tf
-
-    # lazy: it imports TensorFlow, which starts after the devices are set
-    from trainer.data.pipeline import build_pipeline
-
-    source = run.data.source
-    features = tf.constant(inputs) if not isinstance(inputs, dict) else {
-        k: tf.constant(v) for k, v in inputs.items()}
-    elements = tf.data.Dataset.from_tensor_slices((features, tf.zeros([examples], tf.int32)))
-    expected = source.validation.element_spec[0]
-    found = elements.element_spec[0]
-    if _shapes(found) != _shapes(expected) and source.preprocess is None:
-        raise ConfigError(f"the input's examples have the shape {_shapes(found)}; the run "
-                          f"was trained on {_shapes(expected)}")
-    # Every replica computes batches of exactly `per_replica` examples (the last padded
-    # with copies of the first example, cut off after): the same shapes, so the same
-    # kernels, whatever the device count (outputs agree to float32 rounding: the threads
-    # replicas share may change a kernel's order of summation).
-    per_replica, replicas = run.batch.per_replica, run.batch.replicas
-    global_batch = per_replica * replicas
-    padded = -(-examples // global_batch) * global_batch
-    if padded > examples:
-        elements = elements.concatenate(elements.take(1).repeat(padded - examples))
-    batches = build_pipeline(elements, global_batch, training=False,
-                             preprocess=source.preprocess, scale=source.scale, cache=False,
-                             replicas=replicas, examples=padded)
-    only_inputs = batches.map(lambda x, *rest: x)
-    try:
-        found = run.model.predict(only_inputs, verbose=0)
-    except (tf.errors.InvalidArgumentError, ValueError) as error:
-        raise ConfigError(f"the model cannot take these inputs ({one_line(error)}); the run "
-                          f"was trained on examples of shape {_shapes(expected)}") from None
-    if isinstance(found, dict):
-        return {k: np.asarray(v)[:examples] for k, v in found.items()}
-    if isinstance(found, (list, tuple)):
-        return [np.asarray(v)[:examples] for v in found]
-    return np.asarray(found)[:examples]
-
-
-def _shapes(spec: Any) -> Any:
-    if isinstance(spec, dict):
-        return {k: _shapes(v) for k, v in spec.items()}
-    return tuple(spec.shape)
 
 
 def _write(output: Path, names: list[str], outputs: Any, source: Any, images: bool) -> None:
@@ -228,27 +172,22 @@ def _write_csv(path: Path, names: list[str], outputs: np.ndarray, source: Any,
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
     args = sys.argv[1:] if argv is None else argv
     if not args or "=" in args[0]:
         print("error: usage: python -m trainer.predict RUN_DIR input=PATH [output=FILE] "
               f"[key=value ...]; received {' '.join(args) or 'nothing'}", file=sys.stderr)
         return 2
     sys.path.insert(0, os.getcwd())  # the user's own modules, as for training
-    try:
-        given, rest = take_option("input", None, args[1:])
-        if given is None:
-            raise ConfigError("input=PATH is missing: a folder of images, or a .npy, .npz "
-                              "or .csv file of examples")
-        output, rest = take_option("output", None, rest)
-        tensorflow_started()
-        result = predict_run(args[0], given, output, rest)
-    except (ConfigError, HydraException, OmegaConfBaseException) as error:
-        print(f"error: {one_line(error)}", file=sys.stderr)
+    given, rest = take_option("input", None, args[1:])
+    output, rest = take_option("output", None, rest)
+    if given is None:
+        print("error: input=PATH is missing: a folder of images, or a .npy, .npz or .csv "
+              "file of examples", file=sys.stderr)
         return 2
-    print(json.dumps(result, indent=2))
+    found = process.guarded(lambda: predict_run(args[0], given, output, rest))
+    if isinstance(found, int):
+        return found
+    print(json.dumps(found, indent=2))
     return 0
 
 
@@ -258,7 +197,7 @@ class _Callable(types.ModuleType):
     def __call__(self, run_dir: str | Path, input: str | Path, output: str | Path | None = None,
                  overrides: list[str] = ()) -> dict[str, Any]:
         with one_error():
-            tensorflow_started()
+            process.start_tensorflow()
             return predict_run(run_dir, input, output, list(overrides))
 
 

@@ -1,6 +1,10 @@
-"""A run, in order: the pre-flight checks, assembling everything inside the strategy's
-scope, the steps (fit's and the custom loop's, with accumulation), the callbacks, the
-summary, and `train()` itself; plus keeping TensorFlow's start-up quiet.
+"""A run: the pre-flight (every check once, a `Checked` run), the process's owner (quiet
+start, signals, exit codes), the recipe (`train.run`) and its session (one owner per phase,
+one stack of guards), the steps (fit's and the custom loop's, with accumulation), the
+callbacks, the summary, and restoring a finished run for evaluation and prediction.
+
+Decide modules (`preflight`, `resolve`, `process`, `jobs`, `reopen`) import no TensorFlow;
+the others import it at their top.
 
 The top of the library: may import every other subpackage; none of them imports `run/`.
 """

@@ -1,26 +1,36 @@
-"""The checks of a config that run before TensorFlow starts, gathered in one place.
+"""The checks of a run before TensorFlow starts, run once, returned as one `Checked` value.
 
-The config's own checks (`trainer.config.validate`) and those owned by one part of a run (a
+The config's own checks (`trainer.config.validate`), those owned by one part of a run (a
 tracker's package and server, an augmentation preset, fine-tuning options, an export
-format's converter) are run here together. The command line checks before Hydra writes
-anything and `train()` checks again for API users; a config already checked in this
-process is not checked twice, and a tracker's server is probed once.
+format's converter) and those of the run directory (its name, its lock, a finished run, a
+`resume=` target, removed backups, a changed config) run here in that order, each once.
+What they found (the resolved `Spec`, the run directory, the cluster, the newest backup's
+state and the config changes a resume accepted) is a `Checked`: the run takes one, so a run
+cannot start unchecked and nothing after this module checks the config again.
+
+This is a decide module: no TensorFlow or Keras import, so the command line runs it before
+Hydra writes anything and before TensorFlow starts.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
+from omegaconf import DictConfig
 
-from trainer.config.errors import NothingToDo
+from trainer.config.errors import ConfigError, NothingToDo
 from trainer.config.validate import export_formats, validate
 from trainer.data.augment import check as check_augment
-from trainer.distribute.cluster import resolve_cluster
-from trainer.models.export import check_converters
-from trainer.rundir.lock import check_writable, hold
+from trainer.distribute.cluster import Cluster, resolve_cluster
+from trainer.models.formats import check_converters
+from trainer.run.resolve import Spec, resolve
+from trainer.rundir.fresh import removed_on_failure
+from trainer.rundir.lock import RunLock, acquire, check_writable
 from trainer.rundir.names import check_name
 from trainer.rundir.resume import (
     check_backups_kept,
@@ -33,10 +43,47 @@ from trainer.rundir.resume import (
 from trainer.task.finetune import check as check_finetune
 from trainer.track.loggers import check_loggers
 
-# The configs (as YAML, interpolations unresolved) that passed, and that passed with their
-# servers reached, in this process.
-_passed: set[str] = set()
-_reached: set[str] = set()
+
+@dataclass(frozen=True)
+class Checked:
+    """A run that passed every check, with the lock on its directory held.
+
+    Attributes:
+        spec: the config resolved once.
+        run_dir: where the run writes; None for another worker of a cluster (the chief
+            writes the run directory; the worker saves into a scratch place of its own).
+        cluster: the multi-worker cluster, or None on one machine.
+        state: the newest backup's `state.json` (None: a new run).
+        changes: the config keys a resume changed and the resume accepts, `{key: [old, new]}`.
+        fresh: `(directory, topmost directory created)` for each directory this start
+            created, removed again if the run fails before it holds a run.
+        lock: the run directory's lock, this run's alone (None: another worker's).
+    """
+
+    spec: Spec
+    run_dir: Path | None
+    cluster: Cluster | None = None
+    state: dict[str, Any] | None = None
+    changes: dict[str, list] = field(default_factory=dict)
+    fresh: tuple = ()
+    lock: RunLock | None = None
+
+    @property
+    def chief(self) -> bool:
+        """Whether this process writes the run directory."""
+        return self.cluster is None or self.cluster.is_chief
+
+    @contextmanager
+    def owned(self) -> Iterator[Checked]:
+        """The run's own while the block runs: on a failure the directories this start
+        created are removed where they hold no run; at the end its lock is released (and
+        no other run's)."""
+        try:
+            with removed_on_failure(self.fresh):
+                yield self
+        finally:
+            if self.lock is not None:
+                self.lock.release()
 
 
 def check_config(cfg: DictConfig, reach: bool = False) -> None:
@@ -44,78 +91,84 @@ def check_config(cfg: DictConfig, reach: bool = False) -> None:
 
     Args:
         cfg: the composed config (without Hydra's own `hydra` node).
-        reach: also connect to the servers the config names (an MLflow tracking server).
+        reach: also connect to the servers the config names (an MLflow tracking server),
+            instead of the other checks (the chief's, once the directory is locked).
 
     Raises:
         ConfigError: naming the bad value and what would be valid.
     """
-    key = OmegaConf.to_yaml(cfg, resolve=False)
-    if key not in _passed:
-        validate(cfg)
-        check_loggers(cfg.logger)
-        check_augment(cfg.augment)
-        check_finetune(cfg.finetune, str(cfg.optimizer.get("_target_", "")))
-        check_converters(export_formats(cfg.export))
-        _passed.add(key)
-    if reach and key not in _reached:
+    if reach:
         check_loggers(cfg.logger, reach=True)
-        _reached.add(key)
+        return
+    validate(cfg)
+    check_loggers(cfg.logger)
+    check_augment(cfg.augment)
+    check_finetune(cfg.finetune, str(cfg.optimizer.get("_target_", "")))
+    check_converters(export_formats(cfg.export))
 
 
-def check_run_dir(cfg: DictConfig, logs: str | None, fresh: list) -> Path | None:
-    """The pre-flight of a run's directory, before anything is written into it: the config
-    checked, the directory's name, a `resume=` target, a finished run with nothing to add,
-    then, holding the directory's lock for the rest of the process, a finished or busy
-    directory, trackers' servers, removed backups and a changed config.
+def preflight(cfg: DictConfig, logs: str | Path | None = None,
+              run_dir: str | Path | None = None, choices: dict[str, str] | None = None,
+              environ: dict[str, str] | None = None) -> Checked:
+    """Checks a composed config and its run directory, holding the directory's lock after.
 
     Args:
         cfg: the composed config (without Hydra's `hydra` node).
         logs: Hydra's run directory (`hydra.run.dir`), where `.hydra/` and the log go.
-        fresh: receives `(directory, topmost directory created)` for each directory this
-            call created (or that Hydra will create), for removal if the run fails on its
-            config.
+        run_dir: where the run writes when it is not `logs` (`train(cfg, run_dir)`).
+        choices: the config groups' choices (`{"model": "cnn"}`); None reads Hydra's job.
+        environ: the environment that describes a cluster (`TF_CONFIG`, SLURM's).
 
     Returns:
-        The run directory checked; None where a running job must check it (another
-        worker's, or a config that reads Hydra's job).
+        The `Checked` run.
 
     Raises:
-        ConfigError: naming what is wrong; NothingToDo: a finished run asked for nothing more.
+        ConfigError: naming what is wrong; NothingToDo: a finished run asked for nothing
+            more; InterpolationResolutionError: the config reads a running Hydra job
+            (`${hydra:...}`), in which the pre-flight must run instead.
     """
+    environ = os.environ if environ is None else environ
     if logs is not None:
-        check_name(Path(logs))
+        check_name(logs)  # the string: an empty one would be '.' as a Path
         check_writable(Path(logs))
-    try:
-        check_config(cfg)
-    except InterpolationResolutionError:
-        return None  # it needs a running job (`${hydra:...}`): the job validates it
-    cluster = resolve_cluster(list(cfg.cluster.workers), cfg.cluster.task_index,
-                              os.environ.get("TF_CONFIG"), os.environ,
-                              cfg.cluster.port_base)
+    check_config(cfg)
+    spec = resolve(cfg, choices)
+    cluster = resolve_cluster(list(spec.cluster.workers), spec.cluster.task_index,
+                              environ.get("TF_CONFIG"), environ, spec.cluster.port_base)
     if cluster is not None and not cluster.is_chief:
-        return None  # the chief checks and writes the run directory
-    check_resume_target(cfg.get("resume"), logs)
-    run_dir = Path(cfg.resume if cfg.get("resume") else logs)
-    if cfg.get("resume"):
-        why = nothing_to_add(run_dir, cfg.epochs)
-        if why is not None:
-            raise NothingToDo(why)
+        return Checked(spec, None, cluster)
+    place = _place(spec, logs, run_dir)
+    if logs is None or Path(logs) != place:
+        check_name(place)
+    fresh = []
+    if logs is not None and Path(logs) != place and not Path(logs).exists():
+        fresh.append((Path(logs), None))  # Hydra's .hydra/ and log: created by it
     # The lock before anything that reads or writes the directory (two starts at once:
     # one holds it, the other is refused having created and changed nothing).
-    if logs is not None and Path(logs) != run_dir and not Path(logs).exists():
-        fresh.append((Path(logs), None))  # Hydra's .hydra/ and log: created by it
-    created = hold(run_dir)
-    if created is not None:
-        fresh.append((run_dir, created))
-    refuse_finished_run(run_dir, resume=bool(cfg.get("resume")))
-    check_config(cfg, reach=True)
-    check_backups_kept(run_dir)
-    state = latest_state(run_dir)
-    if state is None:
-        return run_dir
+    lock = acquire(place)
+    if lock.created is not None:
+        fresh.append((place, lock.created))
     try:
-        new = OmegaConf.to_container(cfg, resolve=True)
-    except OmegaConfBaseException:  # an interpolation only a running job resolves
-        new = OmegaConf.to_container(cfg, resolve=False)
-    check_resume(run_dir, state, new)
-    return run_dir
+        with removed_on_failure(fresh[-1:] if lock.created is not None else ()):
+            refuse_finished_run(place, resume=spec.resume is not None)
+            check_config(cfg, reach=True)
+            check_backups_kept(place)
+            state = latest_state(place)
+            changes = check_resume(place, state, spec.record) if state is not None else {}
+    except BaseException:
+        lock.release()
+        raise
+    return Checked(spec, place, cluster, state, changes or {}, tuple(fresh), lock)
+
+
+def _place(spec: Spec, logs: str | Path | None, run_dir: str | Path | None) -> Path:
+    """The directory the run writes: `resume=`'s, else `run_dir`, else Hydra's."""
+    if spec.resume is not None:
+        check_resume_target(spec.resume, None if logs is None else str(logs))
+        why = nothing_to_add(Path(spec.resume), spec.epochs)
+        if why is not None:
+            raise NothingToDo(why)
+        return Path(spec.resume)
+    if run_dir is None and logs is None:
+        raise ConfigError("train() outside a Hydra run needs run_dir; received: None")
+    return Path(run_dir if run_dir is not None else logs)

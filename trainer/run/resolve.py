@@ -24,6 +24,7 @@ from trainer.config.schema import (
     StrategyConfig,
 )
 from trainer.config.validate import export_formats, parse_devices, runtime_seed
+from trainer.data.augment import listed
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ class Spec:
     class_weight: dict[int, float] | None
     callbacks: dict[str, Any]
     loggers: dict[str, Any]
-    augment: list[Any] | None
+    augment: list[Any]
     loop: str
     precision: str
     jit_compile: bool | str
@@ -139,7 +140,7 @@ def resolve(cfg: DictConfig, choices: dict[str, str] | None = None) -> Spec:
                       if node("class_weight") is not None else None),
         callbacks=dict(record["callbacks"] or {}),
         loggers=dict(node("logger") or {}),
-        augment=node("augment"),
+        augment=listed(node("augment")),
         loop=cfg.loop,
         precision=cfg.precision,
         jit_compile=cfg.jit_compile,

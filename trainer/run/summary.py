@@ -6,9 +6,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import keras
+import tensorflow as tf
+
 from trainer.data.augment import describe
 from trainer.data.fingerprint import of_source
-from trainer.task.finetune import parameter_counts
+from trainer.rundir.atomic import write_json
+from trainer.rundir.backup import BackupStore, tidy
+from trainer.rundir.layout import RunDir
+from trainer.task.freeze import parameter_counts
 
 
 def _name(target: str) -> str:
@@ -39,21 +45,20 @@ def build_summary(spec: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, c
         run: the assembled `trainer.run.assemble.Run`.
         plan: the `DevicePlan`.
         run_dir: the run directory.
-        outcome: what training did (`trainer.run.train.Outcome`).
-        callbacks: the run's `trainer.run.assemble.Callbacks`.
+        outcome: what training did (`trainer.run.finish.Outcome`).
+        callbacks: the run's `trainer.run.wiring.Callbacks`.
         started: `time.perf_counter()` at the start.
         start: (epoch, step) the run resumed from.
         changes: config keys a resume changed, `{key: [old, new]}`.
     """
-    import keras
-    import tensorflow as tf
+    return {"run_dir": str(run_dir), **_what_ran(spec, run, plan, callbacks),
+            **_how_it_ran(spec, run, outcome, callbacks, started, start, changes),
+            **_results(spec, run, plan, outcome)}
 
-    throughput = callbacks.throughput
-    train_metrics = {k: float(v[-1]) for k, v in outcome.history.items()
-                     if v and not k.startswith("val_") and k != "learning_rate"}
+
+def _what_ran(spec: Any, run: Any, plan: Any, callbacks: Any) -> dict[str, Any]:
     cluster = run.cluster
     return {
-        "run_dir": str(run_dir),
         "model": spec.choices.get("model") or _name(spec.model["_target_"]),
         "dataset": spec.choices.get("dataset") or _name(spec.dataset["_target_"]),
         "parameters": _parameters(run.model),
@@ -81,6 +86,13 @@ def build_summary(spec: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, c
         "precision": run.speed.precision,
         "jit_compile": run.speed.jit_compile,
         "speed_reasons": list(run.speed.reasons),
+    }
+
+
+def _how_it_ran(spec: Any, run: Any, outcome: Any, callbacks: Any, started: float,
+                start: tuple[int, int], changes: dict | None) -> dict[str, Any]:
+    throughput = callbacks.throughput
+    return {
         "epochs": spec.epochs,
         "epochs_done": outcome.epochs_done,
         "stopped_early": ({"epoch": outcome.epochs_done, "of": spec.epochs}
@@ -99,6 +111,13 @@ def build_summary(spec: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, c
                  "final_evaluation_s": outcome.evaluation_s},
         "examples_per_sec": throughput.examples_per_sec,
         "epoch_examples_per_sec": throughput.epoch_rates,
+    }
+
+
+def _results(spec: Any, run: Any, plan: Any, outcome: Any) -> dict[str, Any]:
+    train_metrics = {k: float(v[-1]) for k, v in outcome.history.items()
+                     if v and not k.startswith("val_") and k != "learning_rate"}
+    return {
         "train_metrics": train_metrics,
         "history": {k: [float(x) for x in v] for k, v in outcome.history.items()},
         "validation_metrics": dict(outcome.validation),
@@ -224,3 +243,12 @@ def format_summary(summary: dict[str, Any]) -> str:
     width = max(len(name) for name, _ in rows)
     lines = [f"  {name:<{width}}  {_fmt(value)}" for name, value in rows]
     return "\n".join(["Summary", *lines])
+
+
+def write_summary(summary: dict[str, Any], run_dir: Path) -> None:
+    """Writes `summary.json` atomically, keeps the newest backup only (what `resume=DIR`
+    extends the finished run from), and prints the summary."""
+    write_json(RunDir(run_dir).summary, summary)
+    BackupStore(RunDir(run_dir).backup).prune(keep=1)
+    tidy(run_dir)
+    print(format_summary(summary), flush=True)

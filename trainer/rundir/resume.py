@@ -25,7 +25,6 @@ from typing import Any
 from trainer.config.errors import ConfigError
 from trainer.rundir.layout import RunDir
 from trainer.rundir.lock import holder
-from trainer.rundir.names import check_name
 
 # Keys (and key prefixes) that may change on any resume.
 FREE = ("epochs", "verbose", "tensorboard", "export", "resume", "checkpoint", "callbacks",
@@ -177,11 +176,7 @@ def check_global_batch(run_dir: Path, state: dict[str, Any] | None, global_batch
 
 def refuse_finished_run(run_dir: Path, resume: bool) -> None:
     """Refuses to start a new run over a finished one (its summary.json would be lost).
-
-    The first look at the run directory (the command line's, before Hydra writes into it):
-    a name the file system cannot hold is refused here too, as one line.
-    """
-    check_name(run_dir)
+    The directory's name was checked before (`trainer.rundir.names.check_name`)."""
     if not resume and RunDir(run_dir).summary.exists():
         raise ConfigError(f"run directory {run_dir} holds a finished run (summary.json); "
                           f"choose a new hydra.run.dir, or pass resume={run_dir} to continue it")

@@ -1,0 +1,175 @@
+"""The end of a run: every validation example evaluated once, the test split once with the
+checkpoint validation chose, and a stop asked for there honoured before the summary.
+
+Every worker decides alike (each has its own copy of the checkpoints); a run that ended no
+epoch tests the weights as they are. The last weights come back after the test, for the
+export and anything the caller does with the model.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainer.config.errors import Interrupted
+from trainer.config.messages import one_line
+from trainer.distribute.multiworker import backup_place
+from trainer.models.export import export_model
+from trainer.run.assemble import Run
+from trainer.run.drive import Trained
+from trainer.run.loop import CustomLoop
+from trainer.run.wiring import Callbacks
+from trainer.rundir.backup import StopRequest
+from trainer.rundir.checksum import verify_beside
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What training did: per-epoch history, the final validation metrics, where it stopped."""
+
+    history: dict[str, list]
+    validation: dict[str, float]
+    epochs_done: int
+    stopped_early: bool
+    test: dict[str, float] | None = None
+    test_checkpoint: str | None = None
+    startup_s: float | None = None  # process start to train()
+    build_s: float | None = None  # train() to the first fit: devices, TensorFlow, data, model
+    evaluation_s: float | None = None  # the final validation and test evaluations
+
+
+def final_evaluations(run: Run, callbacks: Callbacks, trained: Trained, epochs: int,
+                      test_with: str, request: StopRequest, startup_s: float | None
+                      ) -> Outcome:
+    """Validation, then test, once each; a stopped run is not evaluated (other workers may
+    be gone)."""
+    done, model = trained.epochs_done, run.model
+    if callbacks.backup.interrupted:
+        return Outcome(trained.history, {}, done, False, startup_s=startup_s,
+                       build_s=trained.build_s)
+    if not trained.trained and done:
+        # Nothing left to train (stopped after the last epoch's backup): the final state is
+        # the backup's; last.keras is written now where the stop came before it.
+        ensure_last(callbacks.checkpoints[0], model, done - 1)
+    evaluating = time.perf_counter()
+    run_dir = callbacks.backup.store.directory.parent
+    final = evaluate_split(run, run.data.validation, trained.loop)
+    stop_if_asked(request, "the final validation", run_dir, run.is_chief)
+    test, checkpoint = None, None
+    if run.data.test is not None:
+        checkpoint = (test_checkpoint(test_with, callbacks) if trained.history else None)
+        last = model.get_weights() if checkpoint is not None else None
+        if checkpoint is not None:
+            checkpoint = load_for_test(model, checkpoint, callbacks)
+        test = test_metrics(run, trained.loop)
+        if last is not None:
+            model.set_weights(last)
+        stop_if_asked(request, "the test evaluation", run_dir, run.is_chief)
+    return Outcome(trained.history, final, done, trained.stopped_early and done < epochs,
+                   test, None if checkpoint is None else str(checkpoint), startup_s,
+                   trained.build_s, time.perf_counter() - evaluating)
+
+
+def export(run: Run, run_dir: Path, formats: tuple[str, ...], report: dict[str, Any]) -> None:
+    """Writes the formats `export` names (each checked against the Keras outputs) and says
+    where in the summary."""
+    if not formats:
+        return
+    report["exports"] = export_model(run.model, run_dir, formats, run.data.validation)
+    if "saved_model" in report["exports"]:  # its key before export formats
+        report["saved_model"] = report["exports"]["saved_model"]
+
+
+def stopped(run: Run, backup: Any, request: StopRequest, run_dir: Path) -> Interrupted:
+    """The error of a run stopped by a signal (here or on another worker), with where its
+    backup is."""
+    why = ("another worker was asked to stop" if backup.stopped_by_peer
+           else f"stopped by signal {request.signal}")
+    who = "; every worker stopped" if run.workers > 1 else ""
+    return Interrupted(f"{why}{who} at epoch {backup.epoch + 1}; backup in "
+                       f"{backup_place(run_dir, run.is_chief)}; rerun the same command to "
+                       "resume")
+
+
+def stop_if_asked(request: StopRequest, during: str, run_dir: Path, chief: bool) -> None:
+    """A signal received after training (the final evaluations, the export): stop there,
+    before the summary; the final epoch's backup lets a rerun finish exactly what is left."""
+    if request.signal is not None:
+        raise Interrupted(f"stopped by signal {request.signal} during {during}, after the "
+                          f"last epoch; backup in {backup_place(run_dir, chief)}; rerun the "
+                          "same command to finish the run")
+
+
+def test_metrics(run: Run, loop: Any = None) -> dict[str, float]:
+    """Every test example evaluated once, by the run's loop."""
+    return evaluate_split(run, run.data.test, loop)
+
+
+def evaluate_split(run: Run, dataset: Any, loop: Any = None) -> dict[str, float]:
+    """Loss and metrics over every example of a split, once: Keras's `evaluate` under
+    `fit` (its symbolic build reads no batch once the model is built, see
+    `trainer.run.step`), the custom loop's evaluation under `loop=custom`."""
+    if run.loop == "fit":
+        found = run.model.evaluate(dataset, return_dict=True, verbose=0)
+    else:
+        if loop is None:
+            loop = CustomLoop(run.model, run.strategy, loss=run.loss, metrics=run.metrics)
+        found = loop.evaluate(dataset)
+    return {k: float(v) for k, v in found.items()}
+
+
+def test_checkpoint(test_with: str, callbacks: Callbacks) -> Path:
+    """The checkpoint the test split is evaluated with: `checkpoint.test_with` (best, or
+    last where no best is kept)."""
+    saved = {Path(c.filepath).stem: Path(c.filepath) for c in callbacks.checkpoints}
+    which = test_with if test_with in saved else "last"
+    return saved[which]
+
+
+def ensure_last(last: Any, model: Any, epoch: int) -> None:
+    """Writes `last.keras` from the model where it is missing or damaged (a stop between the
+    last epoch's backup and the end of training)."""
+    path = Path(last.filepath)
+    if _intact(path):
+        return
+    log.warning("%s is missing or damaged; writing it from the last backup", path)
+    last.set_model(model)
+    last._ended = (epoch, {})  # noqa: SLF001 - its own at-end write, as at the end of fit
+    last.same_as = None
+    last.on_train_end()
+
+
+def _intact(path: Path) -> bool:
+    try:
+        verify_beside(path)
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def load_for_test(model: Any, checkpoint: Path, callbacks: Callbacks) -> Path | None:
+    """Loads the test checkpoint into `model`; a damaged one (its hash, or a file that does
+    not load) is one warning naming it and the fallback: the last weights, which the model
+    holds already. Returns the checkpoint whose weights the model then holds (None: the
+    final weights, no file)."""
+    fallback = Path(callbacks.checkpoints[0].filepath)
+    try:
+        if not checkpoint.is_file():
+            raise ValueError("missing")
+        if not _intact(checkpoint):
+            raise ValueError("its SHA-256 does not match the one written with it")
+        model.load_weights(checkpoint)
+        return checkpoint
+    except Exception as error:  # noqa: BLE001 - any unreadable checkpoint falls back
+        if checkpoint == fallback:
+            log.warning("%s does not load (%s); testing the final weights", checkpoint,
+                        one_line(error))
+            return None
+        log.warning("%s does not load (%s); testing with %s (the final weights) instead",
+                    checkpoint, one_line(error), fallback.name)
+        return fallback if _intact(fallback) else None

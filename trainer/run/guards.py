@@ -1,0 +1,47 @@
+"""The guards of a run: the disk space it needs checked before it writes, and a failure
+turned into the error a user reads: a full disk (with what the run needed), an image that
+does not decode (the file named), a lost worker of a cluster (with where the backup is)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trainer.config.errors import ConfigError, WorkerLost
+from trainer.data.pipeline import data_failure
+from trainer.distribute.cluster import Cluster
+from trainer.distribute.multiworker import backup_place, lost_message, peer_failure
+from trainer.rundir.space import check_free_space, disk_full, full_message, needed_bytes
+
+
+def check_space(run: Any, run_dir: Path, export: tuple[str, ...]) -> int:
+    """The bytes the run will write at its peak, checked against the free space (the
+    chief's, which writes the run directory); the optimizer must be built."""
+    needed = needed_bytes(run.model, export=export)
+    if run.is_chief:
+        check_free_space(run_dir, needed)
+    return needed
+
+
+def translate(error: Exception, run: Any, run_dir: Path, needed: int,
+              cluster: Cluster | None, epoch: int | None) -> None:
+    """Raises the error a user reads where the failure has one; returns otherwise.
+
+    Args:
+        error: what the run raised.
+        run: the assembled run (None: it failed before).
+        run_dir: where the run writes.
+        needed: the bytes `check_space` asked for.
+        cluster: the multi-worker cluster, or None.
+        epoch: the epoch the backup holds (None: no callbacks yet).
+    """
+    chief = cluster is None or cluster.is_chief
+    if run is not None:
+        if chief and not isinstance(error, ConfigError) and disk_full(error):
+            raise ConfigError(full_message(run_dir, needed)) from error
+        bad_data = data_failure(run.data.source, error)  # an image that does not decode
+        if bad_data is not None:
+            raise bad_data from None
+    if cluster is not None and cluster.num_workers > 1 and peer_failure(error):
+        raise WorkerLost(lost_message(error, cluster, epoch,
+                                      backup_place(run_dir, chief))) from error

@@ -1,0 +1,45 @@
+"""The exact training step installed for Keras's `fit` (`trainer.run.step`, or the
+micro-batch step of `trainer.run.accumulate`), or a model's own step refused where the
+chosen loop cannot honour it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainer.config.errors import ConfigError
+from trainer.run.accumulate import accumulating_train_step
+from trainer.run.step import (
+    build_from_one_replica,
+    evaluate_one_step_per_call,
+    exact_train_step,
+    keeps_own_step,
+    steps_in_chunks,
+)
+
+
+def install_step(model: Any, loop: str, accumulate: int, steps_per_execution: int) -> tuple:
+    """Installs the exact training step (`trainer.run.step`) for `fit`, or refuses a model
+    whose own step the chosen loop cannot honour.
+
+    Returns:
+        Callbacks `fit` needs for the installed step (several steps per call), or ().
+    """
+    own = keeps_own_step(model)
+    name = type(model).__name__
+    if own is not None and loop == "custom":
+        raise ConfigError(f"model class {name} defines its own {own}, which loop=custom "
+                          "does not call (it runs trainer's step); use loop=fit")
+    if own is not None and accumulate > 1:
+        raise ConfigError(f"model class {name} defines its own {own}; batch.accumulate="
+                          f"{accumulate} would replace it with trainer's micro-batch step; "
+                          "use batch.accumulate=1")
+    if loop != "fit":
+        return ()
+    build_from_one_replica(model)
+    if own is None:
+        model.train_step = (accumulating_train_step(model, accumulate) if accumulate > 1
+                            else exact_train_step(model))
+    if steps_per_execution == 1:
+        return ()
+    evaluate_one_step_per_call(model)
+    return (steps_in_chunks(model, steps_per_execution),)

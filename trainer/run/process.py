@@ -1,0 +1,222 @@
+"""The process's owner: TensorFlow's log policy and quiet start, signals at start-up, and
+the exit codes (2 bad input, 3 diverged, 4 a worker lost, 75 interrupted, 130 Ctrl-C) with the
+one line each prints. The entry points (`python -m trainer`, `.evaluate`, `.predict`, the
+Python API) parse, dispatch to this module and to the run, and print one line.
+
+TensorFlow's start-up lines are kept out of a normal run's output.
+
+Importing TensorFlow and looking for GPUs prints C++ log lines straight to file descriptor 2,
+before Python's logging exists: "All log messages before absl::InitializeLog() ...", "Could
+not find cuda drivers", "failed call to cuInit: ... CUDA error" on every machine without a
+GPU, and the CPU feature notice. None is something a user can act on, and the cuInit one
+reads as a failure. `tensorflow_started` runs the import and the GPU lookup with descriptor 2
+sent to a temporary file, then writes back every line that is not one of these known
+notices, so anything unexpected still shows. `TRAINER_TF_LOGS=1` turns the filter off.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn
+
+from trainer.config.compose import KNOWN_ERRORS
+from trainer.config.errors import (
+    EXIT_CONFIG,
+    EXIT_INTERRUPTED,
+    Diverged,
+    Interrupted,
+    NothingToDo,
+    WorkerLost,
+)
+from trainer.config.messages import one_line
+from trainer.track.sweep import TrialFailed
+
+SWITCH = "TRAINER_TF_LOGS"
+# C++ log lines (`I0000 00:00:... file.cc:NN] ...`) from the files that print start-up notices.
+NOISE = re.compile(
+    r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to "
+    r"STDERR"
+    r"|[IWE]\d{4} [\d:.]+\s+\d+ (cudart_stub|cuda_platform|cuda_executor|cuda_diagnostics|"
+    r"cuda_dnn|cuda_fft|cuda_blas|cpu_feature_guard|port|gpu_device|cpu_allocator_impl)"
+    r"\.cc:\d+\] .*"
+    r"|To enable the following instructions: .* in other operations, rebuild TensorFlow with "
+    r"the appropriate compiler flags\.)$")
+
+
+def is_noise(line: str) -> bool:
+    """Whether a stderr line is one of TensorFlow's known start-up notices."""
+    return bool(NOISE.match(line.rstrip("\n")))
+
+
+@contextmanager
+def _stderr_filtered() -> Iterator[None]:
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            text = capture.read().decode("utf-8", errors="replace")
+            kept = [line for line in text.splitlines() if line.strip() and not is_noise(line)]
+            if kept:
+                print("\n".join(kept), file=sys.stderr, flush=True)
+
+
+def tensorflow_started() -> None:
+    """Imports TensorFlow and lists the GPUs (where CUDA's notices come from), quietly."""
+    if os.environ.get(SWITCH) == "1":
+        return
+    with _stderr_filtered():
+        import tensorflow as tf
+
+        tf.config.list_physical_devices("GPU")
+
+
+def quiet_logs() -> None:
+    """TensorFlow's C++ INFO and WARNING lines (tf.distribute's notes on its own datasets, an
+    abandoned prefetch) drown the progress and ask nothing of the user; errors still show,
+    and `TRAINER_TF_LOGS=1` shows everything. Set before TensorFlow is imported."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if os.environ.get(SWITCH) == "1" else "2")
+
+
+# The shell's convention for a process ended by Ctrl-C.
+EXIT_CTRL_C = 130
+# HYDRA_FULL_ERROR=1 as the user set it (the command line sets it for Hydra's own use).
+USER_FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR") == "1"
+
+
+class Terminated(BaseException):  # noqa: N818 - a signal, like KeyboardInterrupt
+    """SIGTERM outside the training steps (start-up, the summary)."""
+
+
+# Signals received outside the training steps. A library may catch what a signal raises (an
+# import that tries alternatives under `except BaseException`), so they are checked again
+# once TensorFlow has started: a Ctrl-C at start-up is never silently lost.
+_signalled: list[int] = []
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    _signalled.append(signum)
+    raise Terminated(signum)
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    _signalled.append(signum)
+    raise KeyboardInterrupt
+
+
+def raise_if_signalled() -> None:
+    """Raises again a start-up signal whose exception something swallowed."""
+    if signal.SIGTERM in _signalled:
+        raise Terminated(signal.SIGTERM)
+    if signal.SIGINT in _signalled:
+        raise KeyboardInterrupt
+
+
+@contextmanager
+def signals_raise() -> Iterator[None]:
+    """SIGTERM and Ctrl-C raise (`Terminated`, `KeyboardInterrupt`) while the block runs,
+    outside the training steps, which route them to a clean stop of their own; the previous
+    handlers come back after. Outside the main thread nothing changes."""
+    _signalled.clear()
+    try:
+        previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _on_sigterm)}
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            previous[signal.SIGINT] = signal.signal(signal.SIGINT, _on_sigint)
+    except ValueError:  # not the main thread
+        previous = {}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def start_tensorflow() -> None:
+    """Starts TensorFlow quietly, then raises a signal that came during its start-up."""
+    tensorflow_started()
+    raise_if_signalled()
+
+
+def exit_code(error: BaseException) -> tuple[str, int] | None:
+    """The one line a command prints for an error that ends it, and its exit code; None for
+    an error no line describes (a bug: its traceback shows)."""
+    if isinstance(error, NothingToDo):
+        return f"finished: {error}", error.exit_code
+    if isinstance(error, (KeyboardInterrupt, Terminated)):
+        what = "Ctrl-C" if isinstance(error, KeyboardInterrupt) else "SIGTERM"
+        return (f"interrupted: {what} outside the training steps; rerun the same command to "
+                "start again, or to finish from the last backup",
+                EXIT_CTRL_C if isinstance(error, KeyboardInterrupt) else EXIT_INTERRUPTED)
+    if isinstance(error, (Interrupted, Diverged, WorkerLost)):
+        word = "interrupted" if isinstance(error, Interrupted) else "error"
+        return f"{word}: {error}", error.exit_code
+    if isinstance(error, TrialFailed):
+        # A sweeper that stops at a failed job (Hydra's grid sweeper, after its batch;
+        # Optuna's past max_failure_rate): the first failure, and where every job's outcome is.
+        return (f"error: {error}; every job's outcome is in trials.md in the sweep directory",
+                error.code)
+    if isinstance(error, KNOWN_ERRORS):
+        return f"error: {one_line(error)}", EXIT_CONFIG
+    if isinstance(error, ValueError) and "No trials are completed yet" in str(error):
+        # Optuna's, when every trial failed
+        return ("error: every trial of the sweep failed; trials.md in the sweep directory "
+                "lists each one's error", 1)
+    if isinstance(error, ValueError) and raised_by_hydra(error):
+        return f"error: {one_line(error)}", EXIT_CONFIG  # "Only one of --run, --multirun..."
+    return None
+
+
+# What may end a command with one line (`exit_with`; a ValueError only where Hydra's own
+# checks or the sweeper raised it).
+STOPS = (*KNOWN_ERRORS, Interrupted, Diverged, WorkerLost, NothingToDo, TrialFailed,
+         ValueError, KeyboardInterrupt, Terminated)
+
+
+def raised_by_hydra(error: BaseException) -> bool:
+    """Whether Hydra's own code raised it (its command-line checks), not the training."""
+    import traceback
+
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and f"{os.sep}hydra{os.sep}" in frames[-1].filename
+
+
+def exit_with(error: BaseException) -> NoReturn:
+    """Ends the process with the error's one line (stdout for `finished:`, stderr else) and
+    its exit code; re-raises where no line describes it, or where the user asked for the
+    whole traceback (`HYDRA_FULL_ERROR=1`; a signal's stop is always one line)."""
+    found = exit_code(error)
+    full = USER_FULL_ERROR and not isinstance(error, (Interrupted, NothingToDo))
+    if found is None or full:
+        raise error
+    line, code = found
+    print(line, file=sys.stdout if code == 0 else sys.stderr, flush=True)
+    sys.stdout.flush()
+    if isinstance(error, WorkerLost):
+        # Not sys.exit: TensorFlow's shutdown would wait for the lost peer at its exit barrier.
+        os._exit(code)
+    sys.exit(code)
+
+
+def guarded(work: Any) -> Any:
+    """Starts TensorFlow quietly and returns what `work()` returns; a bad input's error is
+    its one line on stderr, and the exit code (2) is returned instead."""
+    from hydra.errors import HydraException
+
+    try:
+        start_tensorflow()
+        return work()
+    except (*KNOWN_ERRORS, HydraException) as error:
+        print(f"error: {one_line(error)}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG

@@ -1,0 +1,157 @@
+"""A finished run's config composed again, for evaluation and prediction on this machine.
+
+The run's saved config (`RUN_DIR/.hydra/config.yaml`) is composed again by Hydra over the
+schema, with the command's overrides (`accelerator=cpu devices=2`, `checkpoint=last`), so a
+typo or a wrong type fails as it does for training; a multi-worker run's strategy becomes
+the one that runs it on this machine's devices. A decide module: no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from trainer.config.compose import compose_in
+from trainer.config.errors import ConfigError
+from trainer.config.schema import register_configs
+from trainer.distribute.strategy import KINDS
+from trainer.run.preflight import check_config
+from trainer.run.resolve import Spec, resolve
+from trainer.rundir.layout import RunDir
+from trainer.rundir.resume import latest_state
+
+CHECKPOINTS = ("best", "last")
+
+
+@dataclass(frozen=True)
+class Reopened:
+    """A finished run's config composed again for this machine: its `Spec`, and the
+    checkpoint (`best` or `last`) to load."""
+
+    run_dir: Path
+    spec: Spec
+    checkpoint: Path
+    which: str
+
+    @property
+    def images(self) -> bool:
+        """Whether the run trained on an image folder (its inputs are image files)."""
+        return str(self.spec.dataset["_target_"]).endswith("image_folder.load")
+
+
+def reopen(run_dir: str | Path, overrides: list[str]) -> Reopened:
+    """A run's saved config with the overrides, checked and resolved, and its checkpoint,
+    which must exist.
+
+    Raises:
+        ConfigError: not a run, a bad override, a missing checkpoint; one line each.
+    """
+    run_dir = Path(run_dir)
+    cfg, which = compose_run_config(run_dir, overrides)
+    return Reopened(run_dir, resolve(cfg), checkpoint_of(run_dir, which), which)
+SPLITS = ("validation", "test")
+
+
+def checkpoint_of(run_dir: Path, which: str) -> Path:
+    """The run's `best` or `last` checkpoint, which must exist."""
+    checkpoint = RunDir(run_dir).checkpoint(which)
+    if not checkpoint.is_file():
+        raise ConfigError(f"no checkpoint {checkpoint}; valid: checkpoint=best or "
+                          "checkpoint=last of a finished run")
+    return checkpoint
+
+
+def trained_on(run_dir: Path) -> dict | None:
+    """The data fingerprint the run kept: its summary's, else its newest backup's."""
+    try:
+        return json.loads(RunDir(run_dir).summary.read_text()).get("data")
+    except (OSError, ValueError, AttributeError):
+        return (latest_state(run_dir) or {}).get("data")
+
+
+def take_option(key: str, default: str | None,
+                overrides: list[str]) -> tuple[str | None, list[str]]:
+    """A `key=value` of the command's own (the last one given), and the other overrides."""
+    value, rest = default, []
+    for item in overrides:
+        if item.startswith(f"{key}="):
+            value = item.split("=", 1)[1]
+        else:
+            rest.append(item)
+    return value, rest
+
+
+def take_choice(key: str, valid: tuple[str, ...], overrides: list[str]) -> tuple[str, list[str]]:
+    """Evaluation's own `key=value` (the first of `valid` by default), and the rest."""
+    value, rest = valid[0], []
+    for item in overrides:
+        if item.startswith(f"{key}="):
+            value = item.split("=", 1)[1]
+        else:
+            rest.append(item)
+    if value not in valid:
+        raise ConfigError(f"{key} must be {' or '.join(valid)}; received: {value!r}")
+    return value, rest
+
+
+def compose_run_config(run_dir: Path, overrides: list[str]) -> tuple[DictConfig, str]:
+    """The run's saved config, composed again by Hydra over the schema with `overrides`.
+
+    Returns:
+        The config and which checkpoint (`best` or `last`) to load.
+    """
+    saved = RunDir(run_dir).config
+    if not saved.is_file():
+        raise ConfigError(f"{run_dir} is not a run directory (no .hydra/config.yaml)")
+    which, rest = take_choice("checkpoint", CHECKPOINTS, overrides)
+    register_configs()
+    try:
+        primary = OmegaConf.load(saved)
+    except Exception as error:  # noqa: BLE001 - yaml's and OmegaConf's errors alike
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ConfigError(f"{saved} is not a readable config ({first}); it was written by "
+                          "Hydra when the run started: restore it, or evaluate another run"
+                          ) from None
+    if not isinstance(primary, DictConfig) or "dataset" not in primary:
+        raise ConfigError(f"{saved} is not a run's config (no dataset in it); restore it, or "
+                          "evaluate another run")
+    primary.defaults = ["config_schema", "_self_"]
+    # Evaluation runs on this machine's devices, not a cluster's.
+    name = primary.strategy.name
+    primary.strategy.name = KINDS[name].evaluate_as if name in KINDS else name
+    primary.cluster = {"workers": [], "task_index": 0}
+    # Evaluation logs nothing (a tracker's package need not be here), and rebuilds the model
+    # only to load the checkpoint into it (no ImageNet download, no earlier weights file).
+    primary.pop("tensorboard", None)  # runs from before the logger group
+    primary.logger = {}
+    # Nor callbacks, a sweep's metric or a profile: their values may read Hydra's job
+    # (`${hydra:...}`), which evaluation does not run in.
+    primary.callbacks = {}
+    primary.optimized_metric = None
+    primary.profile = None
+    if "weights" in primary.model:
+        primary.model.weights = None
+    _same_split_as_trained(primary, run_dir)
+    with tempfile.TemporaryDirectory(prefix="trainer-evaluate-") as folder:
+        OmegaConf.save(primary, Path(folder) / "run.yaml")
+        cfg = compose_in(folder, "run", rest)
+    check_config(cfg)
+    return cfg, which
+
+
+def _same_split_as_trained(primary: DictConfig, run_dir: Path) -> None:
+    """Keeps the data split a run made before test splits existed trained on."""
+    dataset = primary.dataset
+    if "test_fraction" in dataset or "_target_" not in dataset:
+        return
+    if str(dataset._target_).endswith("digits.load"):
+        dataset.test_fraction = 0  # the held-out share was all validation: the same split
+    elif str(dataset._target_).endswith("image_folder.load"):
+        raise ConfigError(f"{run_dir} was trained before image_folder's own split (Keras's "
+                          "loader chose its validation files); its validation files cannot be "
+                          "listed again, so it cannot be evaluated without the risk of "
+                          "scoring training images")

@@ -1,0 +1,153 @@
+"""One run's session: the owner of each phase of a checked run and one stack of guards.
+
+`trainer.run.train.run` reads as the recipe (open the devices, assemble, restore, fit,
+evaluate, export, finish); this class holds what the phases hand each other (the device
+plan, the callbacks, the stop request) and, on the way out, turns failures into the errors
+a user reads (a lost worker, a full disk, an image that does not decode), finishes the
+trackers and stops the watchdog. Another worker of a cluster saves what the chief saves
+(some reads of distributed variables are collectives every worker must join) into a scratch
+place of its own, removed at the end.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from trainer.distribute.devices import open_devices, set_determinism
+from trainer.run.assemble import Run, assemble
+from trainer.run.drive import Trained, prepare_finetune, train_epochs
+from trainer.run.finish import Outcome, export, final_evaluations, stop_if_asked, stopped
+from trainer.run.guards import check_space, translate
+from trainer.run.preflight import Checked
+from trainer.run.resume import Start, restore_backup
+from trainer.run.summary import build_summary, process_seconds, write_summary
+from trainer.run.wiring import Callbacks, build_callbacks
+from trainer.rundir.backup import StopRequest, stop_on_signals
+from trainer.track.trackers import finish_trackers, logged_to
+
+
+class Session:
+    """The phases of one checked run, in the order `run` calls them."""
+
+    def __init__(self, checked: Checked, extra: Sequence[Any] = ()) -> None:
+        self.checked, self.spec, self.cluster = checked, checked.spec, checked.cluster
+        self.extra = tuple(extra)
+        self.started = time.perf_counter()
+        self.startup = process_seconds()
+        self.request = StopRequest()
+        self.run_dir = checked.run_dir
+        self.plan: Any = None  # the DevicePlan
+        self.run: Run | None = None
+        self.callbacks: Callbacks | None = None
+        self.start: Start | None = None
+        self.phases: Any = None
+        self._needed = 0
+        self._scratch = False
+        self._trackers_done = False
+
+    def __enter__(self) -> Session:
+        if self.run_dir is None:
+            self.run_dir = Path(tempfile.mkdtemp(
+                prefix=f"trainer-worker{self.cluster.task_id}-"))
+            self._scratch = True
+        return self
+
+    def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> bool:
+        try:
+            if self.callbacks is not None and self.callbacks.watchdog is not None:
+                self.callbacks.watchdog.stop()  # a failed fit never reaches on_train_end
+            if error is not None and self.callbacks is not None and not self._trackers_done:
+                finish_trackers(list(self.callbacks.trackers), None, "FAILED")
+            if isinstance(error, Exception):
+                epoch = self.callbacks.backup.epoch if self.callbacks is not None else None
+                translate(error, self.run, self.run_dir, self._needed, self.cluster,
+                                 epoch)
+        finally:
+            if self._scratch:
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+        return False
+
+    def open_devices(self) -> Any:
+        """Chooses this process's devices, hides the others and sets their options."""
+        self.plan = open_devices(self.spec.devices, self.cluster)
+        set_determinism(self.spec.deterministic)
+        return self.plan
+
+    def assemble(self) -> Run:
+        """Builds the run, its optimizer over every variable, and checks the free space."""
+        run = assemble(self.spec, self.plan, self.cluster)
+        with run.strategy.scope():  # the optimizer's slots are distributed variables
+            if not run.model.optimizer.built:  # built now: the space estimate counts them
+                run.model.optimizer.build(run.model.trainable_variables)
+        self._needed = check_space(run, self.run_dir, self.spec.export)
+        self.run = run
+        return run
+
+    def restore(self, run: Run) -> Start:
+        """Restores the newest backup, then wires the callbacks from that point."""
+        self.start = start = restore_backup(self.checked, run, self.run_dir)
+        # after the optimizer is built over every variable (in assemble)
+        self.phases = prepare_finetune(run.model, self.spec.finetune, self.spec.epochs)
+        self.callbacks = build_callbacks(
+            self.spec, run, self.run_dir, self.started, start.at, self.request, self.extra,
+            history=start.history)
+        self.callbacks.backup.resumed_metrics = start.metrics  # the resumed epoch's metrics
+        return start
+
+    @contextmanager
+    def listening(self) -> Iterator[None]:
+        """SIGTERM and Ctrl-C become a stop request: a clean stop with a backup, in the
+        training steps and in the end of the run (final evaluations, export) alike."""
+        with stop_on_signals(self.request):
+            yield
+
+    def fit(self, run: Run, start: Start) -> Trained:
+        """Trains from `start` to the last epoch with the run's loop."""
+        return train_epochs(self.spec, run, self.callbacks, start.at)
+
+    def evaluate(self, run: Run, trained: Trained) -> Outcome:
+        """Validation and test, each example once."""
+        return final_evaluations(run, self.callbacks, trained, self.spec.epochs,
+                                        self.spec.checkpoint.test_with, self.request,
+                                        self.startup)
+
+    def report(self, run: Run, outcome: Outcome) -> dict[str, Any] | None:
+        """The summary of a run that was not stopped (None for one that was)."""
+        if self.callbacks.backup.interrupted:
+            return None
+        return build_summary(self.spec, run, self.plan, self.run_dir, outcome,
+                                     self.callbacks, self.started, self.start.at,
+                                     self.checked.changes)
+
+    def export(self, run: Run, report: dict[str, Any] | None) -> None:
+        """The formats `export` names, into the summary; then a stop asked for is honoured."""
+        if report is None:
+            return
+        export(run, self.run_dir, self.spec.export, report)
+        stop_if_asked(self.request, "the export", self.run_dir, run.is_chief)
+
+    def finish(self, run: Run, report: dict[str, Any] | None) -> dict[str, Any]:
+        """Writes and prints the summary, finishes the trackers; a stopped run raises
+        `Interrupted` with where its backup is."""
+        callbacks = self.callbacks
+        self._trackers_done = True
+        if callbacks.backup.interrupted:
+            finish_trackers(list(callbacks.trackers), None, "KILLED")
+            raise stopped(run, callbacks.backup, self.request, self.run_dir)
+        report["loggers"] = logged_to(callbacks.trackers, self.run_dir)
+        report["finetune"] = self.phases
+        if run.is_chief:
+            callbacks.curves.draw(report["history"])  # what epoch ends left undrawn
+            write_summary(report, self.run_dir)
+            finish_trackers(list(callbacks.trackers), report, "FINISHED")
+        else:
+            cluster = self.cluster
+            print(f"worker {cluster.task_id} of {cluster.num_workers} finished; the chief "
+                  f"({cluster.addresses[0]}) wrote the checkpoints and summary", flush=True)
+        return report
