@@ -81,6 +81,9 @@ def test_sweep_over_devices_gives_each_job_its_devices(tmp_path):
     (["dataset=synthetic", "dataset.num_classes=1"],
      "error: dataset.num_classes must be at least 2 for a classifier; received: 1"),
     (["dataset=synthetic", "dataset.image_size=0"], "error: dataset.image_size must be a positive"),
+    # the built-in datasets follow a model's min_image_size; an explicit smaller size cannot
+    (["model=mobilenet", "dataset.image_size=8"],
+     "error: dataset.image_size=8 is below the smallest side model=mobilenet takes, 32x32"),
     (["dataset=synthetic", "dataset.channels=0"], "error: dataset.channels must be a positive"),
     (["dataset=synthetic", "dataset.train_examples=0"],
      "error: dataset.train_examples must be a positive integer; received: 0"),
@@ -174,16 +177,18 @@ def test_full_error_shows_the_traceback(tmp_path):
     assert out.returncode != 0 and "Traceback" in out.stderr
 
 
-def test_console_script_composes_the_config(tmp_path):
+def test_console_script_composes_and_resolves_the_config(tmp_path):
     script = Path(sys.executable).parent / "trainer"
     if not script.exists():
         pytest.fail(f"console script not installed next to {sys.executable}")
     import subprocess
 
-    out = subprocess.run([str(script), "model=mobilenet", "--cfg", "job"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run([str(script), "model=mobilenet", "--cfg", "job", "--resolve"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "_target_: trainer.models.mobilenet.build" in out.stdout
+    # the digits at the model's smallest input, resolved by Hydra itself
+    assert "  min_image_size: 32\n" in out.stdout and "  image_size: 32\n" in out.stdout
 
 
 def test_unknown_experiment_is_one_line_and_trains_nothing(tmp_path):
