@@ -96,7 +96,7 @@ def test_sweep_over_devices_gives_each_job_its_devices(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["model=foo"], "error: unknown model 'foo'; available: cifar10_cnn, cnn, keras_app, "
+    (["model=resnet"], "error: unknown model 'resnet'; available: cifar10_cnn, cnn, keras_app, "
                     "mobilenet"),
     (["dataset=imagenet"], "error: unknown dataset 'imagenet'; available: cats_vs_dogs, "
      "cifar10, digits, image_folder, mnist, synthetic, tfds"),
