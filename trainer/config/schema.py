@@ -12,6 +12,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from trainer.config.image_size import register_resolver
+
 ACCELERATORS = ("auto", "gpu", "cpu")
 STRATEGIES = ("auto", "mirrored", "one_device", "multi_worker", "default")
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduction_to_one_device", "collective")
@@ -245,8 +247,6 @@ SCHEMAS = {
 def register_configs() -> None:
     """Registers the schema of the whole config and of the built-in group options, and the
     resolvers the built-in YAML files use (`${trainer.image_size:8}`)."""
-    from trainer.config.image_size import register_resolver
-
     register_resolver()
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
