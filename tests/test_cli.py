@@ -12,21 +12,68 @@ import pytest
 
 from tests.conftest import TINY, error_lines, run_cli, run_main
 
+# The design card's command, and the zoo's on the default digits: each as the README writes
+# it (tests/test_docs.py maps them to these tests).
+DESIGN_CARD = "python -m trainer model=mobilenet devices=[0,1]"
+KERAS_APP = "python -m trainer model=keras_app accelerator=cpu devices=2"
+SHORT = ["epochs=1", "verbose=0", "logger=[]"]
 
-@pytest.mark.slow
-def test_mobilenet_on_two_replicas(tmp_path):
-    out = run_cli("model=mobilenet", "dataset.image_size=32", "accelerator=cpu", "devices=2",
-                  "epochs=1", "verbose=0",
-                  f"hydra.run.dir={tmp_path}", cwd=tmp_path, timeout=400)
-    assert out.returncode == 0, out.stderr[-3000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
+
+def _as_written(command: str) -> list[str]:
+    words = command.split()
+    assert words[:3] == ["python", "-m", "trainer"]
+    return words[3:]
+
+
+def _trains_on_two_logical_cpus(out, run_dir: Path, model: str) -> dict:
+    assert out.returncode == 0 and error_lines(out.stderr) == [], out.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["model"] == model and summary["dataset"] == "digits"
     assert summary["replicas"] == 2 and summary["strategy"] == "mirrored"
-    assert summary["model"] == "mobilenet"
+    assert summary["devices"] == ["/cpu:0", "/cpu:1"]
     assert summary["batch"]["global"] == 2 * summary["batch"]["per_replica"] == 128
     lr = summary["learning_rate"]
-    assert lr["rule"] == "linear"
     assert lr["scaled"] == pytest.approx(lr["base"] * 128 / lr["reference_batch"])
-    assert "Summary" in out.stdout and "batch global" in out.stdout
+    # the 8x8 digits at the model's smallest input, said in the summary with the reason
+    assert summary["image_size"] == {
+        "size": 32, "own": 8, "minimum": 32,
+        "why": f"32x32: dataset=digits is 8x8, resized up to the smallest side model={model} "
+               "takes (model.min_image_size=32)"}
+    assert "Summary" in out.stdout
+    row = next(line for line in out.stdout.splitlines() if line.startswith("  image size"))
+    assert row.split(None, 2)[2] == summary["image_size"]["why"]
+    return summary
+
+
+def test_the_design_cards_command_trains(tmp_path):
+    """`python -m trainer model=mobilenet devices=[0,1]` on the default digits, one epoch:
+    MobileNetV2 at its smallest input (32x32) on 2 logical CPU devices (no GPU here)."""
+    run_dir = tmp_path / "run"
+    out = run_main(*_as_written(DESIGN_CARD), *SHORT, f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    summary = _trains_on_two_logical_cpus(out, run_dir, "mobilenet")
+    assert summary["device_notes"] == ["no GPU: devices=[0,1] runs on 2 logical CPU devices"]
+    row = next(line for line in out.stdout.splitlines() if line.startswith("  devices"))
+    assert row.endswith("/cpu:0, /cpu:1 (no GPU: devices=[0,1] runs on 2 logical CPU devices)")
+
+
+@pytest.mark.slow
+def test_keras_app_on_the_default_digits_trains(tmp_path):
+    """`python -m trainer model=keras_app accelerator=cpu devices=2`, one epoch: MobileNetV2
+    from keras.applications at 32x32 (about 35 s: with the slow tests)."""
+    run_dir = tmp_path / "run"
+    out = run_main(*_as_written(KERAS_APP), *SHORT, f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    summary = _trains_on_two_logical_cpus(out, run_dir, "keras_app")
+    assert summary["device_notes"] == []  # accelerator=cpu asked for logical CPUs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command, model", [(DESIGN_CARD, "mobilenet"),
+                                            (KERAS_APP, "keras_app")])
+def test_the_headline_commands_as_written(tmp_path, command, model):
+    """The whole command in a fresh process, all 8 epochs (only the run directory added)."""
+    out = run_cli(*_as_written(command), f"hydra.run.dir={tmp_path}", cwd=tmp_path, timeout=900)
+    summary = _trains_on_two_logical_cpus(out, tmp_path, model)
+    assert summary["epochs_done"] == 8
     assert (tmp_path / ".hydra" / "config.yaml").is_file()
 
 
@@ -49,7 +96,7 @@ def test_sweep_over_devices_gives_each_job_its_devices(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["model=foo"], "error: unknown model 'foo'; available: cifar10_cnn, cnn, keras_app, "
+    (["model=resnet"], "error: unknown model 'resnet'; available: cifar10_cnn, cnn, keras_app, "
                     "mobilenet"),
     (["dataset=imagenet"], "error: unknown dataset 'imagenet'; available: cats_vs_dogs, "
      "cifar10, digits, image_folder, mnist, synthetic, tfds"),
@@ -81,6 +128,9 @@ def test_sweep_over_devices_gives_each_job_its_devices(tmp_path):
     (["dataset=synthetic", "dataset.num_classes=1"],
      "error: dataset.num_classes must be at least 2 for a classifier; received: 1"),
     (["dataset=synthetic", "dataset.image_size=0"], "error: dataset.image_size must be a positive"),
+    # the built-in datasets follow a model's min_image_size; an explicit smaller size cannot
+    (["model=mobilenet", "dataset.image_size=8"],
+     "error: dataset.image_size=8 is below the smallest side model=mobilenet takes, 32x32"),
     (["dataset=synthetic", "dataset.channels=0"], "error: dataset.channels must be a positive"),
     (["dataset=synthetic", "dataset.train_examples=0"],
      "error: dataset.train_examples must be a positive integer; received: 0"),
@@ -174,16 +224,18 @@ def test_full_error_shows_the_traceback(tmp_path):
     assert out.returncode != 0 and "Traceback" in out.stderr
 
 
-def test_console_script_composes_the_config(tmp_path):
+def test_console_script_composes_and_resolves_the_config(tmp_path):
     script = Path(sys.executable).parent / "trainer"
     if not script.exists():
         pytest.fail(f"console script not installed next to {sys.executable}")
     import subprocess
 
-    out = subprocess.run([str(script), "model=mobilenet", "--cfg", "job"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run([str(script), "model=mobilenet", "--cfg", "job", "--resolve"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "_target_: trainer.models.mobilenet.build" in out.stdout
+    # the digits at the model's smallest input, resolved by Hydra itself
+    assert "  min_image_size: 32\n" in out.stdout and "  image_size: 32\n" in out.stdout
 
 
 def test_unknown_experiment_is_one_line_and_trains_nothing(tmp_path):

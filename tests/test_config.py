@@ -32,6 +32,45 @@ def test_group_options_compose():
     assert cfg.strategy.name == "mirrored" and cfg.optimizer.momentum == 0.9
 
 
+@pytest.mark.parametrize("model, dataset, size", [
+    ("cnn", "digits", 8), ("mobilenet", "digits", 32), ("keras_app", "digits", 32),
+    ("cifar10_cnn", "digits", 8), ("mobilenet", "synthetic", 32), ("mobilenet", "mnist", 32),
+    ("cnn", "mnist", 28), ("mobilenet", "cats_vs_dogs", 224), ("mobilenet", "cifar10", 32),
+])
+def test_the_built_in_datasets_follow_the_models_smallest_input(model, dataset, size):
+    cfg = make_config(f"model={model}", f"dataset={dataset}")
+    assert cfg.dataset.image_size == size
+    validate(cfg)
+
+
+def test_image_size_choice_says_what_raised_it():
+    from trainer.config.image_size import describe_choice, image_size_choice
+
+    raised = image_size_choice(make_config("model=mobilenet"))
+    assert raised == {"size": 32, "own": 8, "minimum": 32}
+    assert describe_choice(raised, "mobilenet", "digits") == (
+        "32x32: dataset=digits is 8x8, resized up to the smallest side model=mobilenet takes "
+        "(model.min_image_size=32)")
+    assert image_size_choice(make_config()) == {"size": 8, "own": 8, "minimum": None}
+    given = image_size_choice(make_config("model=mobilenet", "dataset.image_size=48"))
+    assert given == {"size": 48, "own": 48, "minimum": 32}
+    assert describe_choice(given, "mobilenet", "digits").startswith("48x48 (dataset.image_size")
+    # a model that resizes its inputs itself takes any size: the dataset keeps its own
+    resizing = make_config("model=keras_app", "model.input_size=64")
+    assert resizing.dataset.image_size == 8 and image_size_choice(resizing)["minimum"] is None
+    assert image_size_choice(make_config("dataset=tfds", "dataset.name=mnist")) is None
+
+
+def test_an_explicit_image_size_below_the_models_minimum_is_one_line():
+    with pytest.raises(ConfigError) as error:
+        validate(make_config("model=mobilenet", "dataset.image_size=8"))
+    assert str(error.value) == (
+        "dataset.image_size=8 is below the smallest side model=mobilenet takes, 32x32 "
+        "(model.min_image_size); leave dataset.image_size out (the built-in datasets follow the "
+        "model's minimum) or set it >= 32")
+    validate(make_config("model=keras_app", "model.input_size=32", "dataset.image_size=8"))
+
+
 @pytest.mark.parametrize("override", ["epochs=x", "model.alpha=0.5", "nonsense=1",
                                       "dataset.image_size=big", "gpu.memory_growth=maybe"])
 def test_wrong_type_or_unknown_key_fails_at_compose_time(override):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -28,6 +29,19 @@ def test_gpu_selection(devices, visible):
 def test_auto_without_gpus_is_the_cpu_as_one_replica():
     plan = plan_devices("auto", "auto", num_gpus=0)
     assert plan == DevicePlan("cpu", (), 0, ("/cpu:0",))
+
+
+@pytest.mark.parametrize("devices, names", [
+    ([0, 1], ("/cpu:0", "/cpu:1")), (2, ("/cpu:0", "/cpu:1")), ([1, 3], ("/cpu:1", "/cpu:3"))])
+def test_a_device_request_without_gpus_runs_on_logical_cpus_and_says_so(devices, names):
+    """`devices=[0,1]` (the README's GPUs 0 and 1) on a machine without a GPU: the same
+    replicas on logical CPU devices, as accelerator=cpu gives, with a note for the summary."""
+    plan = plan_devices("auto", devices, num_gpus=0)
+    assert plan.kind == "cpu" and plan.names == names and plan.warnings == ()
+    assert replace(plan, notes=()) == plan_devices("cpu", devices, num_gpus=0)
+    shown = "[" + ",".join(map(str, devices)) + "]" if isinstance(devices, list) else devices
+    assert plan.notes == (f"no GPU: devices={shown} runs on 2 logical CPU devices",)
+    assert plan_devices("cpu", devices, num_gpus=0).notes == ()  # asked for: nothing to say
 
 
 def test_cpu_split_into_logical_devices():

@@ -1,11 +1,13 @@
 """The README and docs/: short README, its first commands exact, every relative link alive.
 
-Plain text checks (no TensorFlow of their own): they read README.md and docs/*.md.
+Plain text checks (no TensorFlow of their own): they read README.md and docs/*.md, and list
+every command there with the test that runs it or the reason it cannot run here.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -17,6 +19,7 @@ SETUP = ("python3 -m venv .venv && .venv/bin/pip install -e '.[dev]' && "
 TESTS = ".venv/bin/python -m pytest"
 
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
+FENCE_INFO = re.compile(r"^```([^\n]*)\n(.*?)^```", re.S | re.M)
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
@@ -80,3 +83,219 @@ def test_no_reference_to_files_outside_the_repository():
     texts = {path: path.read_text() for path in [README, *DOCS, *code]}
     assert [str(p.relative_to(REPO)) for p, text in texts.items()
             if "PERF_NOTES" in text or "DESIGN.md" in text or "../shared" in text] == []
+
+
+# Every command of the README and docs/: each line of a ```bash block (a `\` continuation or
+# an open quote joins the next line; `# ...` comments dropped) and each `$ ` line of other
+# blocks (the one-line errors shown with their command). Each is run by a test, named here
+# as file::function, or listed in NOT_RUN_HERE with why it cannot run on this machine; a
+# command added to the docs without either fails `test_every_documented_command_is_tested`.
+RUNS_AS_WRITTEN = "tests/test_readme_examples.py::test_a_documented_command_runs"
+TESTED_BY = {
+    # the README
+    "python -m trainer": RUNS_AS_WRITTEN,
+    "python -m trainer model=mobilenet devices=[0,1]":
+        "tests/test_cli.py::test_the_design_cards_command_trains",
+    "python -m trainer model=keras_app accelerator=cpu devices=2":
+        "tests/test_cli.py::test_keras_app_on_the_default_digits_trains",
+    "python -m trainer -m accelerator=cpu devices=1,2,4":
+        "tests/test_cli.py::test_sweep_over_devices_gives_each_job_its_devices",
+    "python -m trainer.distribute.devices":
+        "tests/test_devices.py::test_devices_helper_lists_logical_cpus",
+    "python -m trainer dataset._target_=wine.load model._target_=wine.build optimizer.lr=0.01 "
+    "batch.per_replica=16 accelerator=cpu devices=2":
+        "tests/test_readme_examples.py::test_own_classification_example_trains_on_two_replicas",
+    "python -m trainer dataset._target_=shop.load model._target_=shop.build optimizer.lr=0.01 "
+    "'loss={label: sparse_categorical_crossentropy, score: mse}' 'loss_weights={label: 1, "
+    "score: 0.1}' 'metrics={label: [accuracy], score: [mae]}' "
+    "checkpoint.monitor=val_label_accuracy devices=2":
+        "tests/test_readme_examples.py::test_two_input_two_output_example_beats_trivial_answers",
+    "python -m trainer hydra.run.dir=runs/a checkpoint.backup_every=50":
+        "tests/test_fault_tolerance.py::test_sigterm_stops_at_a_step_and_resumes_from_it",
+    "python -m trainer epochs=20 resume=runs/a":
+        "tests/test_fault_tolerance.py::test_finished_run_is_not_overwritten_unless_resumed",
+    "python -m trainer.launch --workers 2 epochs=3 hydra.run.dir=runs/two":
+        "tests/test_multiworker.py::test_two_workers_train_like_one",
+    "python -m trainer -m optimizer.lr=0.01,0.1 batch.per_replica=32,64":
+        "tests/test_sweep.py::test_a_grid_sweep_runs_every_job_and_names_the_failed_one",
+    "python -m trainer -m hparams_search=digits_optuna":
+        "tests/test_sweep.py::test_optuna_search_goes_on_past_a_failed_trial_and_tables_every_trial",
+    "python -m trainer logger=[tensorboard,csv,mlflow]": RUNS_AS_WRITTEN,
+    # docs/api.md
+    "python -m trainer.predict runs/a input=new_images/ output=predictions.csv accelerator=cpu "
+    "devices=3": "tests/test_api.py::test_predict_from_the_command_line_and_its_one_line_errors",
+    # docs/configuration.md: the one-line errors
+    "python -m trainer model=resnet":
+        "tests/test_cli.py::test_config_errors_are_one_line_and_exit_2",
+    "python -m trainer accelerator=cpu devices=3 batch.per_replica=null batch.global_size=100":
+        "tests/test_cli.py::test_config_errors_are_one_line_and_exit_2",
+    "python -m trainer +epoch=1": "tests/test_cli.py::test_config_errors_are_one_line_and_exit_2",
+    # docs/devices-and-performance.md
+    "python -m trainer -m accelerator=cpu devices=1,2,4 epochs=2":
+        "tests/test_cli.py::test_sweep_over_devices_gives_each_job_its_devices",
+    "python -m trainer.track.report multirun/<date>/<time>":
+        "tests/test_report.py::test_report_of_a_real_sweep",
+    "python -m trainer batch.per_replica=null batch.global_size=2048 batch.max_per_replica=256 "
+    "batch.accumulate=auto": RUNS_AS_WRITTEN,
+    # docs/own-task.md
+    "python -m trainer 'loss={_target_: keras.losses.SparseCategoricalCrossentropy, "
+    "from_logits: true}'": RUNS_AS_WRITTEN,
+    "python -m trainer 'metrics=[accuracy,{_target_: keras.metrics.SparseTopKCategoricalAccuracy,"
+    " k: 3}]'": RUNS_AS_WRITTEN,
+    "python -m trainer optimizer=adamw optimizer.weight_decay=0.01 optimizer.global_clipnorm=1.0":
+        RUNS_AS_WRITTEN,
+    "python -m trainer callbacks=[early_stopping,csv_logger] callbacks.early_stopping.patience=5":
+        RUNS_AS_WRITTEN,
+    "python -m trainer --config-dir conf experiment=diabetes accelerator=cpu devices=2":
+        "tests/test_task.py::test_readme_project_trains_outside_the_repository_from_an_installed_"
+        "trainer",
+    "python -m trainer.evaluate outputs/2026-11-22/10-00-00 split=test accelerator=cpu devices=3":
+        "tests/test_splits.py::test_test_split_evaluated_on_1_3_4_replicas_equals_numpy_over_"
+        "every_example",
+    "python -m trainer model=keras_app model.name=ResNet50V2 model.input_size=64 accelerator=cpu "
+    "devices=2": RUNS_AS_WRITTEN,
+    "python -m trainer model=keras_app model.name=MobileNetV3Small "
+    "model.weights=outputs/.../checkpoints/best.keras":
+        "tests/test_zoo.py::test_weights_from_an_earlier_runs_checkpoint_load_into_the_backbone",
+    "python -m trainer augment=[flip,crop]": RUNS_AS_WRITTEN,
+    "python -m trainer model=keras_app model.input_size=32 "
+    "'augment=[flip,crop,rotation,zoom,contrast]'": RUNS_AS_WRITTEN,
+    # docs/resume.md
+    "python -m trainer.evaluate outputs/2026-11-21/10-00-00 accelerator=cpu devices=2 "
+    "checkpoint=last":
+        "tests/test_task.py::test_evaluate_on_2_replicas_gives_the_metrics_of_a_run_trained_on_1",
+    # docs/sweeps-and-trackers.md
+    "python -m trainer -m hparams_search=digits_optuna hydra.sweeper.n_trials=40 epochs=10":
+        "tests/test_sweep.py::test_optuna_search_goes_on_past_a_failed_trial_and_tables_every_trial",
+    "python -m trainer logger=[mlflow] logger.mlflow.tracking_uri=http://127.0.0.1:5999":
+        "tests/test_loggers.py::test_an_unreachable_tracking_server_is_one_line_before_"
+        "tensorflow_starts",
+}
+NOT_RUN_HERE = {
+    ".venv/bin/python -m pytest": "the test suite itself, which runs every test named here",
+    "python3 -m venv .venv && .venv/bin/pip install -e '.[dev]' && .venv/bin/python -m trainer":
+        "a fresh virtual environment installed from PyPI (minutes, and the network); its last "
+        "part, the default run, is `python -m trainer` above",
+    "python -m trainer -m experiment=mnist_towers devices=1,2,4,8":
+        "downloads MNIST through TFDS (no network here) and means 8 GPUs; the experiment's "
+        "one epoch on mock data is tests/test_experiments.py::"
+        "test_experiment_runs_one_short_epoch",
+    "srun .venv/bin/python -m trainer model=mobilenet dataset=cifar10 "
+    "hydra.run.dir=runs/${SLURM_JOB_ID}":
+        "a SLURM cluster (srun) and CIFAR-10's download; a faked job step is "
+        "tests/test_multiworker.py::test_a_faked_slurm_step_trains_as_two_workers_like_one_and_"
+        "only_the_chief_logs",
+    "python -m trainer loss=categorical_crossentropy ...":
+        "a pattern, not a command (`...` is the rest of a command line); loss names are run by "
+        "tests/test_task.py::test_binary_task_keeps_the_checkpoint_with_the_highest_auc",
+    "python -m trainer model=keras_app model.name=EfficientNetV2B0 model.weights=imagenet "
+    "dataset=cats_vs_dogs":
+        "downloads the ImageNet weights and cats_vs_dogs (no network here); offline it is the "
+        "one line of tests/test_zoo.py::test_imagenet_weights_offline_is_one_line_naming_the_file",
+    "python -m trainer model=keras_app model.input_size=32 model.weights=imagenet "
+    "finetune.freeze_backbone=true finetune.unfreeze_at_epoch=6 finetune.unfreeze_layers=54 "
+    "epochs=10":
+        "downloads the ImageNet weights (no network here); the same phases on a small backbone "
+        "are tests/test_finetune.py",
+    "python -m trainer model=mobilenet dataset=cifar10 strategy=multi_worker "
+    "cluster.workers=[10.0.0.1:2222,10.0.0.2:2222] cluster.task_index=0 hydra.run.dir=runs/mw":
+        "two machines at 10.0.0.1 and 10.0.0.2, and CIFAR-10's download; the same on 127.0.0.1 "
+        "is tests/test_multiworker.py::test_two_processes_started_by_hand",
+    "python -m trainer model=mobilenet dataset=cifar10 strategy=multi_worker "
+    "cluster.workers=[10.0.0.1:2222,10.0.0.2:2222] cluster.task_index=1 hydra.run.dir=runs/mw":
+        "the second of those two machines",
+    "export TF_CONFIG='{\"cluster\": {\"worker\": [\"10.0.0.1:2222\", \"10.0.0.2:2222\"]}, "
+    "\"task\": {\"type\": \"worker\", \"index\": 0}}'":
+        "the environment of a cluster's machine, not a run; TF_CONFIG clusters are "
+        "tests/test_multiworker.py::test_two_processes_started_by_hand",
+}
+
+
+def _strip_comment(line: str) -> str:
+    """A shell line without its `# comment` (a `#` outside quotes after a space)."""
+    quote = None
+    for i, char in enumerate(line):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i]
+    return line
+
+
+def _complete(text: str) -> bool:
+    try:
+        shlex.split(text)
+    except ValueError:  # an open quote: the command goes on on the next line
+        return False
+    return True
+
+
+def commands(path: Path) -> list[str]:
+    """The commands of a Markdown file, one per logical line, whitespace collapsed."""
+    found = []
+    for info, body in FENCE_INFO.findall(path.read_text()):
+        shell, pending = info.strip() == "bash", ""
+        for raw in body.splitlines():
+            if not shell and not raw.startswith("$ "):
+                continue
+            text = f"{pending}\n{raw if shell else raw[2:]}" if pending else (
+                raw if shell else raw[2:])
+            if text.rstrip().endswith("\\"):
+                pending = text.rstrip()[:-1]
+                continue
+            if not _complete(text):
+                pending = text
+                continue
+            pending = ""
+            command = " ".join((_strip_comment(text) if shell else text).split())
+            if command:
+                found.append(command)
+    return found
+
+
+def documented_commands() -> dict[str, list[str]]:
+    """{command: the pages it is on}, over the README and docs/."""
+    found: dict[str, list[str]] = {}
+    for page in [README, *DOCS]:
+        for command in commands(page):
+            found.setdefault(command, []).append(str(page.relative_to(REPO)))
+    return found
+
+
+def test_commands_are_read_as_a_user_types_them():
+    page = REPO / "docs" / "several-machines.md"
+    # an open quote joins the next line
+    assert ("export TF_CONFIG='{\"cluster\": {\"worker\": [\"10.0.0.1:2222\", "
+            "\"10.0.0.2:2222\"]}, \"task\": {\"type\": \"worker\", \"index\": 0}}'"
+            ) in commands(page)
+    assert not any(c.startswith("#") for c in commands(page))  # #!/bin/bash, #SBATCH
+    assert "python -m trainer model=resnet" in commands(REPO / "docs" / "configuration.md")
+
+
+def test_the_readme_shows_the_design_cards_command():
+    block = FENCE.findall(README.read_text().split("## What a run looks like", 1)[1])[0]
+    shown = [" ".join(_strip_comment(line).split()) for line in block.splitlines()]
+    assert "python -m trainer model=mobilenet devices=[0,1]" in shown
+
+
+def test_every_documented_command_is_tested():
+    documented = documented_commands()
+    untested = [f"{c}  ({', '.join(pages)})" for c, pages in documented.items()
+                if c not in TESTED_BY and c not in NOT_RUN_HERE]
+    assert untested == [], "map each to the test that runs it, or to why it cannot run here"
+    assert not set(TESTED_BY) & set(NOT_RUN_HERE)
+    # no entry for a command the docs no longer have
+    assert sorted((set(TESTED_BY) | set(NOT_RUN_HERE)) - set(documented)) == []
+    assert all(reason.strip() for reason in NOT_RUN_HERE.values())
+
+
+def test_every_test_named_for_a_command_exists():
+    missing = []
+    for test in set(TESTED_BY.values()):
+        file, _, name = test.partition("::")
+        source = REPO / file
+        if not source.is_file() or not re.search(rf"^def {name}\(", source.read_text(), re.M):
+            missing.append(test)
+    assert missing == []

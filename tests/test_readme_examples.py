@@ -1,9 +1,11 @@
-"""The README's own-task examples, extracted verbatim and run as a user would run them.
+"""The README's own-task examples, extracted verbatim and run as a user would run them, and
+the documented commands that need nothing but themselves.
 
 Each `<!-- example: NAME.py -->` block is written into a fresh project directory and each
 `<!-- example: NAME.sh -->` block is run there (shortened to 3 epochs, quiet, on logical
 CPU devices; the command line's whole path, in the test process), so the documented examples
-are the tested ones.
+are the tested ones. `test_a_documented_command_runs` runs each command tests/test_docs.py
+maps to it, as written, shortened to one quiet epoch.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ import re
 import shlex
 
 import numpy as np
+import pytest
 
 from tests.conftest import REPO, error_lines, run_main
+from tests.test_docs import RUNS_AS_WRITTEN, TESTED_BY
 
 
 def examples() -> dict[str, str]:
@@ -59,3 +63,25 @@ def test_two_input_two_output_example_beats_trivial_answers(tmp_path):
     best = json.loads((tmp_path / "run-shop" / "checkpoints" / "best.keras.best.json")
                       .read_text())
     assert best["monitor"] == "val_label_accuracy"
+
+
+AS_WRITTEN = sorted(command for command, test in TESTED_BY.items() if test == RUNS_AS_WRITTEN)
+# keras.applications networks on 2 replicas: 30 s and more each, with the slow tests
+HEAVY = {command for command in AS_WRITTEN if "model=keras_app" in command}
+
+
+@pytest.mark.parametrize("command", [
+    pytest.param(c, marks=pytest.mark.slow) if c in HEAVY else c for c in AS_WRITTEN],
+    ids=lambda command: re.sub(r"\W+", "_", command.removeprefix("python -m trainer"))[:60]
+    or "default")
+def test_a_documented_command_runs(tmp_path, command):
+    """A command of the README or docs/ as written, one epoch, quiet, in its own directory."""
+    args = shlex.split(command)
+    assert args[:3] == ["python", "-m", "trainer"]
+    quiet = [] if any(a.startswith("logger=") for a in args) else ["logger=[]"]
+    run_dir = tmp_path / "run"
+    out = run_main(*args[3:], "epochs=1", "verbose=0", *quiet, f"hydra.run.dir={run_dir}",
+                   cwd=tmp_path)
+    assert out.returncode == 0 and error_lines(out.stderr) == [], out.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["epochs_done"] == 1 and "Summary" in out.stdout

@@ -145,6 +145,16 @@ def test_trackers_sweep_and_network_keys_may_change_on_resume():
         "cluster.port_base"}
 
 
+def test_a_backup_from_before_models_stated_their_smallest_input_resumes():
+    # model.min_image_size only raises dataset.image_size, which is compared itself
+    state, config = _state()
+    state["config"]["dataset"] = {"image_size": 32}
+    new = _with(config, **{"model.min_image_size": 32, "dataset.image_size": 32})
+    assert check_resume(Path("r"), state, new) == {"model.min_image_size": [None, 32]}
+    with pytest.raises(ConfigError, match=r"dataset.image_size from 32 to 48"):
+        check_resume(Path("r"), state, _with(new, **{"dataset.image_size": 48}))
+
+
 def test_a_backup_from_before_test_splits_resumes_with_its_old_data_values():
     state, config = _state()
     state["config"]["dataset"] = {"_target_": "trainer.data.digits.load",

@@ -80,8 +80,16 @@ def test_mobilenet_on_synthetic_data(tiny_config, tmp_path):
 
 
 def test_mobilenet_refuses_small_images(tiny_config, tmp_path):
-    with pytest.raises(ConfigError, match="at least 32x32; received: 8x8"):
+    # tiny_config's explicit dataset.image_size=8, below model.min_image_size: refused in the
+    # pre-flight, before anything is built
+    with pytest.raises(ConfigError, match=r"dataset.image_size=8 is below the smallest side "
+                                          r"model=mobilenet takes, 32x32 \(model.min_image_size\)"):
         train(tiny_config("model=mobilenet", "accelerator=cpu", "devices=1"), run_dir=tmp_path)
+    # and by the builder itself, for a dataset that states no image_size (a user's own)
+    from trainer.models import mobilenet
+
+    with pytest.raises(ConfigError, match="at least 32x32; received: 8x8"):
+        mobilenet.build((8, 8, 1), 10)
 
 
 def test_config_errors_leave_nothing_behind(tiny_config, tmp_path):

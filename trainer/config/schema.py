@@ -12,6 +12,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from trainer.config.image_size import register_resolver
+
 ACCELERATORS = ("auto", "gpu", "cpu")
 STRATEGIES = ("auto", "mirrored", "one_device", "multi_worker", "default")
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduction_to_one_device", "collective")
@@ -114,6 +116,9 @@ class CnnConfig:
 class MobileNetConfig:
     _target_: str = "trainer.models.mobilenet.build"
     alpha: float = 0.35
+    # the smallest image side the model takes; the built-in datasets resize up to it
+    # (trainer.config.image_size)
+    min_image_size: int | None = 32
 
 
 @dataclass
@@ -130,6 +135,8 @@ class KerasAppConfig:
     input_size: int | None = None
     pooling: str = "avg"
     dropout: float = 0.2
+    # the smallest image side the backbone takes, where input_size does not resize
+    min_image_size: int | None = 32
 
 
 @dataclass
@@ -238,7 +245,9 @@ SCHEMAS = {
 
 
 def register_configs() -> None:
-    """Registers the schema of the whole config and of the built-in group options."""
+    """Registers the schema of the whole config and of the built-in group options, and the
+    resolvers the built-in YAML files use (`${trainer.image_size:8}`)."""
+    register_resolver()
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
     for group, nodes in SCHEMAS.items():

@@ -13,6 +13,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from trainer.config.errors import ConfigError
+from trainer.config.image_size import check_image_size
 from trainer.config.schema import (
     ACCELERATORS,
     CROSS_DEVICE_OPS,
@@ -252,6 +253,7 @@ def validate(cfg: DictConfig) -> None:
         _require(isinstance(node, DictConfig) and "_target_" in node,
                  f"{group} must name a builder with _target_; received: {node!r}")
     _validate_builders(cfg.model, cfg.dataset)
+    check_image_size(cfg)
 
 
 def _validate_speed(cfg: DictConfig) -> None:
@@ -282,8 +284,9 @@ def _validate_builders(model: DictConfig, dataset: DictConfig) -> None:
                 "shuffle_buffer"):
         if dataset.get(key) is not None:
             _positive_int(f"dataset.{key}", dataset[key])
-    if model.get("input_size") is not None:
-        _positive_int("model.input_size", model.input_size)
+    for key in ("input_size", "min_image_size"):
+        if model.get(key) is not None:
+            _positive_int(f"model.{key}", model[key])
     if dataset.get("channels") is not None and "image" in str(dataset._target_):
         _one_of("dataset.channels", dataset.channels, (1, 3, 4))
     if dataset.get("num_classes") is not None:

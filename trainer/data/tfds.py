@@ -27,7 +27,8 @@ def load(name: str, train_split: str = "train", validation_split: str = "auto",
         validation_fraction: the share of `train_split` an `auto` validation carves off.
         data_dir: where TFDS keeps prepared data; None for TFDS's own default.
         download: download and prepare when missing; False never touches the network.
-        image_size: resize images to this square side (needed where sizes vary).
+        image_size: resize images to this square side (needed where sizes vary); their own
+            side reads them as they are.
         seed: seed for the order in which TFDS reads its files.
 
     Returns:
@@ -50,14 +51,18 @@ def load(name: str, train_split: str = "train", validation_split: str = "auto",
     datasets = builder.as_dataset(
         split=splits, as_supervised=True, shuffle_files=True,
         read_config=tfds.ReadConfig(shuffle_seed=seed))
-    shape = _input_shape(name, builder.info.features["image"].shape, image_size)
+    own = tuple(builder.info.features["image"].shape)
+    shape = _input_shape(name, own, image_size)
+    # mnist.yaml's image_size: 28 (its own side, stated so a model's minimum can raise it)
+    # reads the images as they are
+    resize = image_size and shape[:2] != own[:2]
     test = datasets[2] if test_split else None
     return Source(
         train=datasets[0], validation=datasets[1],
         train_size=_size(builder.info, train_split, datasets[0]),
         validation_size=_size(builder.info, validation_split, datasets[1]),
         input_shape=shape, num_classes=builder.info.features["label"].num_classes,
-        preprocess=_resize(image_size) if image_size else None, scale=1.0 / 255.0,
+        preprocess=_resize(image_size) if resize else None, scale=1.0 / 255.0,
         test=test, test_size=_size(builder.info, test_split, test) if test_split else 0,
         splits={"train": train_split, "validation": validation_split, "test": test_split})
 

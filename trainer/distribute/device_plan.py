@@ -9,7 +9,7 @@ TensorFlow, which must happen before its runtime starts. A decide module: no Ten
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from trainer.config.errors import ConfigError
@@ -32,6 +32,8 @@ class DevicePlan:
         logical_cpus: logical CPU devices to split the host into (0 keeps TensorFlow's one).
         names: the devices the strategy places replicas on, e.g. `("/gpu:0", "/gpu:1")`.
         warnings: what soft placement changed, for the log and the summary.
+        notes: how a request was read on this machine (a device list without a GPU), for
+            the summary.
     """
 
     kind: str
@@ -39,6 +41,7 @@ class DevicePlan:
     logical_cpus: int
     names: tuple[str, ...]
     warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
 
 def plan_devices(accelerator: str, devices: Any, num_gpus: int,
@@ -62,7 +65,16 @@ def plan_devices(accelerator: str, devices: Any, num_gpus: int,
             raise DeviceError("accelerator=gpu but TensorFlow sees no GPU; available: cpu "
                               "(use accelerator=cpu, or soft_placement=true)")
         return _cpu_plan(spec, ("no GPU found; using the CPU instead",))
-    return _gpu_plan(spec, num_gpus, soft_placement) if kind == "gpu" else _cpu_plan(spec)
+    if kind == "gpu":
+        return _gpu_plan(spec, num_gpus, soft_placement)
+    plan = _cpu_plan(spec)
+    if accelerator == "auto" and spec != "auto":
+        # devices=[0,1] or devices=2 on a machine without a GPU: the same replicas on the
+        # host CPU split into logical devices (as accelerator=cpu), said in the summary
+        count = len(plan.names)
+        plan = replace(plan, notes=(f"no GPU: devices={_show(spec)} runs on {count} logical "
+                                    f"CPU device{'s' if count > 1 else ''}",))
+    return plan
 
 
 def _gpu_plan(spec: Any, num_gpus: int, soft_placement: bool) -> DevicePlan:

@@ -72,7 +72,7 @@ class AppPreprocess(keras.layers.Layer):
 
 def build(input_shape: tuple[int, ...], num_classes: int, name: str = "MobileNetV2",
           weights: str | None = None, input_size: int | None = None, pooling: str = "avg",
-          dropout: float = 0.2) -> keras.Model:
+          dropout: float = 0.2, min_image_size: int | None = None) -> keras.Model:
     """Builds `name` from `keras.applications` without its top, and a new head.
 
     Args:
@@ -84,6 +84,9 @@ def build(input_shape: tuple[int, ...], num_classes: int, name: str = "MobileNet
             None: the images' own size.
         pooling: `avg` or `max` over the backbone's last feature map.
         dropout: before the new classification layer.
+        min_image_size: the smallest image side the backbone takes where `input_size` is
+            None (the config's; the built-in datasets resize up to it); None: the network's
+            own check.
 
     Returns:
         An uncompiled model: inputs -> preprocessing -> `backbone` -> pooling -> head.
@@ -92,6 +95,11 @@ def build(input_shape: tuple[int, ...], num_classes: int, name: str = "MobileNet
     if pooling not in ("avg", "max"):
         raise ConfigError(f"model.pooling must be avg or max; received: {pooling!r}")
     size = input_size or input_shape[0]
+    if input_size is None and min_image_size and min(input_shape[:2]) < min_image_size:
+        raise ConfigError(f"model=keras_app ({name}) needs images of at least "
+                          f"{min_image_size}x{min_image_size}; received: "
+                          f"{input_shape[0]}x{input_shape[1]} (set dataset.image_size>="
+                          f"{min_image_size}, or model.input_size to resize in the model)")
     inputs = keras.Input(shape=tuple(input_shape))
     x = inputs
     if (size, size) != tuple(input_shape[:2]):

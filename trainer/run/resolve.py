@@ -15,6 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from trainer.config.image_size import image_size_choice
 from trainer.config.schema import (
     BatchConfig,
     CheckpointConfig,
@@ -51,6 +52,8 @@ class Spec:
             `wine`), read from Hydra in a Hydra job (before TensorFlow starts); empty
             outside one (`train(cfg, run_dir)` in code), where the summary names the
             `_target_`'s module instead.
+        image_size: the dataset's image side, its own and the model's minimum
+            (`trainer.config.image_size.image_size_choice`), for the summary; None: none.
     """
 
     record: dict[str, Any]
@@ -85,6 +88,7 @@ class Spec:
     profile: tuple[int, int] | None
     optimized_metric: str | None
     choices: dict[str, str] = field(default_factory=dict)
+    image_size: dict[str, Any] | None = None
 
 
 # The config groups whose choice names the run in its summary.
@@ -156,4 +160,5 @@ def resolve(cfg: DictConfig, choices: dict[str, str] | None = None) -> Spec:
         optimized_metric=node("optimized_metric"),
         choices=hydra_choices() if choices is None else {
             g: str(choices[g]) for g in NAMED_GROUPS if choices.get(g) is not None},
+        image_size=image_size_choice(cfg),
     )

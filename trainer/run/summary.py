@@ -9,6 +9,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from trainer.config.image_size import describe_choice
 from trainer.data.augment import describe
 from trainer.data.fingerprint import of_source
 from trainer.rundir.atomic import write_json
@@ -58,12 +59,17 @@ def build_summary(spec: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, c
 
 def _what_ran(spec: Any, run: Any, plan: Any, callbacks: Any) -> dict[str, Any]:
     cluster = run.cluster
+    model = spec.choices.get("model") or _name(spec.model["_target_"])
+    dataset = spec.choices.get("dataset") or _name(spec.dataset["_target_"])
     return {
-        "model": spec.choices.get("model") or _name(spec.model["_target_"]),
-        "dataset": spec.choices.get("dataset") or _name(spec.dataset["_target_"]),
+        "model": model,
+        "dataset": dataset,
+        "image_size": None if spec.image_size is None else {
+            **spec.image_size, "why": describe_choice(spec.image_size, model, dataset)},
         "parameters": _parameters(run.model),
         "accelerator": plan.kind,
         "devices": list(plan.names),
+        "device_notes": list(plan.notes),
         "replicas": run.strategy.num_replicas_in_sync,
         "strategy": run.strategy_name,
         "cross_device_ops": run.cross_device_ops,
@@ -207,7 +213,10 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("model / dataset", f"{summary['model']} / {summary['dataset']}"),
         *([("parameters", "{trainable:,} trainable, {frozen:,} frozen".format(
             **summary["parameters"]))] if summary.get("parameters") else []),
-        ("devices", summary["devices"]),
+        *([("image size", summary["image_size"]["why"])] if summary.get("image_size")
+          else []),
+        ("devices", _fmt(summary["devices"]) + "".join(
+            f" ({note})" for note in summary.get("device_notes") or [])),
         ("replicas", summary["replicas"] if summary.get("workers", 1) == 1 else
          f"{summary['replicas']} on {summary['workers']} workers"),
         ("strategy", f"{summary['strategy']} (cross-device ops: {summary['cross_device_ops']})"),

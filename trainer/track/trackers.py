@@ -70,9 +70,12 @@ class MlflowTracker(Tracker):
 
     def __init__(self, options: Mapping, run_dir: Path, params: dict[str, Any]) -> None:
         super().__init__()
+        from mlflow.tracking import MlflowClient
+
+        # After the import: importing mlflow sets its logger to INFO, and a new SQLite
+        # store's "Creating initial MLflow database tables" lines then reached stderr.
         for name in ("mlflow", "alembic"):
             logging.getLogger(name).setLevel(logging.WARNING)
-        from mlflow.tracking import MlflowClient
 
         self.run_dir = Path(run_dir)
         uri = options.get("tracking_uri")
