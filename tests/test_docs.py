@@ -100,6 +100,10 @@ TESTED_BY = {
         "tests/test_cli.py::test_keras_app_on_the_default_digits_trains",
     "python -m trainer -m accelerator=cpu devices=1,2,4":
         "tests/test_cli.py::test_sweep_over_devices_gives_each_job_its_devices",
+    "python -m trainer tune=lr":
+        "tests/test_tune.py::test_the_suggested_rate_trains_as_well_and_replicas_agree",
+    "python -m trainer tune=batch accelerator=cpu devices=2":
+        "tests/test_tune.py::test_tune_batch_draws_a_throughput_curve_and_suggests_a_batch_on_it",
     "python -m trainer.distribute.devices":
         "tests/test_devices.py::test_devices_helper_lists_logical_cpus",
     "python -m trainer dataset._target_=wine.load model._target_=wine.build optimizer.lr=0.01 "

@@ -7,6 +7,7 @@ The Python API (see `trainer.api`):
     result.history["val_accuracy"], result.run_dir
     trainer.evaluate(result.run_dir, ["split=test"])
     trainer.predict(result.run_dir, "new_images/")
+    trainer.tune(["accelerator=cpu", "devices=2"], what="lr")
 
 Nothing heavy is imported by `import trainer`: each name loads on first use.
 """
@@ -17,11 +18,11 @@ import importlib
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Result", "TrainerError", "evaluate", "fit", "predict"]
+__all__ = ["Result", "TrainerError", "evaluate", "fit", "predict", "tune"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("fit", "Result"):
+    if name in ("fit", "Result", "tune"):
         return getattr(importlib.import_module("trainer.api"), name)
     if name == "TrainerError":
         return importlib.import_module("trainer.config.outcome").TrainerError

@@ -44,9 +44,9 @@ def _hydra_main(cfg: DictConfig) -> Any:
         with _checked[0].owned():
             process.start_tensorflow()
             # an entry point: the run imports TensorFlow, started quietly by now
-            from trainer.run.train import run
+            from trainer.run.train import start
 
-            return run(_checked[0])
+            return start(_checked[0])
     except process.STOPS as error:
         process.exit_with(error)
 

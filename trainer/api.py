@@ -100,10 +100,28 @@ def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
             _save_config(Path(logs), cfg, overrides_seen)
             process.start_tensorflow()
             # an entry point: the run imports TensorFlow, started quietly by now
-            from trainer.run.train import run
+            from trainer.run.train import start
 
-            run(checked)
+            found = start(checked)
+        if checked.spec.tune is not None:
+            return found  # what the tuner found (trainer.tune)
         return _result(checked.run_dir or Path(cfg.get("resume") or logs))
+
+
+def tune(overrides: Sequence[str] = (), what: str = "lr",
+         config_dir: str | Path | None = None, run_dir: str | Path | None = None
+         ) -> dict[str, Any]:
+    """`python -m trainer tune=WHAT OVERRIDES` in this process: a learning-rate range test
+    (`what="lr"`) or the per-replica batch's throughput curve (`"batch"`) for the run the
+    overrides describe, written into a new run directory (`lr_find.png`, `lr_find.json`).
+
+    Returns:
+        What the tuner found: the curve, the suggestion, and `line`, the override to paste.
+
+    Raises:
+        TrainerError: with the command line's one line and exit code.
+    """
+    return fit([*overrides, f"tune={what}"], config_dir, run_dir)
 
 
 def _save_config(logs: Path, cfg: Any, overrides: list[str]) -> None:

@@ -189,6 +189,23 @@ class ImageFolderConfig:
 
 
 @dataclass
+class TunerConfig:
+    """`tune=lr`: `steps` steps at rates from `lr_min` to `lr_max` (exponentially, at the
+    run's global batch), stopped once the smoothed loss passes `diverge_factor` times its
+    best. `tune=batch`: per-replica batches doubling from `batch_min` to `batch_max`."""
+
+    steps: int = 100
+    lr_min: float = 1e-5
+    lr_max: float = 1.0
+    diverge_factor: float = 4.0
+    batch_min: int = 8
+    batch_max: int = 1024
+
+
+TUNERS = ("lr", "batch")
+
+
+@dataclass
 class Config:
     model: Any = MISSING
     dataset: Any = MISSING
@@ -231,6 +248,10 @@ class Config:
     # Export formats after training: a list of EXPORT_FORMATS; true: [saved_model]; false: none.
     export: Any = False
     deterministic: bool = False
+    # Tune before training instead of training: lr (a learning-rate range test) or batch
+    # (the per-replica batch's throughput curve and the largest that fits); null: train.
+    tune: str | None = None
+    tuner: TunerConfig = field(default_factory=TunerConfig)
 
 
 # Schemas for the built-in group options. A YAML file extends one through its defaults list

@@ -23,6 +23,7 @@ from trainer.config.schema import (
     LR_SCALING,
     PRECISIONS,
     STRATEGIES,
+    TUNERS,
     Config,
     LrPlan,
 )
@@ -198,6 +199,28 @@ def _validate_weights(cfg: DictConfig) -> None:
                  f"order); received: {loss_weights!r}")
 
 
+def _validate_tune(cfg: DictConfig) -> None:
+    """`tune=lr|batch` tunes a new run on one machine, with a range that makes sense."""
+    tune, tuner = cfg.get("tune"), cfg.tuner
+    if tune is None:
+        return
+    _one_of("tune", tune, TUNERS)
+    _require(not cfg.get("resume"), f"tune={tune} tunes a new run, not a finished one; "
+             f"received: resume={cfg.get('resume')} (drop resume, or tune)")
+    _require(cfg.strategy.name != "multi_worker" and not list(cfg.cluster.workers),
+             f"tune={tune} runs on one machine; received a multi-worker run (drop "
+             "strategy=multi_worker and cluster.workers to tune, then train on the cluster)")
+    _positive_int("tuner.steps", tuner.steps)
+    _require(tuner.steps >= 5, f"tuner.steps must be at least 5; received: {tuner.steps}")
+    _require(0 < tuner.lr_min < tuner.lr_max, "tuner.lr_min and tuner.lr_max must satisfy "
+             f"0 < lr_min < lr_max; received: {tuner.lr_min}, {tuner.lr_max}")
+    _require(tuner.diverge_factor > 1, "tuner.diverge_factor must be above 1; received: "
+             f"{tuner.diverge_factor}")
+    _positive_int("tuner.batch_min", tuner.batch_min)
+    _require(tuner.batch_max >= tuner.batch_min, "tuner.batch_max must be at least "
+             f"tuner.batch_min; received: {tuner.batch_max} < {tuner.batch_min}")
+
+
 def validate(cfg: DictConfig) -> None:
     """Checks the values the schema cannot express, before TensorFlow is imported.
 
@@ -220,6 +243,7 @@ def validate(cfg: DictConfig) -> None:
     _require(metric is None or (isinstance(metric, str) and metric), "optimized_metric must be "
              f"a metric name such as val_accuracy, or null; received: {metric!r}")
     _one_of("loop", cfg.loop, LOOPS)
+    _validate_tune(cfg)
     _validate_speed(cfg)
     _validate_verbose(cfg.verbose)
     _one_of("accelerator", cfg.accelerator, ACCELERATORS)

@@ -36,6 +36,7 @@ from trainer.rundir.resume import (
     check_backups_kept,
     check_resume,
     check_resume_target,
+    is_run_dir,
     latest_state,
     nothing_to_add,
     refuse_finished_run,
@@ -151,6 +152,9 @@ def preflight(cfg: DictConfig, logs: str | Path | None = None,
     try:
         with removed_on_failure(fresh[-1:] if lock.created is not None else ()):
             refuse_finished_run(place, resume=spec.resume is not None)
+            if spec.tune is not None and is_run_dir(place):
+                raise ConfigError(f"tune={spec.tune} writes nothing into a run's directory; "
+                                  f"{place} holds one: choose a new hydra.run.dir")
             check_config(cfg, reach=True)
             check_backups_kept(place)
             state = latest_state(place)

@@ -23,6 +23,7 @@ from trainer.config.schema import (
     FinetuneConfig,
     LrPlan,
     StrategyConfig,
+    TunerConfig,
 )
 from trainer.config.validate import export_formats, parse_devices, runtime_seed
 from trainer.data.augment import listed
@@ -88,6 +89,8 @@ class Spec:
     profile: tuple[int, int] | None
     optimized_metric: str | None
     choices: dict[str, str] = field(default_factory=dict)
+    tune: str | None = None  # lr | batch: tune instead of training
+    tuner: TunerConfig = field(default_factory=TunerConfig)
     image_size: dict[str, Any] | None = None
 
 
@@ -158,6 +161,8 @@ def resolve(cfg: DictConfig, choices: dict[str, str] | None = None) -> Spec:
         resume=cfg.get("resume"),
         profile=tuple(record["profile"]) if node("profile") is not None else None,
         optimized_metric=node("optimized_metric"),
+        tune=node("tune"),
+        tuner=TunerConfig(**(node("tuner") or {})),
         choices=hydra_choices() if choices is None else {
             g: str(choices[g]) for g in NAMED_GROUPS if choices.get(g) is not None},
         image_size=image_size_choice(cfg),

@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 from trainer.config.errors import NothingToDo
 from trainer.run.preflight import Checked, preflight
 from trainer.run.session import Session
+from trainer.run.tune import tune
 from trainer.rundir.layout import RunDir
 
 
@@ -40,6 +41,14 @@ def run(checked: Checked, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
         return session.finish(run, report)
 
 
+def start(checked: Checked, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
+    """A checked run trained (`run`), or tuned where it says `tune=lr|batch`
+    (`trainer.run.tune`: nothing trained is kept)."""
+    if checked.spec.tune is not None:
+        return tune(checked)
+    return run(checked, callbacks)
+
+
 def train(cfg: DictConfig, run_dir: str | Path | None = None,
           callbacks: Sequence[Any] = (), choices: dict[str, str] | None = None
           ) -> dict[str, Any]:
@@ -63,7 +72,7 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None,
         print(f"finished: {done}", flush=True)
         return json.loads(RunDir(Path(cfg.resume)).summary.read_text())
     with checked.owned():
-        return run(checked, callbacks)
+        return start(checked, callbacks)
 
 
 def hydra_run_dir() -> str | None:

@@ -31,7 +31,7 @@ FREE = ("epochs", "verbose", "tensorboard", "export", "resume", "checkpoint", "c
         "metrics", "strategy.timeout_s", "log_device_placement", "soft_placement", "gpu",
         "steps_per_execution", "jit_compile", "deterministic", "cluster.task_index",
         "cluster.port_base", "logger",
-        "optimized_metric", "profile",
+        "optimized_metric", "profile", "tune", "tuner",
         # what dataset.image_size grows to; the size trained at is dataset.image_size's own
         "model.min_image_size")
 # Keys that only decide how the global batch is split over devices: free when the global
