@@ -345,11 +345,11 @@ def use_devices(kind: str, names: tuple[str, ...]) -> None:
     trainer's device plans map each GPU replica to a physical GPU and have no setting for
     logical GPUs of one physical GPU; its plan is replaced, the rest of its run is its own.
     """
-    import trainer.run.train as train_module
+    import trainer.distribute.devices as devices_module
     from trainer.distribute.device_plan import DevicePlan
 
     plan = DevicePlan(kind, (0,) if kind == "gpu" else (), 0, names)
-    train_module.plan_devices = lambda *args, **kwargs: plan
+    devices_module.plan_devices = lambda *args, **kwargs: plan
     if kind == "gpu" and len(names) > 1:
         refuse_nccl(len(names))
 
