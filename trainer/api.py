@@ -23,7 +23,7 @@ from omegaconf import OmegaConf, open_dict
 
 from trainer.config.compose import compose_from_args
 from trainer.config.errors import ConfigError, NothingToDo
-from trainer.config.outcome import one_error
+from trainer.config.outcome import as_overrides, one_error
 from trainer.config.schema import register_configs
 from trainer.run import process
 from trainer.run.preflight import preflight
@@ -64,7 +64,8 @@ def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
     """Trains as `python -m trainer OVERRIDES` would, in this process.
 
     Args:
-        overrides: `key=value` strings, as on the command line (`["devices=2", "epochs=3"]`).
+        overrides: `key=value` strings, as on the command line (`["devices=2", "epochs=3"]`):
+            a list, never one string.
         config_dir: a folder of the user's own config files (`--config-dir`).
         run_dir: where the run writes; the config's `hydra.run.dir` (by default
             `outputs/DATE/TIME`) when None.
@@ -77,15 +78,19 @@ def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
         TrainerError: with the command line's one line and exit code.
     """
     process.quiet_logs()
-    args = [*(["--config-dir", str(config_dir)] if config_dir else []), *overrides]
-    if run_dir is not None:
-        args.append(f"hydra.run.dir={run_dir}")
     with one_error():
+        given = as_overrides(overrides, "trainer.fit")
+        args = [*(["--config-dir", str(config_dir)] if config_dir is not None else []), *given]
+        if run_dir is not None:
+            args.append(f"hydra.run.dir={run_dir}")
         if any(a in ("-m", "--multirun") for a in args):
             raise ConfigError("trainer.fit runs one config; a sweep (-m) is the command "
                               "line's: call fit in a loop, or run python -m trainer -m ...")
         register_configs()
         cfg = compose_from_args(args)
+        if cfg is None:
+            raise ConfigError(f"trainer.fit trains one config; {' '.join(given)} is a command "
+                              f"of the command line's: python -m trainer {' '.join(given)}")
         logs = OmegaConf.select(cfg, "hydra.run.dir")
         overrides_seen = list(OmegaConf.select(cfg, "hydra.overrides.task") or [])
         choices = dict(OmegaConf.select(cfg, "hydra.runtime.choices") or {})
