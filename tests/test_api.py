@@ -240,3 +240,23 @@ def test_a_yaml_syntax_error_in_a_config_dir_file_is_one_line_naming_the_file(tm
     line = _one_line_each(tmp_path, [*TINY, "experiment=bad"], tmp_path / "conf")
     assert line == (f"{bad} (line 3, column 1) is not valid YAML: expected ',' or ']', but got "
                     "'<stream end>'; fix the file's syntax")
+
+
+def test_an_unquoted_non_ascii_path_is_one_line_with_the_quoting_hint(tmp_path):
+    """Hydra's grammar takes `é` only inside quotes ("LexerNoViableAltException" was the
+    line); the hint's quoted override composes to the path."""
+    from trainer.config.compose import compose_from_args
+
+    place = tmp_path / "éé"
+    line = _one_line_each(tmp_path, [*TINY, f"dataset.path={place}"], tmp_path)
+    cli = run_main(*TINY, f"hydra.run.dir={place}", cwd=tmp_path)
+    with pytest.raises(trainer.TrainerError) as caught:
+        trainer.fit([*TINY, f"hydra.run.dir={place}"])
+    quoted = f"hydra.run.dir='{place}'"
+    assert str(caught.value) == (f"cannot parse the override 'hydra.run.dir={place}': é may "
+                                 f"appear in a value only inside quotes; quote the value: "
+                                 f"{quoted} (on a shell, quote it again: \"{quoted}\")")
+    assert cli.returncode == 2 and error_lines(cli.stderr) == [f"error: {caught.value}"]
+    assert "dataset.path" in line and not place.exists()
+    assert compose_from_args([quoted]).hydra.run.dir == str(place)
+    assert compose_from_args([f'hydra.run.dir="{place}"']).hydra.run.dir == str(place)
