@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +103,12 @@ def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
             print(f"finished: {done}", flush=True)
             return _result(Path(cfg.resume))
         with checked.owned():
-            _save_config(Path(logs), cfg, overrides_seen)
+            # `.hydra/` once the run's data is checked too: a refused rerun leaves it as it was
+            record = partial(_save_config, Path(logs), cfg, overrides_seen)
+            if checked.chief:
+                checked = replace(checked, record=record)
+            else:
+                record()
             process.start_tensorflow()
             # an entry point: the run imports TensorFlow, started quietly by now
             from trainer.run.train import run

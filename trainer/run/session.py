@@ -90,8 +90,12 @@ class Session:
         return run
 
     def restore(self, run: Run) -> Start:
-        """Restores the newest backup, then wires the callbacks from that point."""
+        """Restores the newest backup (its data and batch checked), records the run's config
+        where the entry point left that until now (`Checked.record`), then wires the
+        callbacks from that point."""
         self.start = start = restore_backup(self.checked, run, self.run_dir)
+        if self.checked.record is not None and run.is_chief:
+            self.checked.record()
         # after the optimizer is built over every variable (in assemble)
         self.phases = prepare_finetune(run.model, self.spec.finetune, self.spec.epochs)
         self.callbacks = build_callbacks(
