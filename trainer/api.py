@@ -143,9 +143,10 @@ def evaluate(run_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, An
     return trainer.evaluate(run_dir, overrides)
 
 
-def predict(run_dir: str | Path, input: str | Path, output: str | Path | None = None,
-            overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """`python -m trainer.predict RUN_DIR input=INPUT output=OUTPUT` in this process.
+def predict(run_dir: str | Path, input: Any, output: str | Path | None = None,
+            overrides: Sequence[str] = (), overwrite: bool = False) -> dict[str, Any]:
+    """`python -m trainer.predict RUN_DIR input=INPUT output=OUTPUT` in this process; `input`
+    may also be a list of image paths, a NumPy array or a dict of arrays.
 
     Raises:
         TrainerError: with the command line's one line.
@@ -153,4 +154,4 @@ def predict(run_dir: str | Path, input: str | Path, output: str | Path | None = 
     # lazy: it imports the run's assembly, which imports TensorFlow
     import trainer.predict
 
-    return trainer.predict(run_dir, input, output, overrides)
+    return trainer.predict(run_dir, input, output, overrides, overwrite)

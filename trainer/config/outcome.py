@@ -54,16 +54,17 @@ def as_overrides(value: Any, call: str) -> list[str]:
                           f"{split!r}; received the one string {text!r}")
     if value is None or not isinstance(value, Iterable) or isinstance(value, dict):
         raise ConfigError(f"{call}: overrides are a list of strings, one key=value each "
-                          f"(e.g. {example}; () for none); received {_kind(value)}")
+                          f"(e.g. {example}; () for none); received {kind_of(value)}")
     items = list(value)
     for number, item in enumerate(items, 1):
         if not isinstance(item, str):
             raise ConfigError(f"{call}: overrides are a list of strings, one key=value each "
-                              f"(e.g. {example}); item {number} is {_kind(item)}")
+                              f"(e.g. {example}); item {number} is {kind_of(item)}")
     return items
 
 
-def _kind(value: Any) -> str:
+def kind_of(value: Any) -> str:
+    """`list [1, 2, 3]`: a value's type and (shortened) repr, for a one-line refusal."""
     shown = repr(value)
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
     return "None" if value is None else f"{type(value).__name__} {shown}"
