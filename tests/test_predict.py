@@ -295,3 +295,11 @@ def test_a_list_of_image_paths_is_predicted_in_the_order_given(tmp_path):
         with pytest.raises(trainer.TrainerError) as caught:
             trainer.predict(run.run_dir, given, tmp_path / "bad.csv")
         assert str(caught.value).startswith(expected), caught.value
+
+
+def test_evaluate_refuses_overrides_given_as_one_string(finished_run):
+    run_dir, _ = finished_run
+    with pytest.raises(trainer.TrainerError, match=r"^trainer.evaluate: overrides are a list of "
+                                                   r"strings, one key=value each: \['split=test'"
+                                                   r"\]; received the one string 'split=test'$"):
+        trainer.evaluate(run_dir, "split=test")
