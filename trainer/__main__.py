@@ -36,6 +36,7 @@ _checked: list[Checked] = []
 # it not to (this override), and the run writes it once its data is checked too
 # (`Checked.record`): a refused rerun leaves the directory byte for byte as it was.
 LATER = "hydra.output_subdir=null"
+_later: list[bool] = []  # whether this command asked it
 
 
 @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
@@ -50,7 +51,7 @@ def _hydra_main(cfg: DictConfig) -> Any:
 
             _checked.append(preflight(cfg, logs=HydraConfig.get().runtime.output_dir))
         checked = _checked[0]
-        if LATER in sys.argv[1:]:
+        if _later:
             checked = replace(checked, record=partial(_record, cfg))
         with checked.owned():
             process.start_tensorflow()
@@ -71,10 +72,13 @@ def main() -> None:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     _checked.clear()
+    _later.clear()
     argv = list(sys.argv)
     with process.signals_raise():
         try:
-            if _precheck(sys.argv[1:]):
+            if _precheck(sys.argv[1:]) and not any(
+                    a.startswith("hydra.output_subdir=") for a in sys.argv[1:]):
+                _later.append(True)
                 sys.argv.append(LATER)
             _hydra_main()
         except process.STOPS as error:
