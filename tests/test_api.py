@@ -186,3 +186,77 @@ def test_fits_summary_names_the_config_choices(tmp_path):
     result = trainer.fit([*TINY, "model=small"], config_dir=tmp_path / "conf",
                          run_dir=tmp_path / "run")
     assert (result.summary["model"], result.summary["dataset"]) == ("small", "digits")
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (None, "trainer.fit: overrides are a list of strings, one key=value each (e.g. "
+           "['epochs=3', 'devices=2']; () for none); received None"),
+    (["--help"], "trainer.fit trains one config; --help is a command of the command line's: "
+                 "python -m trainer --help"),
+    (["--cfg", "job"], "--cfg job is a command of the command line's: python -m trainer "
+                       "--cfg job"),
+    ("epochs=1 devices=2", "trainer.fit: overrides are a list of strings, one key=value each: "
+                           "['epochs=1', 'devices=2']; received the one string "
+                           "'epochs=1 devices=2'"),
+    (["epochs=1", 2], "item 2 is int 2"),
+])
+def test_fit_takes_a_list_of_override_strings_and_refuses_anything_else_in_one_line(
+        tmp_path, capsys, overrides, expected):
+    with pytest.raises(trainer.TrainerError) as caught:
+        trainer.fit(overrides, run_dir=tmp_path / "run")
+    assert expected in str(caught.value) and "\n" not in str(caught.value)
+    assert caught.value.exit_code == 2 and caught.value.__cause__ is None
+    assert not (tmp_path / "run").exists() and capsys.readouterr().out == ""
+
+
+def _one_line_each(tmp_path, args, config_dir):
+    """The command line's stderr and `fit`'s error for the same arguments, and what each
+    left behind."""
+    cli = run_main("--config-dir", str(config_dir), *args, f"hydra.run.dir={tmp_path / 'cli'}",
+                   cwd=tmp_path)
+    with pytest.raises(trainer.TrainerError) as caught:
+        trainer.fit(args, config_dir=config_dir, run_dir=tmp_path / "api")
+    assert cli.returncode == 2 and caught.value.exit_code == 2
+    assert error_lines(cli.stderr) == [f"error: {caught.value}"]
+    assert not (tmp_path / "cli").exists() and not (tmp_path / "api").exists()
+    return str(caught.value)
+
+
+def test_a_missing_config_dir_is_refused_before_anything_is_written(tmp_path):
+    """Hydra refused it only after the pre-flight had made the run directory (its .lock
+    stayed behind); fit trained without it."""
+    line = _one_line_each(tmp_path, TINY, tmp_path / "nope")
+    assert line == (f"the config directory {tmp_path / 'nope'} (--config-dir) does not exist; "
+                    "pass the folder that holds your own YAML files")
+    (tmp_path / "file").write_text("epochs: 1\n")
+    assert "(--config-dir) is a file, not a folder" in _one_line_each(tmp_path, TINY,
+                                                                        tmp_path / "file")
+
+
+def test_a_yaml_syntax_error_in_a_config_dir_file_is_one_line_naming_the_file(tmp_path):
+    bad = tmp_path / "conf" / "experiment" / "bad.yaml"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("# @package _global_\nepochs: [1\n")
+    line = _one_line_each(tmp_path, [*TINY, "experiment=bad"], tmp_path / "conf")
+    assert line == (f"{bad} (line 3, column 1) is not valid YAML: expected ',' or ']', but got "
+                    "'<stream end>'; fix the file's syntax")
+
+
+def test_an_unquoted_non_ascii_path_is_one_line_with_the_quoting_hint(tmp_path):
+    """Hydra's grammar takes `é` only inside quotes ("LexerNoViableAltException" was the
+    line); the hint's quoted override composes to the path."""
+    from trainer.config.compose import compose_from_args
+
+    place = tmp_path / "éé"
+    line = _one_line_each(tmp_path, [*TINY, f"dataset.path={place}"], tmp_path)
+    cli = run_main(*TINY, f"hydra.run.dir={place}", cwd=tmp_path)
+    with pytest.raises(trainer.TrainerError) as caught:
+        trainer.fit([*TINY, f"hydra.run.dir={place}"])
+    quoted = f"hydra.run.dir='{place}'"
+    assert str(caught.value) == (f"cannot parse the override 'hydra.run.dir={place}': é may "
+                                 f"appear in a value only inside quotes; quote the value: "
+                                 f"{quoted} (on a shell, quote it again: \"{quoted}\")")
+    assert cli.returncode == 2 and error_lines(cli.stderr) == [f"error: {caught.value}"]
+    assert "dataset.path" in line and not place.exists()
+    assert compose_from_args([quoted]).hydra.run.dir == str(place)
+    assert compose_from_args([f'hydra.run.dir="{place}"']).hydra.run.dir == str(place)

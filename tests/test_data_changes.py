@@ -256,3 +256,43 @@ def test_a_backup_from_before_content_hashes_resumes(tmp_path):
         state.write_text(json.dumps(kept))
     more = make_config(*FOLDER_RESUME, f"dataset.path={images}", "epochs=2")
     assert train(more, run_dir)["epochs_done"] == 2
+
+
+def test_a_rerun_refused_for_changed_data_leaves_every_file_as_it_was_cli_and_api(
+        tmp_path, monkeypatch):
+    """The data is checked once the source is built, after Hydra's job (the command line) and
+    fit wrote .hydra/: a rerun in the directory keeps its .hydra/ until the check passed."""
+    import trainer
+
+    images = tmp_path / "images"
+    write_images(images)
+    args = [*FOLDER, "model=small", f"dataset.path={images}"]
+    cli, api = tmp_path / "cli", tmp_path / "api"
+    assert run_main(*args, f"hydra.run.dir={cli}", cwd=tmp_path).returncode == 0
+    trainer.fit(args, run_dir=api)
+    for run_dir in (cli, api):
+        (run_dir / "summary.json").unlink()  # as if stopped: a rerun continues it
+    _more_images(images)
+    before = {run_dir: _every_byte(run_dir) for run_dir in (cli, api)}
+    assert ".hydra/config.yaml" in before[cli] and ".hydra/config.yaml" in before[api]
+    out = run_main(*args, "epochs=2", f"hydra.run.dir={cli}", cwd=tmp_path)
+    assert out.returncode == 2 and len(error_lines(out.stderr)) == 1, out.stderr
+    assert f"the data of {cli} changed since it trained" in out.stderr
+    with pytest.raises(trainer.TrainerError, match=f"the data of {api} changed since it"):
+        trainer.fit([*args, "epochs=2"], run_dir=api)
+    monkeypatch.chdir(tmp_path)  # resume= from elsewhere: Hydra's own new directory goes
+    with pytest.raises(trainer.TrainerError, match=f"the data of {api} changed since it"):
+        trainer.fit([*args, "epochs=2", f"resume={api}"])
+    assert {run_dir: _every_byte(run_dir) for run_dir in (cli, api)} == before
+    assert not (tmp_path / "outputs").exists()
+    # on the data it trained on, the rerun continues and records its own config
+    for name in ("cat", "dog"):
+        for extra in (images / name).glob("extra*"):
+            extra.unlink()
+    assert run_main(*args, "epochs=2", f"hydra.run.dir={cli}", cwd=tmp_path).returncode == 0
+    assert OmegaConf.load(cli / ".hydra" / "config.yaml").epochs == 2
+    assert "- epochs=2" in (cli / ".hydra" / "overrides.yaml").read_text()
+    hydra = OmegaConf.load(cli / ".hydra" / "hydra.yaml").hydra
+    assert hydra.output_subdir == ".hydra" and "output_subdir" not in str(hydra.overrides.hydra)
+    assert trainer.fit([*args, "epochs=2"], run_dir=api).summary["epochs_done"] == 2
+    assert OmegaConf.load(api / ".hydra" / "config.yaml").epochs == 2

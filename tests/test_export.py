@@ -165,3 +165,37 @@ def test_a_run_whose_export_failed_is_finished_by_a_resume_without_that_format(
     assert summary["exports"] == {"saved_model": str(layout.saved_model)}
     assert summary["resumed_from"]["changed"] == {
         "export": [["saved_model", "tflite"], ["saved_model"]]}
+
+
+@pytest.mark.parametrize("precision", ["mixed_bfloat16", "mixed_float16"])
+def test_tflite_of_a_mixed_precision_model_is_refused_before_training(tmp_path, precision):
+    """Such a file needs TensorFlow's Flex ops, which TFLite's interpreter does not run: the
+    export's check failed after the whole training, in a 50-line traceback."""
+    out = run_main(f"precision={precision}", "export=[saved_model,tflite]",
+                   f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert out.returncode == 2 and error_lines(out.stderr) == [
+        f"error: export=[tflite] cannot hold a precision={precision} model: TFLite has no "
+        f"{precision[6:]} kernels for its layers (the file would need TensorFlow's Flex ops, "
+        "which TFLite's interpreter does not run); use precision=float32, or leave tflite "
+        "out: export=[saved_model]"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_tflite_file_needing_flex_ops_is_one_line_and_not_kept(tmp_path):
+    """What `precision=auto` would meet on a GPU that chose mixed_float16 (the pre-flight
+    cannot know the GPU): the interpreter's refusal as one line, no file left."""
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        inputs = keras.Input((8, 8, 1))
+        x = keras.layers.Conv2D(4, 3)(inputs)
+        outputs = keras.layers.Dense(3, dtype="float32")(keras.layers.Flatten()(x))
+        model = keras.Model(inputs, outputs)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    images = np.random.default_rng(0).random((8, 8, 8, 1)).astype("float32")
+    batches = tf.data.Dataset.from_tensor_slices((images, np.zeros(8, "int32"))).batch(4)
+    with pytest.raises(ConfigError) as caught:
+        export.export_model(model, tmp_path, ("tflite",), batches)
+    assert str(caught.value).startswith("export tflite: the converted file needs TensorFlow's "
+                                        "own ops (FlexConv2D")
+    assert not list(tmp_path.iterdir())

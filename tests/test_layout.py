@@ -133,7 +133,8 @@ def test_the_entry_points_import_without_tensorflow():
 
     code = ("import sys; sys.modules['tensorflow'] = sys.modules['keras'] = None; "
             "sys.modules['matplotlib'] = None; "
-            "import trainer.__main__, trainer.evaluate, trainer.launch, trainer.run.preflight, "
+            "import trainer.__main__, trainer.evaluate, trainer.predict, trainer.launch, "
+            "trainer.run.preflight, "
             "trainer.run.resolve")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, cwd=PACKAGE.parent)
@@ -206,6 +207,7 @@ def test_decide_modules_import_no_tensorflow_at_any_level():
     assert {"trainer.run.preflight", "trainer.run.resolve", "trainer.config.validate",
             "trainer.distribute.strategy", "trainer.distribute.device_plan",
             "trainer.data.augment", "trainer.models.formats", "trainer.task.finetune",
+            "trainer.run.inputs", "trainer.run.reopen",
             "trainer.plan.speed"}.isdisjoint(build)
 
 

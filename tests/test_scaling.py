@@ -170,3 +170,26 @@ def test_exponential_staircase_decay_after_warmup():
     assert lr(schedule, 34) == pytest.approx(0.025)
     smooth = WarmupSchedule(0.2, 0.2, 0, 100, "exponential", 0.5, 10, staircase=False)
     assert lr(smooth, 5) == pytest.approx(0.2 * 0.5 ** 0.5)
+
+
+def test_more_micro_batches_than_examples_is_one_line_speaking_of_micro_batches(tmp_path):
+    """batch.accumulate=1000000 was a 105-line traceback ending in '1437 examples cannot feed
+    1000000 replicas' (raised inside tf.data's tracing); refused before any batch is built,
+    the run directory removed."""
+    from tests.conftest import error_lines, run_main
+    from trainer.plan.scaling import check_micro_batches
+
+    out = run_main("batch.accumulate=1000000", "epochs=1", "verbose=0", "logger=[]",
+                   "dataset.image_size=8", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert out.returncode == 2 and error_lines(out.stderr) == [
+        "error: batch.accumulate=1000000 cuts each optimizer step into 1 replica x 1000000 "
+        "micro-batches, more than the 1437 training examples (each micro-batch needs one); "
+        "use batch.accumulate<=1437"]
+    assert not (tmp_path / "run").exists()
+    check_micro_batches(12, 3, 4)  # exactly one example each
+    with pytest.raises(ConfigError, match=r"^batch.accumulate=5 cuts each optimizer step into 3 "
+                                          r"replicas x 5 micro-batches, more than the 12 "
+                                          r"training examples .*; use batch.accumulate<=4$"):
+        check_micro_batches(12, 3, 5)
+    with pytest.raises(ConfigError, match="^2 training examples cannot feed 4 replicas"):
+        check_micro_batches(2, 4, 3)

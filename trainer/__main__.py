@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import hydra
@@ -21,6 +24,7 @@ from trainer.config.schema import config_dir, register_configs
 from trainer.run import process
 from trainer.run.jobs import check_sweep_direction, dispatches_jobs, is_sweep_job, run_sweep_job
 from trainer.run.preflight import Checked, preflight
+from trainer.rundir.layout import RunDir
 
 process.quiet_logs()
 register_configs()
@@ -28,6 +32,11 @@ register_configs()
 # The run the pre-flight checked before Hydra started its job (None: the job checks it: a
 # sweep's job, or a config that reads the running job, `${hydra:...}`).
 _checked: list[Checked] = []
+# Hydra writes `.hydra/` as its job starts. A rerun in a directory that has one already asks
+# it not to (this override), and the run writes it once its data is checked too
+# (`Checked.record`): a refused rerun leaves the directory byte for byte as it was.
+LATER = "hydra.output_subdir=null"
+_later: list[bool] = []  # whether this command asked it
 
 
 @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
@@ -41,12 +50,15 @@ def _hydra_main(cfg: DictConfig) -> Any:
             from hydra.core.hydra_config import HydraConfig
 
             _checked.append(preflight(cfg, logs=HydraConfig.get().runtime.output_dir))
-        with _checked[0].owned():
+        checked = _checked[0]
+        if _later:
+            checked = replace(checked, record=partial(_record, cfg))
+        with checked.owned():
             process.start_tensorflow()
             # an entry point: the run imports TensorFlow, started quietly by now
             from trainer.run.train import start
 
-            return start(_checked[0])
+            return start(checked)
     except process.STOPS as error:
         process.exit_with(error)
 
@@ -60,31 +72,42 @@ def main() -> None:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     _checked.clear()
+    _later.clear()
+    argv = list(sys.argv)
     with process.signals_raise():
         try:
-            _precheck(sys.argv[1:])
+            if _precheck(sys.argv[1:]) and not any(
+                    a.startswith("hydra.output_subdir=") for a in sys.argv[1:]):
+                _later.append(True)
+                sys.argv.append(LATER)
             _hydra_main()
         except process.STOPS as error:
             process.exit_with(error)
         finally:
+            sys.argv[:] = argv
             for checked in _checked:  # a job that never ran, or a failure before it
                 if checked.lock is not None:
                     checked.lock.release()
 
 
-def _precheck(args: list[str]) -> None:
+def _precheck(args: list[str]) -> bool:
     """Before Hydra writes `.hydra/` and its log into the run directory: checks the config
-    and its run directory, holding its lock, for the job to run."""
+    and its run directory, holding its lock, for the job to run.
+
+    Returns:
+        Whether the run directory has a `.hydra/` already, which Hydra's job is then not to
+        write (the run records it once checked: `_record`).
+    """
     if is_sweep_job():
-        return  # a sweep's job: it checks in its own Hydra job
+        return False  # a sweep's job: it checks in its own Hydra job
     from hydra._internal.utils import get_args_parser
 
     if get_args_parser().parse_args(args).multirun:
         check_sweep_direction(args)
-        return
+        return False
     cfg = compose_from_args(args)
     if cfg is None:
-        return
+        return False
     logs = OmegaConf.select(cfg, "hydra.run.dir")
     choices = dict(OmegaConf.select(cfg, "hydra.runtime.choices") or {})
     with open_dict(cfg):
@@ -92,7 +115,26 @@ def _precheck(args: list[str]) -> None:
     try:
         _checked.append(preflight(cfg, logs, choices=choices))
     except InterpolationResolutionError:
-        return  # it needs a running job (`${hydra:...}`): the job checks it
+        return False  # it needs a running job (`${hydra:...}`): the job checks it
+    place = _checked[0].run_dir
+    return place is not None and place == Path(logs) and RunDir(place).config.is_file()
+
+
+def _record(cfg: DictConfig) -> None:
+    """`.hydra/` as Hydra's job writes it (`config.yaml`, `hydra.yaml`, `overrides.yaml`),
+    without `LATER`, for a rerun that left it until its checks passed."""
+    from hydra.core.hydra_config import HydraConfig
+
+    # a plain copy: the job's is read-only
+    hydra_cfg = OmegaConf.create(OmegaConf.to_container(HydraConfig.instance().cfg))
+    hydra_cfg.hydra.output_subdir = ".hydra"
+    hydra_cfg.hydra.overrides.hydra = [o for o in hydra_cfg.hydra.overrides.hydra
+                                       if o != LATER]
+    folder = Path(hydra_cfg.hydra.runtime.output_dir) / ".hydra"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, node in (("config.yaml", cfg), ("hydra.yaml", hydra_cfg),
+                       ("overrides.yaml", hydra_cfg.hydra.overrides.task)):
+        (folder / name).write_text(OmegaConf.to_yaml(node), encoding="utf-8")
 
 
 if __name__ == "__main__":

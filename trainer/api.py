@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from omegaconf import OmegaConf, open_dict
 
 from trainer.config.compose import compose_from_args
 from trainer.config.errors import ConfigError, NothingToDo
-from trainer.config.outcome import one_error
+from trainer.config.outcome import as_overrides, one_error
 from trainer.config.schema import register_configs
 from trainer.run import process
 from trainer.run.preflight import preflight
@@ -64,7 +65,8 @@ def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
     """Trains as `python -m trainer OVERRIDES` would, in this process.
 
     Args:
-        overrides: `key=value` strings, as on the command line (`["devices=2", "epochs=3"]`).
+        overrides: `key=value` strings, as on the command line (`["devices=2", "epochs=3"]`):
+            a list, never one string.
         config_dir: a folder of the user's own config files (`--config-dir`).
         run_dir: where the run writes; the config's `hydra.run.dir` (by default
             `outputs/DATE/TIME`) when None.
@@ -77,15 +79,19 @@ def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
         TrainerError: with the command line's one line and exit code.
     """
     process.quiet_logs()
-    args = [*(["--config-dir", str(config_dir)] if config_dir else []), *overrides]
-    if run_dir is not None:
-        args.append(f"hydra.run.dir={run_dir}")
     with one_error():
+        given = as_overrides(overrides, "trainer.fit")
+        args = [*(["--config-dir", str(config_dir)] if config_dir is not None else []), *given]
+        if run_dir is not None:
+            args.append(f"hydra.run.dir={run_dir}")
         if any(a in ("-m", "--multirun") for a in args):
             raise ConfigError("trainer.fit runs one config; a sweep (-m) is the command "
                               "line's: call fit in a loop, or run python -m trainer -m ...")
         register_configs()
         cfg = compose_from_args(args)
+        if cfg is None:
+            raise ConfigError(f"trainer.fit trains one config; {' '.join(given)} is a command "
+                              f"of the command line's: python -m trainer {' '.join(given)}")
         logs = OmegaConf.select(cfg, "hydra.run.dir")
         overrides_seen = list(OmegaConf.select(cfg, "hydra.overrides.task") or [])
         choices = dict(OmegaConf.select(cfg, "hydra.runtime.choices") or {})
@@ -97,7 +103,12 @@ def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
             print(f"finished: {done}", flush=True)
             return _result(Path(cfg.resume))
         with checked.owned():
-            _save_config(Path(logs), cfg, overrides_seen)
+            # `.hydra/` once the run's data is checked too: a refused rerun leaves it as it was
+            record = partial(_save_config, Path(logs), cfg, overrides_seen)
+            if checked.chief:
+                checked = replace(checked, record=record)
+            else:
+                record()
             process.start_tensorflow()
             # an entry point: the run imports TensorFlow, started quietly by now
             from trainer.run.train import start
@@ -150,9 +161,10 @@ def evaluate(run_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, An
     return trainer.evaluate(run_dir, overrides)
 
 
-def predict(run_dir: str | Path, input: str | Path, output: str | Path | None = None,
-            overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """`python -m trainer.predict RUN_DIR input=INPUT output=OUTPUT` in this process.
+def predict(run_dir: str | Path, input: Any, output: str | Path | None = None,
+            overrides: Sequence[str] = (), overwrite: bool = False) -> dict[str, Any]:
+    """`python -m trainer.predict RUN_DIR input=INPUT output=OUTPUT` in this process; `input`
+    may also be a list of image paths, a NumPy array or a dict of arrays.
 
     Raises:
         TrainerError: with the command line's one line.
@@ -160,4 +172,4 @@ def predict(run_dir: str | Path, input: str | Path, output: str | Path | None = 
     # lazy: it imports the run's assembly, which imports TensorFlow
     import trainer.predict
 
-    return trainer.predict(run_dir, input, output, overrides)
+    return trainer.predict(run_dir, input, output, overrides, overwrite)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config.errors import ConfigError
-from trainer.config.outcome import one_error
+from trainer.config.outcome import as_overrides, one_error
 from trainer.run import process
 from trainer.run.reopen import SPLITS, take_choice
 
@@ -82,8 +82,9 @@ class _Callable(types.ModuleType):
 
     def __call__(self, run_dir: str | Path, overrides: list[str] = ()) -> dict[str, Any]:
         with one_error():
+            given = as_overrides(overrides, "trainer.evaluate")
             process.start_tensorflow()
-            return evaluate_run(run_dir, list(overrides))
+            return evaluate_run(run_dir, given)
 
 
 sys.modules[__name__].__class__ = _Callable

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import threading
 
+import yaml
 from hydra.errors import (
     ConfigCompositionException,
     OverrideParseException,
@@ -58,6 +59,7 @@ def compose_from_args(args: list[str]) -> DictConfig | None:
         parsed.overrides = [o.input_line for o in shared if not o.is_sweep_override()]
     search = create_config_search_path(f"file://{config_dir()}")
     if parsed.config_dir is not None:
+        check_config_dir(parsed.config_dir)
         search.prepend(provider="command-line",
                        path=f"file://{os.path.abspath(parsed.config_dir)}",
                        anchor=SearchPathQuery(provider="schema"))
@@ -70,6 +72,25 @@ def compose_from_args(args: list[str]) -> DictConfig | None:
         raise ConfigError(f"cannot use the overrides {' '.join(parsed.overrides)}: "
                           f"{str(error).strip().splitlines()[0]} (overrides are key=value, "
                           "e.g. epochs=3)") from None
+
+
+def check_config_dir(folder: str) -> None:
+    """Refuses a `--config-dir` (`trainer.fit(config_dir=...)`) that is not a folder, before
+    anything is written (Hydra's own refusal came after the run directory's lock)."""
+    if not os.path.isdir(folder):
+        what = "is a file, not a folder" if os.path.exists(folder) else "does not exist"
+        raise ConfigError(f"the config directory {folder} (--config-dir) {what}; pass the "
+                          "folder that holds your own YAML files")
+
+
+def yaml_error(error: Exception) -> ConfigError:
+    """A config file's YAML syntax error as one line naming the file, line and column."""
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    problem = getattr(error, "problem", None) or getattr(error, "context", None)
+    where = ("a config file" if mark is None else
+             f"{mark.name} (line {mark.line + 1}, column {mark.column + 1})")
+    what = problem or (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return ConfigError(f"{where} is not valid YAML: {what}; fix the file's syntax")
 
 
 def compose_in(folder: str, config_name: str, overrides: list[str]) -> DictConfig:
@@ -107,6 +128,8 @@ def _load(search, config_name: str, overrides: list[str], run_mode,
             return ConfigLoaderImpl(config_search_path=search).load_configuration(
                 config_name=config_name, overrides=overrides, run_mode=run_mode,
                 from_shell=from_shell)
+        except yaml.YAMLError as error:  # a file of the user's config dir, as Hydra read it
+            raise yaml_error(error) from None
         finally:
             versions.version_base = before
             runtime.set("name", name)

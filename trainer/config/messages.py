@@ -22,6 +22,9 @@ def one_line(error: BaseException) -> str:
         return (f"unknown {missing.group(1)} {missing.group(2)!r}; available: "
                 f"{', '.join(options)}")
     if isinstance(error, OverrideParseException):
+        hint = quoting_hint(error.override or "")
+        if hint:
+            return hint
         lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
         text = "; ".join(lines[:2]) or "cannot parse"
         if error.override and error.override not in text:
@@ -36,3 +39,25 @@ def one_line(error: BaseException) -> str:
     if cause is not None and str(cause).strip():
         text = f"{text.rstrip('.')}: {str(cause).strip().splitlines()[0]}"
     return text
+
+
+# What Hydra's override grammar takes in a value outside quotes (ASCII letters, digits, a few
+# signs, spaces), and its own list, dict and sweep signs.
+UNQUOTED = re.compile(r"[A-Za-z0-9_\-/\\+.$%*@?|: \t\[\]{},=]")
+
+
+def quoting_hint(override: str) -> str | None:
+    """The one line for an override whose unquoted value holds characters Hydra's grammar
+    takes only inside quotes (a path with `é`, `(`, `#`), with the override quoted; None
+    where quoting is not the cure."""
+    key, equals, value = override.partition("=")
+    if not equals or not value or value[0] in "'\"":
+        return None
+    odd = sorted({c for c in value if not UNQUOTED.fullmatch(c)}, key=value.index)
+    if not odd or "'" in value and '"' in value:
+        return None
+    quote = "'" if "'" not in value else '"'
+    quoted = f"{key}={quote}{value}{quote}"
+    shell = f" (on a shell, quote it again: \"{quoted}\")" if quote == "'" else ""
+    return (f"cannot parse the override {override!r}: {' '.join(odd)} may appear in a value "
+            f"only inside quotes; quote the value: {quoted}{shell}")

@@ -282,6 +282,15 @@ def validate(cfg: DictConfig) -> None:
 
 def _validate_speed(cfg: DictConfig) -> None:
     _one_of("precision", cfg.precision, PRECISIONS)
+    if cfg.precision.startswith("mixed_") and "tflite" in export_formats(cfg.export):
+        # Measured: the converted file holds Flex ops (FlexConv2D) that TFLite's interpreter
+        # cannot run, so the export's check failed after the whole training.
+        rest = ",".join(f for f in export_formats(cfg.export) if f != "tflite")
+        raise ConfigError(f"export=[tflite] cannot hold a precision={cfg.precision} model: "
+                          f"TFLite has no {cfg.precision[6:]} kernels for its layers (the file "
+                          "would need TensorFlow's Flex ops, which TFLite's interpreter does "
+                          "not run); use precision=float32, or leave tflite out: "
+                          f"export=[{rest}]")
     jit = cfg.jit_compile
     _require(jit == "auto" or isinstance(jit, bool),
              f"jit_compile must be auto, true or false; received: {jit!r}")

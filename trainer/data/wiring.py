@@ -19,6 +19,7 @@ from trainer.config.build import build_object
 from trainer.config.errors import ConfigError
 from trainer.data.augment import check_inputs, mixers
 from trainer.data.pipeline import Source, build_pipeline, build_training_epochs
+from trainer.plan.scaling import check_micro_batches
 
 # Dataset options that are the pipeline's, not the source builder's.
 PIPELINE_KEYS = ("cache", "shuffle_buffer")
@@ -73,6 +74,9 @@ def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = N
     check_inputs(augment, source.input_shape, options["_target_"])
     source = one_hot_if_mixing(augment, source)
     check_class_weight(class_weight, source)
+    if not batching.drop_remainder:  # else steps_per_epoch refuses a batch above the examples
+        check_micro_batches(source.train_size, batching.replicas,
+                            batching.shards // batching.replicas)
     common = dict(preprocess=source.preprocess, scale=source.scale, seed=seed, **pipeline)
 
     def make_train(first_epoch: int, epochs: int, skip_steps: int):

@@ -181,8 +181,24 @@ def _run_tflite(path: Path, inputs: Any) -> list[np.ndarray]:
     with _quiet():
         interpreter = _interpreter()(model_path=str(path))
         runner = interpreter.get_signature_runner()
-        outputs = runner(**_in_order(list(runner.get_input_details()), inputs))
+        try:
+            outputs = runner(**_in_order(list(runner.get_input_details()), inputs))
+        except RuntimeError as error:
+            if "Select TensorFlow op" not in str(error):
+                raise
+            raise _flex_error(error) from None
     return [outputs[key] for key in sorted(outputs, key=_natural)]
+
+
+def _flex_error(error: RuntimeError) -> ConfigError:
+    """TFLite's many-line refusal of a file holding TensorFlow's own (Flex) ops, as one line:
+    a float16 or bfloat16 model's layers (`precision=auto` chose mixed_float16 on this GPU)."""
+    ops = sorted(set(re.findall(r"Flex\w+", str(error))))
+    return ConfigError(f"export tflite: the converted file needs TensorFlow's own ops "
+                       f"({', '.join(ops) or 'Flex'}), which TFLite's interpreter does not run, "
+                       "so it cannot be checked and is not kept: a mixed_float16 or "
+                       "mixed_bfloat16 model's layers need them (precision=float32 avoids it), "
+                       "or leave tflite out of export")
 
 
 def _interpreter() -> Callable:

@@ -123,6 +123,24 @@ def warmup_steps(warmup_epochs: float, steps_in_epoch: int) -> int:
     return int(round(warmup_epochs * steps_in_epoch))
 
 
+def check_micro_batches(examples: int, replicas: int, accumulate: int) -> None:
+    """Refuses more micro-batches per step (replicas x accumulate) than training examples:
+    a pass's one batch could not give each micro-batch an example.
+
+    Raises:
+        ConfigError: naming the micro-batches, the examples and the largest count that fits.
+    """
+    if examples < 1 or examples >= replicas * accumulate:
+        return
+    if accumulate == 1 or examples < replicas:
+        raise ConfigError(f"{examples} training examples cannot feed {replicas} replicas (each "
+                          f"needs one); use at most {examples} devices")
+    raise ConfigError(f"batch.accumulate={accumulate} cuts each optimizer step into {replicas} "
+                      f"replica{'s' if replicas > 1 else ''} x {accumulate} micro-batches, more "
+                      f"than the {examples} training examples (each micro-batch needs one); "
+                      f"use batch.accumulate<={examples // replicas}")
+
+
 def balanced_batch_sizes(examples: int, global_batch: int, replicas: int) -> list[int] | None:
     """Batch sizes for one pass that leave no replica without an example.
 

@@ -15,7 +15,7 @@ Hydra writes anything and before TensorFlow starts.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +59,10 @@ class Checked:
         fresh: `(directory, topmost directory created)` for each directory this start
             created, removed again if the run fails before it holds a run.
         lock: the run directory's lock, this run's alone (None: another worker's).
+        record: writes the run's `.hydra/` (its config, as Hydra would) once the run passed
+            the checks that need its data too (a resume's data fingerprint): a rerun that
+            is refused leaves the `.hydra/` it found byte for byte; None where it is
+            written already (by Hydra, for a new run directory).
     """
 
     spec: Spec
@@ -68,6 +72,7 @@ class Checked:
     changes: dict[str, list] = field(default_factory=dict)
     fresh: tuple = ()
     lock: RunLock | None = None
+    record: Callable[[], None] | None = None
 
     @property
     def chief(self) -> bool:

@@ -209,13 +209,15 @@ def exit_with(error: BaseException) -> NoReturn:
     sys.exit(code)
 
 
-def guarded(work: Any) -> Any:
-    """Starts TensorFlow quietly and returns what `work()` returns; a bad input's error is
-    its one line on stderr, and the exit code (2) is returned instead."""
+def guarded(work: Any, start: bool = True) -> Any:
+    """Starts TensorFlow quietly (unless `work` starts it itself, after its own checks) and
+    returns what `work()` returns; a bad input's error is its one line on stderr, and the
+    exit code (2) is returned instead."""
     from hydra.errors import HydraException
 
     try:
-        start_tensorflow()
+        if start:
+            start_tensorflow()
         return work()
     except (*KNOWN_ERRORS, HydraException) as error:
         print(f"error: {one_line(error)}", file=sys.stderr, flush=True)

@@ -19,6 +19,7 @@ from trainer.config.compose import compose_in
 from trainer.config.errors import ConfigError
 from trainer.config.schema import register_configs
 from trainer.distribute.strategy import KINDS
+from trainer.run.inputs import kept as kept_inputs
 from trainer.run.preflight import check_config
 from trainer.run.resolve import Spec, resolve
 from trainer.rundir.layout import RunDir
@@ -36,6 +37,7 @@ class Reopened:
     spec: Spec
     checkpoint: Path
     which: str
+    inputs: dict | None = None  # what its model takes (`trainer.run.inputs`); None: older run
 
     @property
     def images(self) -> bool:
@@ -52,7 +54,36 @@ def reopen(run_dir: str | Path, overrides: list[str]) -> Reopened:
     """
     run_dir = Path(run_dir)
     cfg, which = compose_run_config(run_dir, overrides)
-    return Reopened(run_dir, resolve(cfg), checkpoint_of(run_dir, which), which)
+    return Reopened(run_dir, resolve(cfg), checkpoint_of(run_dir, which), which,
+                    kept_inputs(run_dir))
+
+
+def unfinished(opened: Reopened) -> str | None:
+    """For a run that did not finish (no summary): where it stopped and which epoch's
+    weights the checkpoint holds, as one line; None for a finished run."""
+    layout = RunDir(opened.run_dir)
+    if layout.finished():
+        return None
+    state = latest_state(opened.run_dir) or {}
+    epochs, done, step = opened.spec.epochs, int(state.get("epoch", 0)), int(state.get("step", 0))
+    where = ("before its first backup" if not state else
+             f"in epoch {done + 1} of {epochs}, its newest backup at step {step}" if step else
+             f"after epoch {done} of {epochs}")
+    return (f"{opened.run_dir} did not finish (no summary.json): it stopped {where}; "
+            f"predicting with {opened.checkpoint}{_holds(opened, state)}")
+
+
+def _holds(opened: Reopened, state: dict) -> str:
+    """`, the best val_loss (0.52) of epoch 1`: which epoch `best.keras` was written at."""
+    if opened.which != "best":
+        return ", the weights at the end of its training"
+    try:
+        best = json.loads(Path(f"{opened.checkpoint}.best.json").read_text())
+        monitor, value = best["monitor"], float(best["best"])
+        epoch = list(state.get("history", {}).get(monitor, [])).index(value) + 1
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    return f", the best {monitor} ({value:.4g}) of epoch {epoch}"
 SPLITS = ("validation", "test")
 
 

@@ -48,13 +48,17 @@ class Restored:
         return self.run.strategy.num_replicas_in_sync
 
 
-def restore_run(run: str | Path | Reopened, overrides: list[str] = ()) -> Restored:
+def restore_run(run: str | Path | Reopened, overrides: list[str] = (),
+                same_data: bool = True) -> Restored:
     """A run's model, data and strategy on this machine's devices, with the checkpoint
     `checkpoint=best|last` names loaded.
 
     Args:
         run: a run directory (composed again with `overrides`), or a run `reopen`ed already.
         overrides: `key=value` changes to the run's config.
+        same_data: refuse data other than the run trained on (evaluation); False where only
+            the source's preprocessing is used (prediction of a run that recorded its
+            classes), which must still give the model as many outputs as it trained with.
 
     Raises:
         ConfigError: not a run, a checkpoint that is missing or damaged, data that changed
@@ -62,9 +66,25 @@ def restore_run(run: str | Path | Reopened, overrides: list[str] = ()) -> Restor
     """
     opened = run if isinstance(run, Reopened) else reopen(run, list(overrides))
     built = assemble(opened.spec, open_devices(opened.spec.devices))
-    check_same_data(opened.run_dir, trained_on(opened.run_dir), of_source(built.data.source))
+    source = built.data.source
+    if same_data:
+        check_same_data(opened.run_dir, trained_on(opened.run_dir), of_source(source))
+    elif opened.inputs is not None and opened.inputs.get("num_outputs") != source.num_outputs:
+        raise ConfigError(_other_outputs(opened, source))
     load_weights_checked(built.model, opened.checkpoint, opened.which)
     return Restored(opened.spec, built, opened.checkpoint)
+
+
+def _other_outputs(opened: Reopened, source: Any) -> str:
+    """The line for a dataset that now gives the model another number of outputs."""
+    def counted(count: Any, names: Any) -> str:
+        return (f"{count} classes ({', '.join(names)})" if names
+                else f"{count} outputs")
+
+    return (f"the dataset of {opened.run_dir} now gives "
+            f"{counted(source.num_outputs, source.class_names)}, the run trained on "
+            f"{counted(opened.inputs.get('num_outputs'), opened.inputs.get('class_names'))}; "
+            "prediction builds the run's preprocessing from its dataset: restore it")
 
 
 def load_weights_checked(model: Any, checkpoint: Path, which: str) -> None:
@@ -85,8 +105,9 @@ def load_weights_checked(model: Any, checkpoint: Path, which: str) -> None:
 def predict_outputs(run: Any, inputs: Any, examples: int) -> Any:
     """The model's outputs for every example once, in input order."""
     source = run.data.source
-    features = tf.constant(inputs) if not isinstance(inputs, dict) else {
-        k: tf.constant(v) for k, v in inputs.items()}
+    features = ({k: tf.constant(v) for k, v in inputs.items()} if isinstance(inputs, dict)
+                else tuple(map(tf.constant, inputs)) if isinstance(inputs, tuple)
+                else tf.constant(inputs))
     elements = tf.data.Dataset.from_tensor_slices((features, tf.zeros([examples], tf.int32)))
     expected = source.validation.element_spec[0]
     found = elements.element_spec[0]

@@ -24,6 +24,7 @@ from trainer.run.assemble import Run, assemble
 from trainer.run.drive import Trained, prepare_finetune, train_epochs
 from trainer.run.finish import Outcome, export, final_evaluations, stop_if_asked, stopped
 from trainer.run.guards import check_space, translate
+from trainer.run.inputs import record as record_inputs
 from trainer.run.preflight import Checked
 from trainer.run.resume import Start, restore_backup
 from trainer.run.summary import build_summary, process_seconds, write_summary
@@ -90,8 +91,14 @@ class Session:
         return run
 
     def restore(self, run: Run) -> Start:
-        """Restores the newest backup, then wires the callbacks from that point."""
+        """Restores the newest backup (its data and batch checked), records the run's config
+        where the entry point left that until now (`Checked.record`) and what its model
+        takes (`model_inputs.json`), then wires the callbacks from that point."""
         self.start = start = restore_backup(self.checked, run, self.run_dir)
+        if run.is_chief:
+            if self.checked.record is not None:
+                self.checked.record()
+            record_inputs(self.run_dir, run.data.source)  # what prediction takes
         # after the optimizer is built over every variable (in assemble)
         self.phases = prepare_finetune(run.model, self.spec.finetune, self.spec.epochs)
         self.callbacks = build_callbacks(

@@ -11,6 +11,7 @@ RUN_DIR/
   model.tflite          export=[tflite] (TFLite / LiteRT)
   model.onnx            export=[onnx]
   curves.png            loss and metrics per epoch (each epoch's end, and the run's end)
+  model_inputs.json     what the model takes and its classes' names (trainer.run.inputs)
   summary.json          written last: the run finished
   trial.json            a sweep job's outcome
 ```
@@ -55,6 +56,11 @@ class RunDir:
     def curves(self) -> Path:
         """Loss and metrics per epoch, best epoch marked (`trainer.track.curves`)."""
         return self.root / "curves.png"
+
+    @property
+    def inputs(self) -> Path:
+        """One example's shape and dtype, and the classes' names (`trainer.run.inputs`)."""
+        return self.root / "model_inputs.json"
 
     @property
     def lock(self) -> Path:
