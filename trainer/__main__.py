@@ -59,7 +59,7 @@ def _hydra_main(cfg: DictConfig) -> Any:
             from trainer.run.train import start
 
             return start(checked)
-    except process.STOPS as error:
+    except process.FAILURES as error:
         process.exit_with(error)
 
 
@@ -137,5 +137,12 @@ def _record(cfg: DictConfig) -> None:
         (folder / name).write_text(OmegaConf.to_yaml(node), encoding="utf-8")
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The command (`python -m trainer`, the `trainer` script): `main` in a process of its
+    own."""
+    process.own_the_process()
     main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -16,6 +16,7 @@ notices, so anything unexpected still shows. `TRAINER_TF_LOGS=1` turns the filte
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -179,9 +180,11 @@ def exit_code(error: BaseException) -> tuple[str, int] | None:
 
 
 # What may end a command with one line (`exit_with`; a ValueError only where Hydra's own
-# checks or the sweeper raised it).
-STOPS = (*KNOWN_ERRORS, Interrupted, Diverged, WorkerLost, NothingToDo, TrialFailed,
-         ValueError, KeyboardInterrupt, Terminated)
+# checks or the sweeper raised it): failures, and the signals of start-up, which the command
+# line handles at its top (as the interpreter's own handling of a Ctrl-C would end it).
+FAILURES = (*KNOWN_ERRORS, Interrupted, Diverged, WorkerLost, NothingToDo, TrialFailed,
+            ValueError)
+STOPS = (*FAILURES, KeyboardInterrupt, Terminated)
 
 
 def raised_by_hydra(error: BaseException) -> bool:
@@ -190,6 +193,17 @@ def raised_by_hydra(error: BaseException) -> bool:
 
     frames = traceback.extract_tb(error.__traceback__)
     return bool(frames) and f"{os.sep}hydra{os.sep}" in frames[-1].filename
+
+
+# Whether this process is the command itself (`python -m trainer`, the `trainer` script),
+# which may end at once, rather than a caller running the command in its own process.
+_whole_process = False
+
+
+def own_the_process() -> None:
+    """Says this process is the command's own (its end is the command's exit)."""
+    global _whole_process
+    _whole_process = True
 
 
 def exit_with(error: BaseException) -> NoReturn:
@@ -203,6 +217,11 @@ def exit_with(error: BaseException) -> NoReturn:
     line, code = found
     print(line, file=sys.stdout if code == 0 else sys.stderr, flush=True)
     sys.stdout.flush()
+    if isinstance(error, (KeyboardInterrupt, Terminated)) and _whole_process:
+        # A Ctrl-C that met TensorFlow's start-up (code it runs through pybind11) marks the
+        # interpreter as ended by SIGINT, whatever the exit code asked for: end it here.
+        logging.shutdown()
+        os._exit(code)
     if isinstance(error, WorkerLost):
         # Not sys.exit: TensorFlow's shutdown would wait for the lost peer at its exit barrier.
         os._exit(code)

@@ -50,6 +50,8 @@ FAIL_ABOVE = "TRAINER_TUNE_FAIL_ABOVE"
 
 def tune(checked: Checked) -> dict[str, Any]:
     """Runs the tuner `tune=` names; returns what it found (also written as JSON)."""
+    if checked.record is not None:
+        checked.record()  # the run's `.hydra/`, where the entry point left it until now
     found = find_lr(checked) if checked.spec.tune == "lr" else find_batch(checked)
     print(found["line"], flush=True)
     return found
