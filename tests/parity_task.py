@@ -108,3 +108,55 @@ class CountingModel(keras.Model):
 def counting_model(**_: object) -> keras.Model:
     inputs, hidden = _trunk()
     return CountingModel(inputs, keras.layers.Dense(2, activation="softmax")(hidden))
+
+
+class Subclassed(keras.Model):
+    """A subclassed model (its own `call`, no `get_config`): its variables exist only once it
+    has seen a batch, so trainer builds it from a symbolic one, as Keras's fit does."""
+
+    def __init__(self, classes: int, **kwargs):
+        super().__init__(**kwargs)
+        init = keras.initializers.GlorotUniform(seed=3)
+        normal = keras.initializers.RandomNormal(seed=4)
+        self.embed = keras.layers.Embedding(CATEGORIES, 3, embeddings_initializer=normal)
+        self.hidden = keras.layers.Dense(16, activation="relu", kernel_initializer=init)
+        self.head = keras.layers.Dense(classes, activation="softmax", kernel_initializer=init)
+
+    def call(self, inputs):
+        embedded = keras.ops.reshape(self.embed(inputs["cat"]), (-1, 3))
+        return self.head(self.hidden(keras.ops.concatenate([inputs["num"], embedded], axis=-1)))
+
+
+def subclassed_model(num_classes: int, **_: object) -> keras.Model:
+    return Subclassed(num_classes)
+
+
+def seeded_model(**_: object) -> keras.Model:
+    """`dict_model` with seeded initial weights: the same wherever it is built."""
+    init = keras.initializers.GlorotUniform(seed=5)
+    num = keras.Input((4,), name="num")
+    cat = keras.Input((1,), name="cat", dtype="int32")
+    embedded = keras.layers.Flatten()(keras.layers.Embedding(
+        CATEGORIES, 3, embeddings_initializer=keras.initializers.RandomNormal(seed=6))(cat))
+    hidden = keras.layers.Dense(16, activation="relu", kernel_initializer=init)(
+        keras.layers.Concatenate()([num, embedded]))
+    outputs = keras.layers.Dense(2, activation="softmax", kernel_initializer=init)(hidden)
+    return keras.Model({"num": num, "cat": cat}, outputs)
+
+
+def compiled_model(**_: object) -> keras.Model:
+    """A model its builder compiled: its optimizer, loss, metrics and loss weights."""
+    model = seeded_model()
+    model.compile(optimizer=keras.optimizers.SGD(0.2, momentum=0.5),
+                  loss=keras.losses.SparseCategoricalCrossentropy(),
+                  metrics=["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=1,
+                                                                                  name="top1")],
+                  loss_weights=0.5)
+    return model
+
+
+def regression_targets(**_: object) -> Source:
+    """The score alone: a float regression target, no classes."""
+    x, _, score = _table(ROWS, 0)
+    vx, _, vscore = _table(VALIDATION, 1)
+    return Source.from_arrays(x, score, vx, vscore)

@@ -1,0 +1,106 @@
+"""Keras models as Keras trains them (#35): a subclassed model, tuple structures, a model its
+builder compiled, a loss function of the user's. Each trains through the whole run
+(`train`) and ends where plain Keras, or the same run on one replica, ends.
+"""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from tests.conftest import error_lines, run_main
+from tests.test_parity import EXACT, Keep, run, same
+from trainer.config.errors import ConfigError
+from trainer.config.validate import runtime_seed
+from trainer.evaluate import evaluate_run
+from trainer.run.train import train
+
+TINY_CLI = ["epochs=1", "verbose=0", "logger=[]"]
+SUBCLASSED = ["model._target_=parity_task.subclassed_model",
+              "dataset._target_=parity_task.dict_inputs"]
+
+
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_a_subclassed_model_trains_on_two_replicas_like_one(tiny_config, tmp_path, loop):
+    """Its variables exist only after a batch: trainer builds it from a symbolic batch (as
+    fit does from its first), so metrics, the optimizer and checkpoints find them."""
+    one, w1 = run(tiny_config, tmp_path, 1, *SUBCLASSED, f"loop={loop}")
+    two, w2 = run(tiny_config, tmp_path, 2, *SUBCLASSED, f"loop={loop}")
+    same(w1, w2)
+    assert two["validation_metrics"]["accuracy"] > 0.75
+    assert (tmp_path / "run2" / "checkpoints" / "best.keras").is_file()
+    if loop == "custom":  # and the custom loop's weights are fit's
+        fit, wf = run(tiny_config, tmp_path, 1, *SUBCLASSED, "loop=fit", name="fit")
+        same(wf, w1)
+        return
+    # Without get_config its checkpoints hold the weights (the summary says so), which
+    # evaluation loads into the model its builder makes.
+    assert "get_config" in two["checkpoints_hold"]
+    run_dir = tmp_path / "run2"
+    (run_dir / ".hydra").mkdir()
+    OmegaConf.save(tiny_config(*EXACT, "devices=2", *SUBCLASSED), run_dir / ".hydra" /
+                   "config.yaml")
+    result = evaluate_run(run_dir, ["devices=1", "checkpoint=last"])
+    assert result["metrics"] == pytest.approx(two["validation_metrics"], rel=1e-5)
+
+
+COMPILED = ["model._target_=parity_task.compiled_model",
+            "dataset._target_=parity_task.dict_inputs", "deterministic=true", "epochs=2",
+            "batch.global_size=64", "batch.per_replica=null", "accelerator=cpu", "devices=1"]
+
+
+def plain_keras_fit(model, source, epochs: int, seed: int):
+    """Keras's own fit on one device over the batches trainer makes (same order)."""
+    from trainer.data.pipeline import build_pipeline, build_training_epochs
+
+    train = build_training_epochs(source.train, 64, first_epoch=0, epochs=epochs, seed=seed,
+                                  replicas=1, examples=source.train_size)
+    validation = build_pipeline(source.validation, 64, training=False, seed=seed,
+                                examples=source.validation_size)
+    history = model.fit(train, epochs=epochs, steps_per_epoch=-(-source.train_size // 64),
+                        validation_data=validation, verbose=0)
+    return history.history
+
+
+def test_a_model_its_builder_compiled_trains_as_plain_keras_fit_trains_it(tiny_config,
+                                                                          tmp_path):
+    """The builder's optimizer (SGD with momentum), loss, metrics and loss weight train: the
+    same history keys and weights as Keras's fit on one device."""
+    import parity_task
+
+    keep = Keep()
+    summary = train(tiny_config(*COMPILED), run_dir=tmp_path / "run", callbacks=[keep])
+    assert summary["compiled_by"] == "model builder"
+    assert summary["optimizer"] == "SGD" and summary["optimizer_settings"] == {"momentum": 0.5}
+    assert summary["learning_rate"]["scaled"] == pytest.approx(0.2)
+    plain = parity_task.compiled_model()
+    history = plain_keras_fit(plain, parity_task.dict_inputs(), 2, runtime_seed(42))
+    assert set(summary["history"]) - {"learning_rate"} == set(history)
+    assert {"top1", "accuracy"} <= set(summary["validation_metrics"])
+    same(plain.get_weights(), keep.weights)
+    assert summary["history"]["loss"] == pytest.approx(history["loss"], rel=1e-5)
+
+
+def test_a_config_naming_another_loss_than_the_compiled_models_is_one_line(tiny_config,
+                                                                          tmp_path):
+    with pytest.raises(ConfigError, match=r"the model builder compiled the model with loss "
+                                          r"sparse_categorical_crossentropy; the config also "
+                                          r"names loss=mean_squared_error: keep one"):
+        train(tiny_config(*COMPILED, "loss=mean_squared_error"), run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    done = run_main(*TINY_CLI, *COMPILED, "loss=mean_squared_error",
+                    f"hydra.run.dir={tmp_path / 'cli'}", cwd=tmp_path)
+    assert done.returncode == 2
+    lines = error_lines(done.stderr)
+    assert len(lines) == 1 and "also names loss=mean_squared_error" in lines[0], lines
+    assert not (tmp_path / "cli").exists()
+
+
+def test_a_class_loss_on_float_targets_is_one_line_before_training(tiny_config, tmp_path):
+    with pytest.raises(ConfigError, match=r"loss sparse_categorical_crossentropy takes class "
+                                          r"indices, but output '\w+''s target is float32 of "
+                                          r"shape \(None,\) \(a regression target\?\)"):
+        train(tiny_config("model._target_=parity_task.dict_model",
+                          "dataset._target_=parity_task.regression_targets"),
+              run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
