@@ -131,6 +131,24 @@ def subclassed_model(num_classes: int, **_: object) -> keras.Model:
     return Subclassed(num_classes)
 
 
+def tuple_targets(**_: object) -> Source:
+    """Two inputs and two targets as tuples (a class and a score), and a sample weight per
+    training example."""
+    x, y, score = _table(ROWS, 0)
+    vx, vy, vscore = _table(VALIDATION, 1)
+    weights = np.random.default_rng(2).uniform(0.5, 2.0, size=ROWS).astype("float32")
+    return Source.from_arrays((x["num"], x["cat"]), (y, score), (vx["num"], vx["cat"]),
+                              (vy, vscore), num_classes=2, sample_weight=weights)
+
+
+def tuple_model(**_: object) -> keras.Model:
+    """`keras.Model((a, b), [cls, reg])`: tuple inputs, a list of outputs."""
+    inputs, hidden = _trunk()
+    cls = keras.layers.Dense(2, activation="softmax", name="cls")(hidden)
+    reg = keras.layers.Dense(1, name="reg")(hidden)
+    return keras.Model((inputs["num"], inputs["cat"]), [cls, reg])
+
+
 def seeded_model(**_: object) -> keras.Model:
     """`dict_model` with seeded initial weights: the same wherever it is built."""
     init = keras.initializers.GlorotUniform(seed=5)

@@ -44,6 +44,41 @@ def test_a_subclassed_model_trains_on_two_replicas_like_one(tiny_config, tmp_pat
     assert result["metrics"] == pytest.approx(two["validation_metrics"], rel=1e-5)
 
 
+TUPLES = ["model._target_=parity_task.tuple_model", "dataset._target_=parity_task.tuple_targets",
+          "loss=[sparse_categorical_crossentropy,mse]", "+loss_weights=[1.0,0.5]",
+          "checkpoint.monitor=val_loss", "batch.global_size=66"]
+
+
+def keras_history_keys(model_fn, source) -> set[str]:
+    """The keys plain Keras's fit logs for this model and data, compiled as the run is."""
+    import parity_task  # noqa: F401 - the tests' directory is on the import path
+
+    model = model_fn()
+    model.compile(optimizer="sgd", loss=["sparse_categorical_crossentropy", "mse"],
+                  loss_weights=[1.0, 0.5])
+    history = model.fit(source.train.batch(64), validation_data=source.validation.batch(64),
+                        epochs=1, verbose=0)
+    return set(history.history)
+
+
+def test_tuple_inputs_and_targets_with_a_loss_per_output_train_on_three_replicas_like_one(
+        tiny_config, tmp_path):
+    """`keras.Model((a, b), [cls, reg])` on tuple inputs and (class, score) targets with
+    sample weights, a loss per output as a YAML list, loss weights as a list: 3 replicas
+    (29 validation examples: not a multiple of 3) end where 1 does, logging what Keras's
+    fit logs."""
+    import parity_task
+
+    one, w1 = run(tiny_config, tmp_path, 1, *TUPLES)
+    three, w3 = run(tiny_config, tmp_path, 3, *TUPLES)
+    same(w1, w3)
+    assert three["validation_examples"] == 29
+    assert three["validation_metrics"] == pytest.approx(one["validation_metrics"], rel=1e-4)
+    keras_keys = keras_history_keys(parity_task.tuple_model, parity_task.tuple_targets())
+    assert set(three["history"]) - {"learning_rate"} == keras_keys
+    assert three["loss"] == "sparse_categorical_crossentropy, mse"
+
+
 COMPILED = ["model._target_=parity_task.compiled_model",
             "dataset._target_=parity_task.dict_inputs", "deterministic=true", "epochs=2",
             "batch.global_size=64", "batch.per_replica=null", "accelerator=cpu", "devices=1"]
