@@ -178,3 +178,8 @@ def regression_targets(**_: object) -> Source:
     x, _, score = _table(ROWS, 0)
     vx, _, vscore = _table(VALIDATION, 1)
     return Source.from_arrays(x, score, vx, vscore)
+
+
+def scaled_crossentropy(y_true, y_pred, scale=1.0):
+    """A loss of the user's: a plain function, named by its dotted path in the config."""
+    return scale * keras.losses.sparse_categorical_crossentropy(y_true, y_pred)

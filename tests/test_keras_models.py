@@ -139,3 +139,36 @@ def test_a_class_loss_on_float_targets_is_one_line_before_training(tiny_config, 
                           "dataset._target_=parity_task.regression_targets"),
               run_dir=tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("loss, kwargs", [
+    ("loss=parity_task.scaled_crossentropy", {}),
+    ("loss={_target_: parity_task.scaled_crossentropy, _partial_: true, scale: 2.0}",
+     {"scale": 2.0}),
+])
+def test_a_loss_function_of_the_users_trains_and_its_checkpoints_load(tiny_config, tmp_path,
+                                                                       loss, kwargs):
+    """By its dotted name or as a `_partial_` node: the function is registered as a Keras
+    serializable, so the checkpoints save it by name and load with it."""
+    import keras
+    import parity_task
+
+    overrides = [*EXACT, "devices=1", "model._target_=parity_task.seeded_model",
+                 "dataset._target_=parity_task.dict_inputs", "epochs=1", loss]
+    run_dir = tmp_path / "run"
+    summary = train(tiny_config(*overrides), run_dir=run_dir)
+    assert summary["loss"] == "scaled_crossentropy"
+    loaded = keras.models.load_model(run_dir / "checkpoints" / "last.keras")
+    assert loaded.loss.fn is parity_task.scaled_crossentropy
+    assert loaded.loss._fn_kwargs == kwargs
+    (run_dir / ".hydra").mkdir()
+    OmegaConf.save(tiny_config(*overrides), run_dir / ".hydra" / "config.yaml")
+    result = evaluate_run(run_dir, ["devices=2", "checkpoint=last"])
+    assert result["metrics"]["loss"] == pytest.approx(summary["validation_metrics"]["loss"],
+                                                      rel=1e-5)
+
+
+def test_a_loss_by_a_dotted_name_that_does_not_import_is_one_line(tiny_config, tmp_path):
+    with pytest.raises(ConfigError, match=r"loss 'parity_task.nope' cannot be imported: "):
+        train(tiny_config("loss=parity_task.nope"), run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
