@@ -183,3 +183,26 @@ def regression_targets(**_: object) -> Source:
 def scaled_crossentropy(y_true, y_pred, scale=1.0):
     """A loss of the user's: a plain function, named by its dotted path in the config."""
     return scale * keras.losses.sparse_categorical_crossentropy(y_true, y_pred)
+
+
+def _declared(train_size: int, filtered: bool) -> Source:
+    """A user's own tf.data source declaring `train_size` (the data holds 301); filtered,
+    tf.data does not know its length."""
+    import tensorflow as tf
+
+    x, y, _ = _table(ROWS, 0)
+    vx, vy, _ = _table(VALIDATION, 1)
+    train = tf.data.Dataset.from_tensor_slices((x, y))
+    if filtered:
+        train = train.filter(lambda *_: True)
+    return Source(train=train, validation=tf.data.Dataset.from_tensor_slices((vx, vy)),
+                  train_size=train_size, validation_size=VALIDATION,
+                  input_shape={"num": (4,), "cat": (1,)}, num_classes=2)
+
+
+def declares_300(**_: object) -> Source:
+    return _declared(300, filtered=False)
+
+
+def declares_400_filtered(**_: object) -> Source:
+    return _declared(400, filtered=True)

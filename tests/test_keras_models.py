@@ -172,3 +172,24 @@ def test_a_loss_by_a_dotted_name_that_does_not_import_is_one_line(tiny_config, t
     with pytest.raises(ConfigError, match=r"loss 'parity_task.nope' cannot be imported: "):
         train(tiny_config("loss=parity_task.nope"), run_dir=tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_tf_data_source_declaring_another_size_than_it_holds_is_one_line(tiny_config,
+                                                                          tmp_path):
+    """Known to tf.data: refused before training. Unknown (a filter): refused at the first
+    pass, instead of epochs of the wrong number of steps."""
+    with pytest.raises(ConfigError, match=r"dataset parity_task.declares_300: its train split "
+                                          r"holds 301 examples, but its Source declares "
+                                          r"train_size=300"):
+        train(tiny_config("model._target_=parity_task.dict_model",
+                          "dataset._target_=parity_task.declares_300"),
+              run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    done = run_main(*TINY_CLI, "model._target_=parity_task.dict_model",
+                    "dataset._target_=parity_task.declares_400_filtered", "accelerator=cpu",
+                    "devices=2", f"hydra.run.dir={tmp_path / 'cli'}", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert error_lines(done.stderr) == [
+        "error: dataset parity_task.declares_400_filtered: its train split yields only 301 "
+        "examples, but its Source declares train_size=400; the steps per epoch come from "
+        "train_size: make it what the dataset yields"]
