@@ -79,6 +79,18 @@ def test_tuple_inputs_and_targets_with_a_loss_per_output_train_on_three_replicas
     assert three["loss"] == "sparse_categorical_crossentropy, mse"
 
 
+def test_tuple_structures_train_under_the_custom_loop_with_accumulation_as_under_fit(
+        tiny_config, tmp_path):
+    """The custom loop through the compiled loss: 3 replicas, 2 micro-batches each, end
+    where fit ends on 1 replica, logging the same values."""
+    fit, w1 = run(tiny_config, tmp_path, 1, *TUPLES, name="fit")
+    custom, w3 = run(tiny_config, tmp_path, 3, *TUPLES, "loop=custom", "batch.accumulate=2")
+    same(w1, w3)
+    assert custom["history"].keys() == fit["history"].keys()
+    assert custom["validation_metrics"] == pytest.approx(fit["validation_metrics"], rel=1e-4)
+    assert custom["train_metrics"] == pytest.approx(fit["train_metrics"], rel=1e-4)
+
+
 COMPILED = ["model._target_=parity_task.compiled_model",
             "dataset._target_=parity_task.dict_inputs", "deterministic=true", "epochs=2",
             "batch.global_size=64", "batch.per_replica=null", "accelerator=cpu", "devices=1"]
@@ -97,14 +109,17 @@ def plain_keras_fit(model, source, epochs: int, seed: int):
     return history.history
 
 
+@pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_a_model_its_builder_compiled_trains_as_plain_keras_fit_trains_it(tiny_config,
-                                                                          tmp_path):
+                                                                          tmp_path, loop):
     """The builder's optimizer (SGD with momentum), loss, metrics and loss weight train: the
-    same history keys and weights as Keras's fit on one device."""
+    same history keys and weights as Keras's fit on one device (the custom loop through
+    the compiled loss, as its loss weight asks)."""
     import parity_task
 
     keep = Keep()
-    summary = train(tiny_config(*COMPILED), run_dir=tmp_path / "run", callbacks=[keep])
+    summary = train(tiny_config(*COMPILED, f"loop={loop}"), run_dir=tmp_path / "run",
+                    callbacks=[keep])
     assert summary["compiled_by"] == "model builder"
     assert summary["optimizer"] == "SGD" and summary["optimizer_settings"] == {"momentum": 0.5}
     assert summary["learning_rate"]["scaled"] == pytest.approx(0.2)

@@ -35,7 +35,6 @@ from trainer.plan.speed import SpeedPlan, choose_speed
 from trainer.run.install_step import install_step
 from trainer.run.resolve import Spec
 from trainer.task.build import (
-    BY_BUILDER,
     build_compiled,
     build_model,
     check_class_losses,
@@ -83,6 +82,9 @@ class Run:
     compiled_by: str = "config"
     # why checkpoints hold the weights only (a model whose config cannot be saved), or None
     weights_only: str | None = None
+    # the custom loop trains through the model's compiled loss (several outputs or losses,
+    # loss weights), not its own per-example loss
+    compiled_loss: bool = False
 
     @property
     def workers(self) -> int:
@@ -133,7 +135,7 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None) -> Run:
             spec.class_weight)
         steps = steps_per_epoch(data.source.train_size, batch.global_size,
                                 spec.batch.drop_remainder)
-        compiled = _compiled_model(spec, data, loop, batch.global_size, steps, speed)
+        compiled = _compiled_model(spec, data, batch.global_size, steps, speed)
         fit_callbacks = install_step(compiled.model, loop, batch.accumulate,
                                       speed.steps_per_execution)
     return Run(strategy=strategy, strategy_name=strategy_name, cross_device_ops=cross,
@@ -141,7 +143,8 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None) -> Run:
                model=compiled.model, speed=speed, data=data, loss=compiled.loss,
                metrics=compiled.metrics, metric_names=compiled.names,
                metric_directions=compiled.ways, fit_callbacks=fit_callbacks,
-               compiled_by=compiled.by, weights_only=compiled.weights_only)
+               compiled_by=compiled.by, weights_only=compiled.weights_only,
+               compiled_loss=compiled.through_compiled_loss)
 
 
 def _strategy(spec: Spec, plan: Any, cluster: Cluster | None) -> tuple:
@@ -193,9 +196,10 @@ class _Compiled:
     ways: dict[str, str]
     by: str
     weights_only: str | None
+    through_compiled_loss: bool
 
 
-def _compiled_model(spec: Spec, data: Data, loop: str, global_batch: int, steps: int,
+def _compiled_model(spec: Spec, data: Data, global_batch: int, steps: int,
                     speed: SpeedPlan) -> _Compiled:
     """The model built and compiled in the strategy's scope, with Keras's loss, metrics and
     optimizer state built from symbolic batches (as fit builds them from its first batch;
@@ -211,7 +215,6 @@ def _compiled_model(spec: Spec, data: Data, loop: str, global_batch: int, steps:
                                "metrics": spec.metrics, "loss_weights": spec.loss_weights,
                                "optimizer": spec.optimizer},
                        source.num_classes is not None, outputs)
-    _custom_loop_takes(task, outputs, loop, spec.loop)
     lr = learning_rate(plan_of(spec.lr, task), global_batch, steps, spec.epochs)
     model.compile(optimizer=optimizer_for(task, spec.optimizer, lr.schedule), loss=task.loss,
                   loss_weights=task.loss_weights, metrics=task.metrics,
@@ -228,21 +231,15 @@ def _compiled_model(spec: Spec, data: Data, loop: str, global_batch: int, steps:
         return fresh_metrics(task.metric_specs, label, output)
 
     return _Compiled(model, lr, task.loss, metrics, tuple(names), ways, task.compiled_by,
-                     weights_only)
+                     weights_only, _through_compiled_loss(task, outputs))
 
 
-def _custom_loop_takes(task: Any, outputs: int, loop: str, asked: str) -> None:
-    """The custom loop trains one output with one loss (and no loss weights)."""
-    several = (outputs > 1 or several_losses(task.loss) or isinstance(task.metrics, dict)
-               or task.loss_weights is not None or task.weighted_metrics)
-    if several and loop == "custom":
-        what = "has a loss or metrics per output" if outputs > 1 or several_losses(
-            task.loss) or isinstance(task.metrics, dict) else "has loss or metric weights"
-        by = " (its model builder compiled it)" if task.compiled_by == BY_BUILDER else ""
-        raise ConfigError("loop=custom trains a model with one output and one loss; this run "
-                          f"{what}{by}: use loop=fit"
-                          + (f" ({MULTI_WORKER_LOOP.split(':')[1].strip()})"
-                             if asked != loop else ""))
+def _through_compiled_loss(task: Any, outputs: int) -> bool:
+    """Whether the custom loop trains through the model's compiled loss (`compute_loss`,
+    as fit does: several outputs, a loss per output, loss or metric weights) rather than
+    its per-example loss (one output, one loss: any reduction)."""
+    return bool(outputs > 1 or several_losses(task.loss) or isinstance(task.metrics, dict)
+                or task.loss_weights is not None or task.weighted_metrics)
 
 
 ACCUMULATE_JIT = ("jit_compile=false: with batch.accumulate>1 fit's step loops over "
