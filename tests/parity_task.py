@@ -206,3 +206,10 @@ def declares_300(**_: object) -> Source:
 
 def declares_400_filtered(**_: object) -> Source:
     return _declared(400, filtered=True)
+
+
+def compiled_without_metrics(**_: object) -> keras.Model:
+    """Compiled by its builder with a loss alone: Keras's fit logs the loss only."""
+    model = seeded_model()
+    model.compile(optimizer=keras.optimizers.SGD(0.2), loss="sparse_categorical_crossentropy")
+    return model

@@ -208,3 +208,24 @@ def test_a_tf_data_source_declaring_another_size_than_it_holds_is_one_line(tiny_
         "error: dataset parity_task.declares_400_filtered: its train split yields only 301 "
         "examples, but its Source declares train_size=400; the steps per epoch come from "
         "train_size: make it what the dataset yields"]
+
+
+def test_the_keras_contract_scoreboard_scores_a_scenario(monkeypatch):
+    """scripts/keras_contract.py: a Keras test's dict outputs with a loss for one output of
+    two and weighted metrics, on 2 replicas, end where plain Keras's fit ends."""
+    from tests.conftest import REPO
+
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    import keras_contract
+
+    reference = keras_contract.plain_keras("partial_loss")
+    assert keras_contract.cell(reference, "partial_loss", "fit", 2) == "pass"
+
+
+def test_a_model_compiled_with_a_loss_alone_logs_the_loss_alone(tiny_config, tmp_path):
+    """As Keras's fit: no accuracy added to a model its builder compiled without metrics."""
+    summary = train(tiny_config(*COMPILED, "model._target_=parity_task.compiled_without_metrics",
+                                "epochs=1", "checkpoint.monitor=val_loss"),
+                    run_dir=tmp_path / "run")
+    assert summary["metrics"] == [] and set(summary["history"]) - {"learning_rate"} == {
+        "loss", "val_loss"}

@@ -160,12 +160,22 @@ def build_losses(spec: Any) -> Any:
         if not spec:
             raise ConfigError("loss must be a Keras loss name, a _target_ node, or a mapping "
                               "per output name; received: {}")
-        return {str(name): build_loss(value) for name, value in spec.items()}
+        return {str(name): _nested_losses(value) for name, value in spec.items()}
     if isinstance(spec, (list, tuple)):
         if not spec:
             raise ConfigError("loss must be a Keras loss name, a _target_ node, or a list "
                               "per output; received: []")
-        return [build_loss(value) for value in spec]
+        return [_nested_losses(value) for value in spec]
+    return build_loss(spec)
+
+
+def _nested_losses(spec: Any) -> Any:
+    """One output's loss: a loss, none (Keras trains that output with no loss), or a list
+    of losses summed (as a compiled model may name them: `{"b": ["binary_crossentropy"]}`)."""
+    if spec is None:
+        return None
+    if isinstance(spec, (list, tuple)) or (isinstance(spec, Mapping) and "_target_" not in spec):
+        return build_losses(spec)
     return build_loss(spec)
 
 
@@ -315,8 +325,8 @@ def choose_task(model: keras.Model, config: Mapping[str, Any], classes: bool,
         classes: whether the dataset's targets are classes.
         outputs: the model's outputs.
     """
-    named = default_metrics(config["metrics"], classes, outputs)
     if not getattr(model, "compiled", False):
+        named = default_metrics(config["metrics"], classes, outputs)
         return Task(build_losses(config["loss"]), config["loss_weights"],
                     compiled_metrics(named), metric_specs=named)
     own = dict(model._compile_config.config)
@@ -327,14 +337,17 @@ def choose_task(model: keras.Model, config: Mapping[str, Any], classes: bool,
               config["metrics"], config["metrics"] is not None)
     _conflict("loss_weights", own.get("loss_weights"), config["loss_weights"],
               config["loss_weights"] is not None)
-    metrics = (own.get("metrics") if own.get("metrics") or own.get("weighted_metrics")
-               else compiled_metrics(named))
+    if own.get("metrics") or own.get("weighted_metrics"):
+        metrics, specs = own.get("metrics"), own.get("metrics") or []
+    elif config["metrics"] is not None:
+        metrics, specs = compiled_metrics(config["metrics"]), config["metrics"]
+    else:  # compiled without metrics: its loss alone is logged, as Keras's fit logs it
+        metrics, specs = None, []
     optimizer = None if optimizer_named(config["optimizer"]) else _own_optimizer(
         own.get("optimizer"), config["optimizer"])
     return Task(build_losses(loss if loss is not None else config["loss"]),
                 own.get("loss_weights") if loss is not None else config["loss_weights"],
-                metrics, own.get("weighted_metrics"), optimizer, BY_BUILDER,
-                own.get("metrics") if own.get("metrics") else named)
+                metrics, own.get("weighted_metrics"), optimizer, BY_BUILDER, specs)
 
 
 def _conflict(key: str, theirs: Any, ours: Any, named: bool) -> None:
