@@ -1,6 +1,7 @@
 """Keras models as Keras trains them (#35): a subclassed model, tuple structures, a model its
-builder compiled, a loss function of the user's. Each trains through the whole run
-(`train`) and ends where plain Keras, or the same run on one replica, ends.
+builder compiled, a loss function of the user's, a tf.data source's declared sizes, and the
+scoreboard of Keras's own test scenarios (scripts/keras_contract.py). Each trains through
+the whole run (`train`) and ends where plain Keras, or the same run on one replica, ends.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def test_tuple_inputs_and_targets_with_a_loss_per_output_train_on_three_replicas
     """`keras.Model((a, b), [cls, reg])` on tuple inputs and (class, score) targets with
     sample weights, a loss per output as a YAML list, loss weights as a list: 3 replicas
     (29 validation examples: not a multiple of 3) end where 1 does, logging what Keras's
-    fit logs."""
+    fit logs; so does the custom loop (through the compiled loss) on 3 replicas of 2
+    micro-batches each."""
     import parity_task
 
     one, w1 = run(tiny_config, tmp_path, 1, *TUPLES)
@@ -77,18 +79,12 @@ def test_tuple_inputs_and_targets_with_a_loss_per_output_train_on_three_replicas
     keras_keys = keras_history_keys(parity_task.tuple_model, parity_task.tuple_targets())
     assert set(three["history"]) - {"learning_rate"} == keras_keys
     assert three["loss"] == "sparse_categorical_crossentropy, mse"
-
-
-def test_tuple_structures_train_under_the_custom_loop_with_accumulation_as_under_fit(
-        tiny_config, tmp_path):
-    """The custom loop through the compiled loss: 3 replicas, 2 micro-batches each, end
-    where fit ends on 1 replica, logging the same values."""
-    fit, w1 = run(tiny_config, tmp_path, 1, *TUPLES, name="fit")
-    custom, w3 = run(tiny_config, tmp_path, 3, *TUPLES, "loop=custom", "batch.accumulate=2")
-    same(w1, w3)
-    assert custom["history"].keys() == fit["history"].keys()
-    assert custom["validation_metrics"] == pytest.approx(fit["validation_metrics"], rel=1e-4)
-    assert custom["train_metrics"] == pytest.approx(fit["train_metrics"], rel=1e-4)
+    custom, wc = run(tiny_config, tmp_path, 3, *TUPLES, "loop=custom", "batch.accumulate=2",
+                     name="custom")
+    same(w1, wc)
+    assert custom["history"].keys() == one["history"].keys()
+    assert custom["validation_metrics"] == pytest.approx(one["validation_metrics"], rel=1e-4)
+    assert custom["train_metrics"] == pytest.approx(one["train_metrics"], rel=1e-4)
 
 
 COMPILED = ["model._target_=parity_task.compiled_model",
@@ -229,3 +225,16 @@ def test_a_model_compiled_with_a_loss_alone_logs_the_loss_alone(tiny_config, tmp
                     run_dir=tmp_path / "run")
     assert summary["metrics"] == [] and set(summary["history"]) - {"learning_rate"} == {
         "loss", "val_loss"}
+
+
+def test_a_compiled_models_optimizer_gives_way_to_one_the_config_names(tiny_config, tmp_path):
+    """`optimizer=adamw` names one: it trains the builder's loss and metrics. A rate for the
+    kept optimizer (its own is the rate) is one line naming both."""
+    summary = train(tiny_config(*COMPILED, "optimizer=adamw", "epochs=1"),
+                    run_dir=tmp_path / "run")
+    assert summary["optimizer"] == "AdamW" and summary["compiled_by"] == "model builder"
+    assert "top1" in summary["metrics"]
+    with pytest.raises(ConfigError, match=r"compiled the model with SGD at learning rate 0.2; "
+                                          r"the config also names optimizer.lr=0.05"):
+        train(tiny_config(*COMPILED, "optimizer.lr=0.05"), run_dir=tmp_path / "lr")
+    assert not (tmp_path / "lr").exists()
