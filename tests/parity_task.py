@@ -108,3 +108,108 @@ class CountingModel(keras.Model):
 def counting_model(**_: object) -> keras.Model:
     inputs, hidden = _trunk()
     return CountingModel(inputs, keras.layers.Dense(2, activation="softmax")(hidden))
+
+
+class Subclassed(keras.Model):
+    """A subclassed model (its own `call`, no `get_config`): its variables exist only once it
+    has seen a batch, so trainer builds it from a symbolic one, as Keras's fit does."""
+
+    def __init__(self, classes: int, **kwargs):
+        super().__init__(**kwargs)
+        init = keras.initializers.GlorotUniform(seed=3)
+        normal = keras.initializers.RandomNormal(seed=4)
+        self.embed = keras.layers.Embedding(CATEGORIES, 3, embeddings_initializer=normal)
+        self.hidden = keras.layers.Dense(16, activation="relu", kernel_initializer=init)
+        self.head = keras.layers.Dense(classes, activation="softmax", kernel_initializer=init)
+
+    def call(self, inputs):
+        embedded = keras.ops.reshape(self.embed(inputs["cat"]), (-1, 3))
+        return self.head(self.hidden(keras.ops.concatenate([inputs["num"], embedded], axis=-1)))
+
+
+def subclassed_model(num_classes: int, **_: object) -> keras.Model:
+    return Subclassed(num_classes)
+
+
+def tuple_targets(**_: object) -> Source:
+    """Two inputs and two targets as tuples (a class and a score), and a sample weight per
+    training example."""
+    x, y, score = _table(ROWS, 0)
+    vx, vy, vscore = _table(VALIDATION, 1)
+    weights = np.random.default_rng(2).uniform(0.5, 2.0, size=ROWS).astype("float32")
+    return Source.from_arrays((x["num"], x["cat"]), (y, score), (vx["num"], vx["cat"]),
+                              (vy, vscore), num_classes=2, sample_weight=weights)
+
+
+def tuple_model(**_: object) -> keras.Model:
+    """`keras.Model((a, b), [cls, reg])`: tuple inputs, a list of outputs."""
+    inputs, hidden = _trunk()
+    cls = keras.layers.Dense(2, activation="softmax", name="cls")(hidden)
+    reg = keras.layers.Dense(1, name="reg")(hidden)
+    return keras.Model((inputs["num"], inputs["cat"]), [cls, reg])
+
+
+def seeded_model(**_: object) -> keras.Model:
+    """`dict_model` with seeded initial weights: the same wherever it is built."""
+    init = keras.initializers.GlorotUniform(seed=5)
+    num = keras.Input((4,), name="num")
+    cat = keras.Input((1,), name="cat", dtype="int32")
+    embedded = keras.layers.Flatten()(keras.layers.Embedding(
+        CATEGORIES, 3, embeddings_initializer=keras.initializers.RandomNormal(seed=6))(cat))
+    hidden = keras.layers.Dense(16, activation="relu", kernel_initializer=init)(
+        keras.layers.Concatenate()([num, embedded]))
+    outputs = keras.layers.Dense(2, activation="softmax", kernel_initializer=init)(hidden)
+    return keras.Model({"num": num, "cat": cat}, outputs)
+
+
+def compiled_model(**_: object) -> keras.Model:
+    """A model its builder compiled: its optimizer, loss, metrics and loss weights."""
+    model = seeded_model()
+    model.compile(optimizer=keras.optimizers.SGD(0.2, momentum=0.5),
+                  loss=keras.losses.SparseCategoricalCrossentropy(),
+                  metrics=["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=1,
+                                                                                  name="top1")],
+                  loss_weights=0.5)
+    return model
+
+
+def regression_targets(**_: object) -> Source:
+    """The score alone: a float regression target, no classes."""
+    x, _, score = _table(ROWS, 0)
+    vx, _, vscore = _table(VALIDATION, 1)
+    return Source.from_arrays(x, score, vx, vscore)
+
+
+def scaled_crossentropy(y_true, y_pred, scale=1.0):
+    """A loss of the user's: a plain function, named by its dotted path in the config."""
+    return scale * keras.losses.sparse_categorical_crossentropy(y_true, y_pred)
+
+
+def _declared(train_size: int, filtered: bool) -> Source:
+    """A user's own tf.data source declaring `train_size` (the data holds 301); filtered,
+    tf.data does not know its length."""
+    import tensorflow as tf
+
+    x, y, _ = _table(ROWS, 0)
+    vx, vy, _ = _table(VALIDATION, 1)
+    train = tf.data.Dataset.from_tensor_slices((x, y))
+    if filtered:
+        train = train.filter(lambda *_: True)
+    return Source(train=train, validation=tf.data.Dataset.from_tensor_slices((vx, vy)),
+                  train_size=train_size, validation_size=VALIDATION,
+                  input_shape={"num": (4,), "cat": (1,)}, num_classes=2)
+
+
+def declares_300(**_: object) -> Source:
+    return _declared(300, filtered=False)
+
+
+def declares_400_filtered(**_: object) -> Source:
+    return _declared(400, filtered=True)
+
+
+def compiled_without_metrics(**_: object) -> keras.Model:
+    """Compiled by its builder with a loss alone: Keras's fit logs the loss only."""
+    model = seeded_model()
+    model.compile(optimizer=keras.optimizers.SGD(0.2), loss="sparse_categorical_crossentropy")
+    return model

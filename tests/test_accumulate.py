@@ -160,7 +160,8 @@ def test_negative_control_an_all_reduce_per_micro_batch_is_detected():
     assert len(_step_collectives("custom", 4, loop_class=ApplyPerMicroBatch)) > len(once)
 
 
-CONFIG = ["optimizer=sgd", "optimizer.lr=0.05", "model.dropout=0.0", "deterministic=true",
+CONFIG = ["optimizer=sgd_momentum_cosine", "optimizer.lr=0.05", "model.dropout=0.0",
+          "deterministic=true",
           "batch.per_replica=null", "batch.global_size=128", "accelerator=cpu", "epochs=2"]
 
 

@@ -27,7 +27,8 @@ def test_default_config_composes_and_validates():
 
 
 def test_group_options_compose():
-    cfg = make_config("model=mobilenet", "dataset=synthetic", "strategy=mirrored", "optimizer=sgd")
+    cfg = make_config("model=mobilenet", "dataset=synthetic", "strategy=mirrored",
+                      "optimizer=sgd_momentum_cosine")
     assert cfg.model.alpha == 0.35 and cfg.dataset.channels == 3
     assert cfg.strategy.name == "mirrored" and cfg.optimizer.momentum == 0.9
 

@@ -117,7 +117,8 @@ class BlowUp(keras.callbacks.Callback):
 def test_diverging_learning_rate_stops_with_the_nan_error(tmp_path):
     run_dir = tmp_path / "run"
     (tmp_path / "blowup.py").write_text(BLOW_UP)
-    out = run_main("dataset.image_size=8", "logger=[]", "verbose=0", "optimizer=sgd",
+    out = run_main("dataset.image_size=8", "logger=[]", "verbose=0",
+                   "optimizer=sgd_momentum_cosine",
                   "checkpoint.nan_check_every=1", "epochs=2", "+callbacks.blowup._target_="
                   "blowup.BlowUp", f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=300)
     lines = error_lines(out.stderr)
@@ -216,7 +217,8 @@ def test_export_and_evaluate_a_finished_run(tmp_path, tiny_config):
 
 
 def test_a_nan_before_any_backup_does_not_point_to_one(tmp_path):
-    out = run_main("dataset.image_size=8", "logger=[]", "verbose=0", "optimizer=sgd",
+    out = run_main("dataset.image_size=8", "logger=[]", "verbose=0",
+                   "optimizer=sgd_momentum_cosine",
                   "optimizer.lr=1e30", "checkpoint.nan_check_every=1", "epochs=1",
                   f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=300)
     lines = error_lines(out.stderr)

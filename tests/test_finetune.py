@@ -18,7 +18,7 @@ from trainer.task.freeze import scale_backbone_gradients
 TINY_APP = ["model._target_=test_finetune.tiny", "model.dropout=0", "dataset=synthetic",
             "dataset.train_examples=32", "dataset.validation_examples=8",
             "dataset.image_size=8", "batch.per_replica=8", "verbose=0", "logger=[]",
-            "optimizer=sgd", "optimizer.lr=0.05"]
+            "optimizer=sgd_momentum_cosine", "optimizer.lr=0.05"]
 
 
 def tiny(input_shape, num_classes, dropout=0.0):

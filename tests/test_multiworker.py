@@ -29,7 +29,7 @@ pytestmark = pytest.mark.multiworker
 # Adam's first steps (about lr * sign(gradient)) turn that into 1e-2 where a gradient is near
 # zero; with SGD 2 workers and 1 agree to 2e-7.
 COMMON = ["dataset.image_size=8", "logger=[]", "model.dropout=0", "seed=42",
-          "optimizer=sgd", "optimizer.lr=0.05"]
+          "optimizer=sgd_momentum_cosine", "optimizer.lr=0.05"]
 
 
 

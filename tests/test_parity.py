@@ -92,9 +92,15 @@ def test_two_heads_train_on_two_replicas_like_one(tiny_config, tmp_path):
     assert best["monitor"] == "val_cls_accuracy"
 
 
-def test_a_loss_per_output_needs_fit(tiny_config, tmp_path):
-    with pytest.raises(ConfigError, match="loop=custom trains a model with one output"):
-        run(tiny_config, tmp_path, 1, *TWO, "loop=custom")
+def test_a_loss_per_output_trains_under_the_custom_loop_as_under_fit(tiny_config, tmp_path):
+    """The custom loop runs the model's compiled loss (a loss per output, loss weights) and
+    metrics, as fit does: 2 replicas of it end where fit ends on 1, logging what fit logs."""
+    fit, w1 = run(tiny_config, tmp_path, 1, *TWO, name="fit")
+    custom, w2 = run(tiny_config, tmp_path, 2, *TWO, "loop=custom")
+    same(w1, w2)
+    assert set(custom["history"]) == set(fit["history"])
+    assert custom["validation_metrics"] == pytest.approx(fit["validation_metrics"], rel=1e-4)
+    assert custom["train_metrics"] == pytest.approx(fit["train_metrics"], rel=1e-4)
 
 
 def test_text_classifier_trains_and_evaluates_on_two_replicas(tiny_config, tmp_path):

@@ -28,7 +28,8 @@ from trainer.run.train import train
 from trainer.rundir.backup import Backup, BackupStore, StopRequest, _load_metrics, _save_metrics
 from trainer.rundir.resume import check_global_batch, check_resume, flatten
 
-ELASTIC = ["optimizer=sgd", "optimizer.lr=0.05", "model.dropout=0.0", "deterministic=true",
+ELASTIC = ["optimizer=sgd_momentum_cosine", "optimizer.lr=0.05", "model.dropout=0.0",
+           "deterministic=true",
            "batch.per_replica=null", "batch.global_size=128", "accelerator=cpu", "epochs=2",
            "loop=custom"]
 

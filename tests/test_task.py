@@ -221,14 +221,35 @@ def test_adamw_with_weight_decay_and_global_clipnorm_reaches_the_model(tmp_path)
     assert float(optimizer.learning_rate) == pytest.approx(0.001 * 128 / 64)
 
 
-@pytest.mark.parametrize("name, cls", [("sgd", "SGD"), ("rmsprop", "RMSprop"),
-                                        ("lion", "Lion"), ("adam", "Adam")])
+@pytest.mark.parametrize("name, cls", [("sgd", "SGD"), ("sgd_momentum_cosine", "SGD"),
+                                        ("rmsprop", "RMSprop"), ("lion", "Lion"),
+                                        ("adam", "Adam")])
 def test_every_shipped_optimizer_builds(name, cls):
     from trainer.task.build import build_optimizer
 
     optimizer = build_optimizer(make_config(f"optimizer={name}").optimizer, 0.01)
     assert type(optimizer).__name__ == cls
     assert float(optimizer.learning_rate) == pytest.approx(0.01)
+
+
+def test_sgd_is_keras_sgd_and_momentum_with_cosine_decay_has_its_own_name():
+    """`optimizer=sgd` builds what `keras.optimizers.SGD()` is (no momentum, no warm-up, no
+    decay); the summary names an optimizer's settings that are not Keras's defaults."""
+    from trainer.config.schema import LrPlan
+    from trainer.task.build import build_optimizer, optimizer_settings
+
+    node = make_config("optimizer=sgd").optimizer
+    plain = build_optimizer(node, 0.01)
+    keras_sgd = keras.optimizers.SGD().get_config()
+    assert {**plain.get_config(), "name": None} == {**keras_sgd, "name": None}
+    plan = LrPlan.of(node)
+    assert (plan.lr, plan.warmup_epochs, plan.decay) == (0.01, 0, "none")
+    assert optimizer_settings(plain) == {}
+    node = make_config("optimizer=sgd_momentum_cosine").optimizer
+    assert optimizer_settings(build_optimizer(node, 0.1)) == {"momentum": 0.9}
+    plan = LrPlan.of(node)
+    assert (plan.lr, plan.reference_batch, plan.warmup_epochs, plan.decay) == (
+        0.1, 256, 1, "cosine")
 
 
 def test_a_misspelt_optimizer_argument_is_one_error(tmp_path):
@@ -263,7 +284,8 @@ def test_unknown_optimizer_on_the_command_line(tmp_path):
     out = run_main("optimizer=adamx", cwd=tmp_path, timeout=60)
     assert out.returncode == 2
     assert error_lines(out.stderr) == [
-        "error: unknown optimizer 'adamx'; available: adam, adamw, lion, rmsprop, sgd"]
+        "error: unknown optimizer 'adamx'; available: adam, adamw, lion, rmsprop, sgd, "
+        "sgd_momentum_cosine"]
 
 
 def test_loss_with_arguments_and_a_metric_node(tmp_path):

@@ -49,7 +49,7 @@ def test_strong_scaling_splits_the_global_batch(tiny_config, tmp_path):
 
 
 def test_schedule_is_applied_to_the_optimizer(tiny_config, tmp_path):
-    cfg = tiny_config("accelerator=cpu", "devices=2", "optimizer=sgd", "epochs=2",
+    cfg = tiny_config("accelerator=cpu", "devices=2", "optimizer=sgd_momentum_cosine", "epochs=2",
                       "optimizer.warmup_epochs=1", "optimizer.decay=none")
     summary = train(cfg, run_dir=tmp_path)
     steps = summary["steps_per_epoch"]

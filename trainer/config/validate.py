@@ -393,10 +393,11 @@ def _importable(key: str, target: Any) -> None:
 def _validate_task(cfg: DictConfig) -> None:
     loss = cfg.loss
     per_output = (isinstance(loss, DictConfig) and "_target_" not in loss and len(loss) > 0
-                  and all(_is_loss(v) for v in loss.values()))
+                  and all(_is_loss(v) for v in loss.values())) or (
+        isinstance(loss, ListConfig) and len(loss) > 0 and all(_is_loss(v) for v in loss))
     _require(_is_loss(loss) or per_output, "loss must be a Keras loss name, a node with "
-             "_target_, or a mapping per output name of those; received: "
-             f"{_plain(loss)!r}")
+             "_target_, or a mapping per output name or a list in output order of those; "
+             f"received: {_plain(loss)!r}")
     metrics = cfg.metrics
     ok = metrics is None or _is_metric_list(metrics) or (
         isinstance(metrics, DictConfig) and all(_is_metric_list(v) for v in metrics.values()))

@@ -179,7 +179,11 @@ def _explainer(files: list[str], path: str, channels: int):
         text = str(error)
         if not DECODE_ERRORS.search(text):
             return None
-        reason = next((line.split(": ")[-1].strip() for line in text.splitlines()
+        # TensorFlow's own words, not the graph's "Detected at node decode_image/..." lines
+        # (a failure inside a traced step carries those first)
+        lines = [line for line in text.splitlines()
+                 if not line.strip().startswith("Detected at node")]
+        reason = next((line.split(": ")[-1].strip() for line in lines
                        if DECODE_ERRORS.search(line.split(": ")[-1])), "")
         reason = re.sub(r"\s*\[\[.*", "", reason) or "does not decode"
         size = SIZE.search(text)

@@ -87,9 +87,9 @@ class Source:
         """A source from in-memory arrays, as Keras's `fit(x, y)` takes them.
 
         Features are an array, a tuple of arrays or a dict of named arrays (one per model
-        input); targets an array or a dict per output; every array's first axis the
-        examples. Sizes are counted in examples, and every array of a split must hold the
-        same number.
+        input); targets an array, or a tuple (a list) or dict of them, one per output; every
+        array's first axis the examples. Sizes are counted in examples, and every array of
+        a split must hold the same number.
 
         Args:
             x_train, y_train: training features and targets.
@@ -109,12 +109,12 @@ class Source:
                                x_validation=x_validation, y_validation=y_validation,
                                x_test=x_test, y_test=y_test, sample_weight=sample_weight)
         outputs = None
-        if num_classes is None and not isinstance(y_train, Mapping):
+        if num_classes is None and _parts(y_train) is None:  # one target
             outputs = int(np.prod(np.shape(y_train)[1:])) or 1
 
         def slices(x, y, w=None):
-            return tf.data.Dataset.from_tensor_slices((_tuple(x), y) if w is None
-                                                      else (_tuple(x), y, w))
+            return tf.data.Dataset.from_tensor_slices((_tuple(x), _tuple(y)) if w is None
+                                                      else (_tuple(x), _tuple(y), w))
 
         test = None if x_test is None else slices(x_test, y_test)
         kwargs.setdefault("fingerprint", {

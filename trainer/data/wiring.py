@@ -9,6 +9,7 @@ set.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,7 @@ import tensorflow as tf
 from trainer.config.build import build_object
 from trainer.config.errors import ConfigError
 from trainer.data.augment import check_inputs, mixers
-from trainer.data.pipeline import Source, build_pipeline, build_training_epochs
+from trainer.data.pipeline import DataError, Source, build_pipeline, build_training_epochs
 from trainer.plan.scaling import check_micro_batches
 
 # Dataset options that are the pipeline's, not the source builder's.
@@ -72,6 +73,7 @@ def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = N
         raise ConfigError(f"dataset {options['_target_']} must return a trainer.data.Source "
                           f"(Source.from_arrays for arrays); received: {type(source).__name__}")
     check_inputs(augment, source.input_shape, options["_target_"])
+    source = checked_sizes(source, options["_target_"])
     source = one_hot_if_mixing(augment, source)
     check_class_weight(class_weight, source)
     if not batching.drop_remainder:  # else steps_per_epoch refuses a batch above the examples
@@ -99,6 +101,54 @@ def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = N
             if source.test is not None and source.test_size > 0 else None)
     return Data(source=source, make_train=make_train,
                 validation=evaluation(source.validation, source.validation_size), test=test)
+
+
+# TensorFlow's words where `assert_cardinality` finds a split longer or shorter than declared.
+COUNT_MISMATCH = re.compile(r"Input dataset was expected to contain (\d+) elements? but "
+                            r"contained (only|at least) (\d+) elements?")
+
+
+def checked_sizes(source: Source, target: str) -> Source:
+    """The source, its splits holding the examples its sizes declare: a split whose length
+    tf.data knows is checked now (one line naming both numbers, before training); one whose
+    length it does not know (`filter`, files read line by line) is checked as it is read,
+    and fails at the first pass with the same line instead of training epochs of the wrong
+    number of steps."""
+    splits, unknown = {}, []
+    for role in ("train", "validation", "test"):
+        dataset, size = getattr(source, role), getattr(source, f"{role}_size")
+        if dataset is None:
+            continue
+        count = int(dataset.cardinality())
+        if count == tf.data.INFINITE_CARDINALITY:
+            raise DataError(f"dataset {target}: its {role} split repeats for ever (repeat()?);"
+                            f" a Source's splits hold {role}_size={size} examples, once")
+        if count >= 0 and count != size:
+            raise DataError(_mismatch(target, role, size, f"holds {count}"))
+        if count < 0:
+            splits[role] = dataset.apply(tf.data.experimental.assert_cardinality(size))
+            unknown.append(role)
+    if not unknown:
+        return source
+    explain = source.explain
+
+    def explained(error: BaseException) -> str | None:
+        found = COUNT_MISMATCH.search(str(error))
+        if found is None:
+            return explain(error) if explain is not None else None
+        expected, bound, actual = found.groups()
+        roles = [r for r in unknown if getattr(source, f"{r}_size") == int(expected)]
+        role = roles[0] if len(roles) == 1 else "/".join(unknown)
+        yields = f"yields {'only ' if bound == 'only' else 'at least '}{actual}"
+        return _mismatch(target, role, int(expected), yields)
+
+    return dataclasses.replace(source, explain=explained, **splits)
+
+
+def _mismatch(target: str, role: str, size: int, found: str) -> str:
+    return (f"dataset {target}: its {role} split {found} examples, but its Source declares "
+            f"{role}_size={size}; the steps per epoch come from {role}_size: make it what "
+            "the dataset yields")
 
 
 def check_class_weight(weights: dict[int, float] | None, source: Any) -> None:

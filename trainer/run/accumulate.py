@@ -19,7 +19,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from trainer.run.step import batch_size, exact_weights, tracked_loss
+from trainer.run.step import batch_size, count_output_losses, exact_weights, tracked_loss
 
 
 def accumulate(n: int, data: Any, gradients_of: Callable[[Any, tf.Tensor], list],
@@ -81,6 +81,8 @@ def accumulating_train_step(model: Any, n: int) -> Callable[[Any], dict]:
     """
     from keras.src.trainers.data_adapters import data_adapter_utils
 
+    count = count_output_losses(model)
+
     def train_step(data):
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
         variables = model.trainable_weights
@@ -88,15 +90,16 @@ def accumulating_train_step(model: Any, n: int) -> Callable[[Any], dict]:
         total = tf.cast(local, tf.float32)
         weighted, share = exact_weights(sample_weight, local)
 
-        def gradients_of(part, count):
+        def gradients_of(part, count_of):
             mx, my, mw, ow = part
             with tf.GradientTape() as tape:
                 y_pred = model(mx, training=True) if model._call_has_training_arg else model(mx)
-                loss = model._compute_loss(x=mx, y=my, y_pred=y_pred, sample_weight=mw,
-                                           training=True)
+                with count.counting(count_of, share):
+                    loss = model._compute_loss(x=mx, y=my, y_pred=y_pred, sample_weight=mw,
+                                               training=True)
                 model._loss_tracker.update_state(tracked_loss(model, loss, share),
-                                                 sample_weight=count)
-                part_share = tf.cast(count, loss.dtype) / tf.cast(total, loss.dtype)
+                                                 sample_weight=count_of)
+                part_share = tf.cast(count_of, loss.dtype) / tf.cast(total, loss.dtype)
                 scaled = model.optimizer.scale_loss(loss * part_share)
             gradients = tape.gradient(scaled, variables)
             model.compute_metrics(mx, my, y_pred, sample_weight=ow)

@@ -34,7 +34,21 @@ from trainer.plan.schedule import LearningRate, learning_rate
 from trainer.plan.speed import SpeedPlan, choose_speed
 from trainer.run.install_step import install_step
 from trainer.run.resolve import Spec
-from trainer.task.build import build_losses, build_model, build_optimizer, output_metrics
+from trainer.task.build import (
+    build_compiled,
+    build_model,
+    check_class_losses,
+    choose_task,
+    default_loss,
+    fresh_metrics,
+    logged_metrics,
+    make_saveable,
+    optimizer_for,
+    output_spec,
+    plan_of,
+    several_losses,
+    symbolic_batch,
+)
 
 # Keras 3.15's fit fails under MultiWorkerMirroredStrategy (keras-team/keras#20585,
 # tensorflow/tensorflow#72388); the custom loop does the same maths with the same callbacks.
@@ -64,6 +78,13 @@ class Run:
     metric_directions: dict[str, str]
     # what Keras's fit needs beside the run's callbacks for the installed step
     fit_callbacks: tuple = ()
+    # who compiled the model: `config`, or `model builder` (its loss, metrics and weights)
+    compiled_by: str = "config"
+    # why checkpoints hold the weights only (a model whose config cannot be saved), or None
+    weights_only: str | None = None
+    # the custom loop trains through the model's compiled loss (several outputs or losses,
+    # loss weights), not its own per-example loss
+    compiled_loss: bool = False
 
     @property
     def workers(self) -> int:
@@ -107,7 +128,6 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None) -> Run:
     speed = _speed_for_accumulation(speed, batch.accumulate, loop)
     if spec.runtime_seed is not None:
         keras.utils.set_random_seed(spec.runtime_seed)
-    loss = _loss(spec, loop)
     with strategy.scope():
         data = build_data(spec.dataset, Batching(
             batch.global_size, batch.shards, batch.per_replica * batch.replicas,
@@ -115,15 +135,16 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None) -> Run:
             spec.class_weight)
         steps = steps_per_epoch(data.source.train_size, batch.global_size,
                                 spec.batch.drop_remainder)
-        lr = learning_rate(spec.lr, batch.global_size, steps, spec.epochs)
-        model, metrics, names, ways = _compiled_model(spec, data.source, loss, lr, speed)
-        fit_callbacks = install_step(model, loop, batch.accumulate,
+        compiled = _compiled_model(spec, data, batch.global_size, steps, speed)
+        fit_callbacks = install_step(compiled.model, loop, batch.accumulate,
                                       speed.steps_per_execution)
     return Run(strategy=strategy, strategy_name=strategy_name, cross_device_ops=cross,
-               loop=loop, cluster=cluster, batch=batch, steps=steps, lr=lr, model=model,
-               speed=speed, data=data, loss=loss, metrics=metrics,
-               metric_names=tuple(names), metric_directions=ways,
-               fit_callbacks=fit_callbacks)
+               loop=loop, cluster=cluster, batch=batch, steps=steps, lr=compiled.lr,
+               model=compiled.model, speed=speed, data=data, loss=compiled.loss,
+               metrics=compiled.metrics, metric_names=compiled.names,
+               metric_directions=compiled.ways, fit_callbacks=fit_callbacks,
+               compiled_by=compiled.by, weights_only=compiled.weights_only,
+               compiled_loss=compiled.through_compiled_loss)
 
 
 def _strategy(spec: Spec, plan: Any, cluster: Cluster | None) -> tuple:
@@ -165,37 +186,60 @@ def _speed_for_accumulation(speed: SpeedPlan, accumulate: int, loop: str) -> Spe
     return replace(speed, jit_compile=False, reasons=(*speed.reasons, ACCUMULATE_JIT))
 
 
-def _loss(spec: Spec, loop: str) -> Any:
-    """The run's loss, for the labels as the pipeline gives them (one-hot where MixUp or
-    CutMix mixes them)."""
-    loss = build_losses(loss_for_labels(spec.loss, spec.augment))
-    several = isinstance(loss, dict) or isinstance(spec.metrics, dict)
-    if several and loop == "custom":
-        raise ConfigError("loop=custom trains a model with one output and one loss; this run "
-                          "has a loss or metrics per output: use loop=fit"
-                          + (f" ({MULTI_WORKER_LOOP.split(':')[1].strip()})"
-                             if spec.loop != loop else ""))
-    return loss
+@dataclass(frozen=True)
+class _Compiled:
+    model: Any
+    lr: LearningRate
+    loss: Any
+    metrics: Callable[[], list]
+    names: tuple[str, ...]
+    ways: dict[str, str]
+    by: str
+    weights_only: str | None
+    through_compiled_loss: bool
 
 
-def _compiled_model(spec: Spec, source: Any, loss: Any, lr: LearningRate,
-                    speed: SpeedPlan) -> tuple:
-    """(model compiled in the strategy's scope, a maker of fresh metrics, the metric names,
-    their directions)."""
+def _compiled_model(spec: Spec, data: Data, global_batch: int, steps: int,
+                    speed: SpeedPlan) -> _Compiled:
+    """The model built and compiled in the strategy's scope, with Keras's loss, metrics and
+    optimizer state built from symbolic batches (as fit builds them from its first batch;
+    a subclassed model's variables too), the run's learning rate and what it logs."""
+    source = data.source
     model = build_model(spec.model, input_shape=source.input_shape,
                         num_classes=source.num_classes, num_outputs=source.num_outputs)
-    label_spec = source.train.element_spec[1]
-    classes = source.num_classes is not None
-
-    def metrics() -> Any:
-        return output_metrics(spec.metrics, label_spec, model, classes)[0]
-
-    compiled, names, ways = output_metrics(spec.metrics, label_spec, model, classes)
-    model.compile(optimizer=build_optimizer(spec.optimizer, lr.schedule), loss=loss,
-                  loss_weights=spec.loss_weights, metrics=compiled,
+    x, y, _ = keras.utils.unpack_x_y_sample_weight(symbolic_batch(data.validation.element_spec))
+    y_pred = output_spec(model, x)
+    outputs = len(keras.tree.flatten(y_pred))
+    task = choose_task(model, {"loss": loss_for_labels(spec.loss, spec.augment),
+                               "loss_named": spec.loss != default_loss(),
+                               "metrics": spec.metrics, "loss_weights": spec.loss_weights,
+                               "optimizer": spec.optimizer},
+                       source.num_classes is not None, outputs)
+    lr = learning_rate(plan_of(spec.lr, task), global_batch, steps, spec.epochs)
+    model.compile(optimizer=optimizer_for(task, spec.optimizer, lr.schedule), loss=task.loss,
+                  loss_weights=task.loss_weights, metrics=task.metrics,
+                  weighted_metrics=task.weighted_metrics,
                   steps_per_execution=speed.steps_per_execution,
                   jit_compile=speed.jit_compile)
-    return model, metrics, names, ways
+    build_compiled(model, x, y)
+    check_class_losses(model, y)
+    names, ways = logged_metrics(model)
+    weights_only = make_saveable(model)
+    label, output = keras.tree.flatten(y)[0], keras.tree.flatten(y_pred)[0]
+
+    def metrics() -> list:
+        return fresh_metrics(task.metric_specs, label, output)
+
+    return _Compiled(model, lr, task.loss, metrics, tuple(names), ways, task.compiled_by,
+                     weights_only, _through_compiled_loss(task, outputs))
+
+
+def _through_compiled_loss(task: Any, outputs: int) -> bool:
+    """Whether the custom loop trains through the model's compiled loss (`compute_loss`,
+    as fit does: several outputs, a loss per output, loss or metric weights) rather than
+    its per-example loss (one output, one loss: any reduction)."""
+    return bool(outputs > 1 or several_losses(task.loss) or isinstance(task.metrics, dict)
+                or task.loss_weights is not None or task.weighted_metrics)
 
 
 ACCUMULATE_JIT = ("jit_compile=false: with batch.accumulate>1 fit's step loops over "

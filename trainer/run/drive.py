@@ -106,7 +106,8 @@ class _Driver:
         run = self.run
         made = CustomLoop(run.model, run.strategy, run.speed.steps_per_execution,
                           jit_compile=run.speed.jit_compile is True, loss=run.loss,
-                          metrics=run.metrics, accumulate=run.batch.accumulate)
+                          metrics=run.metrics, accumulate=run.batch.accumulate,
+                          compiled=run.compiled_loss)
         self.callbacks.backup.metric_source = lambda: made.metric_variables  # not the model's
         return made
 

@@ -11,6 +11,7 @@ from trainer.run.accumulate import accumulating_train_step
 from trainer.run.step import (
     build_from_one_replica,
     evaluate_one_step_per_call,
+    exact_test_step,
     exact_train_step,
     keeps_own_step,
     steps_in_chunks,
@@ -39,6 +40,7 @@ def install_step(model: Any, loop: str, accumulate: int, steps_per_execution: in
     if own is None:
         model.train_step = (accumulating_train_step(model, accumulate) if accumulate > 1
                             else exact_train_step(model))
+    model.test_step = exact_test_step(model)
     if steps_per_execution == 1:
         return ()
     evaluate_one_step_per_call(model)

@@ -9,6 +9,11 @@ global batch is counted, not assumed, so a last partial batch, split unevenly ov
 replicas, is weighted right too. Metrics live in variables summed across replicas. With
 `accumulate` N > 1 each replica sums the gradients of N micro-batches (`trainer.run.accumulate`)
 before the one all-reduce of the step; the loss is still divided by the whole step's count.
+
+A model with several outputs, a loss per output or loss weights trains through its compiled
+loss instead (`compiled=True`: Keras's `compute_loss`, as `fit` runs it), each example's
+sample weight scaled so Keras's per-replica mean becomes the global batch's
+(`trainer.run.step.exact_weights`), with the model's compiled metrics and loss trackers.
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ from typing import Any
 
 import keras
 import tensorflow as tf
+from keras.src.losses.loss import unscale_loss_for_distribution
 
 from trainer.run.accumulate import accumulate
-from trainer.run.step import batch_size
+from trainer.run.step import batch_size, count_output_losses, tracked_loss
 from trainer.task.build import per_example
 
 # tf.distribute's input code reads dataset options in graph mode when a dataset is
@@ -45,21 +51,28 @@ class CustomLoop:
         metrics: makes fresh metric objects (called inside the strategy's scope); None for
             accuracy over sparse labels.
         accumulate: micro-batches per replica whose gradients make one optimizer step.
+        compiled: train and evaluate through the model's compiled loss and metrics (several
+            outputs, a loss per output, loss weights); `loss` and `metrics` are then unused.
     """
 
     def __init__(self, model: keras.Model, strategy: tf.distribute.Strategy,
                  steps_per_execution: int = 1, jit_compile: bool = False,
                  loss: keras.losses.Loss | None = None,
-                 metrics: Callable[[], list] | None = None, accumulate: int = 1) -> None:
+                 metrics: Callable[[], list] | None = None, accumulate: int = 1,
+                 compiled: bool = False) -> None:
         self.model = model
         self.accumulate = accumulate
         self.strategy = strategy
         self.steps_per_execution = steps_per_execution
-        self.per_example_loss = per_example(
-            loss if loss is not None else keras.losses.SparseCategoricalCrossentropy())
+        self.compiled = compiled
+        if compiled:  # the model's compiled loss, its metrics and trackers (fit's)
+            self.output_losses = count_output_losses(model)
+        else:
+            self.per_example_loss = per_example(
+                loss if loss is not None else keras.losses.SparseCategoricalCrossentropy())
         with strategy.scope():
             self.loss_metric = keras.metrics.Mean(name="loss")
-            self.metrics = (metrics() if metrics is not None
+            self.metrics = ([] if compiled else metrics() if metrics is not None
                             else [keras.metrics.SparseCategoricalAccuracy(name="accuracy")])
             # Created here, not lazily inside the first traced step: optimizer slots born
             # inside a graph that runs several steps under MirroredStrategy fail at run time
@@ -75,7 +88,7 @@ class CustomLoop:
         return tf.nn.compute_average_loss(per_example_loss, global_batch_size=global_batch)
 
     def _global_batch(self, labels: tf.Tensor) -> tf.Tensor:
-        local = tf.cast(tf.shape(labels)[0], tf.float32)
+        local = tf.cast(batch_size(labels), tf.float32)
         total = tf.distribute.get_replica_context().all_reduce("sum", local)
         return tf.cast(total, tf.int32)
 
@@ -83,12 +96,17 @@ class CustomLoop:
         return tf.add_n(self.model.losses) if self.model.losses else tf.constant(0.0)
 
     def _gradients(self, images: Any, labels: tf.Tensor, global_batch: tf.Tensor,
-                   share: tf.Tensor | float = 1.0, weights: tf.Tensor | None = None):
+                   share: tf.Tensor | float = 1.0, weights: tf.Tensor | None = None,
+                   examples: tf.Tensor | None = None):
         """Forward and backward pass of one replica; no collectives, so XLA can compile it.
 
         `share` is the micro-batch's part of the replica's batch: the regularisation loss,
-        counted once per step, is spread over the micro-batches by it.
+        counted once per step, is spread over the micro-batches by it. `examples` is the
+        replica's batch (the micro-batch's where None).
         """
+        if self.compiled:
+            return self._compiled_gradients(images, labels, global_batch, share, weights,
+                                            examples)
         with tf.GradientTape() as tape:
             predictions = self.model(images, training=True)
             per_example = self._per_example(labels, predictions, weights)
@@ -100,6 +118,30 @@ class CustomLoop:
             scaled = self.model.optimizer.scale_loss(loss)
         gradients = tape.gradient(scaled, self.model.trainable_variables)
         return gradients, predictions, per_example + regularization
+
+    def _compiled_gradients(self, images, labels, global_batch, share, weights, examples):
+        """`_gradients` through the model's compiled loss (`compute_loss`, as fit runs it):
+        a loss per output, loss weights. Each example's sample weight is multiplied by
+        `replica examples * replicas / global batch`, so Keras's mean over the (micro-)
+        batch, divided by the replicas, times the micro-batch's `share`, sums over the
+        replicas to the global batch's weighted mean (`trainer.run.step.exact_weights`)."""
+        model, local = self.model, tf.cast(batch_size(labels), tf.float32)
+        replicas = tf.distribute.get_replica_context().num_replicas_in_sync
+        whole = local if examples is None else tf.cast(examples, tf.float32)
+        part = whole * replicas / tf.maximum(tf.cast(global_batch, tf.float32), 1.0)
+        weighted = (tf.fill(tf.reshape(batch_size(labels), [1]), part) if weights is None
+                    else tf.nest.map_structure(lambda w: tf.cast(w, tf.float32) * part,
+                                               weights))
+        with tf.GradientTape() as tape:
+            predictions = model(images, training=True)
+            with self.output_losses.counting(local, part):
+                loss = model._compute_loss(x=images, y=labels, y_pred=predictions,
+                                           sample_weight=weighted, training=True)
+            model._loss_tracker.update_state(tracked_loss(model, loss, part),
+                                             sample_weight=local)
+            scaled = model.optimizer.scale_loss(loss * share)
+        gradients = tape.gradient(scaled, model.trainable_variables)
+        return gradients, predictions, None
 
     def _per_example(self, labels: tf.Tensor, predictions: tf.Tensor,
                      weights: tf.Tensor | None = None) -> tf.Tensor:
@@ -130,7 +172,7 @@ class CustomLoop:
         def gradients_of(part, count):
             x, y, w = part
             gradients, predictions, losses = self._replica_gradients(
-                x, y, global_batch, tf.cast(count, tf.float32) / total, w)
+                x, y, global_batch, tf.cast(count, tf.float32) / total, w, total)
             self._update_metrics(y, predictions, losses, w)
             return gradients
 
@@ -138,6 +180,10 @@ class CustomLoop:
                           self.model.trainable_variables)
 
     def _update_metrics(self, labels, predictions, per_example_loss, weights=None) -> None:
+        if self.compiled:  # the loss trackers were updated with the loss
+            if self.model._compile_metrics is not None:
+                self.model._compile_metrics.update_state(labels, predictions, weights)
+            return
         self.loss_metric.update_state(per_example_loss)
         for metric in self.metrics:
             metric.update_state(labels, predictions, sample_weight=weights)
@@ -152,10 +198,25 @@ class CustomLoop:
                 self.strategy.run(self._train_step, args=next(iterator))
         # Read here, in the graph, so the Python loop never waits for a step to finish
         # (reading metrics eagerly after every call would serialise dispatch and compute).
+        return self._logs()
+
+    def _logs(self) -> dict[str, tf.Tensor]:
+        if self.compiled:
+            return self.model.get_metrics_result()
         return {m.name: m.result() for m in (self.loss_metric, *self.metrics)}
 
     def _test_step(self, images: Any, labels: tf.Tensor,
                    weights: tf.Tensor | None = None) -> None:
+        if self.compiled:  # as Keras's test_step, its per-output trackers counting examples
+            model, local = self.model, batch_size(labels)
+            predictions = model(images, training=False)
+            with self.output_losses.counting(local):
+                loss = model._compute_loss(x=images, y=labels, y_pred=predictions,
+                                           sample_weight=weights, training=False)
+            model._loss_tracker.update_state(unscale_loss_for_distribution(loss),
+                                             sample_weight=local)
+            self._update_metrics(labels, predictions, None, weights)
+            return
         predictions = self.model(images, training=False)
         per_example = self._per_example(labels, predictions, weights)
         self._update_metrics(labels, predictions, per_example + self._regularization(),
@@ -166,15 +227,21 @@ class CustomLoop:
             self.strategy.run(self._test_step, args=batch)
 
     def _results(self) -> dict[str, float]:
-        return {m.name: float(m.result()) for m in (self.loss_metric, *self.metrics)}
+        return {name: float(value) for name, value in self._logs().items()}
 
     @property
     def metric_variables(self) -> list:
-        """The training metrics' variables (this loop's own, not the compiled model's)."""
-        return [v for m in (self.loss_metric, *self.metrics) for v in m.variables]
+        """The training metrics' variables (this loop's own, or, through the compiled
+        loss, the compiled model's)."""
+        return [v for m in self._metric_objects() for v in m.variables]
+
+    def _metric_objects(self) -> list:
+        if self.compiled:
+            return list(self.model.metrics)
+        return [self.loss_metric, *self.metrics]
 
     def _reset(self) -> None:
-        for metric in (self.loss_metric, *self.metrics):
+        for metric in self._metric_objects():
             metric.reset_state()
 
     def evaluate(self, dataset: tf.data.Dataset) -> dict[str, float]:

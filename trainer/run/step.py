@@ -22,6 +22,8 @@ dtypes are read).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import keras
@@ -91,9 +93,74 @@ def tracked_loss(model: keras.Model, loss: tf.Tensor, share: tf.Tensor) -> tf.Te
     return tf.math.divide_no_nan(unscaled - reg, share) + reg
 
 
+class StepCount:
+    """This replica's examples and their `share` (see `exact_weights`) in the step being
+    traced, read by the per-output loss trackers (`count_output_losses`)."""
+
+    def __init__(self) -> None:
+        self.local: tf.Tensor | None = None
+        self.share: tf.Tensor | float = 1.0
+
+    @contextmanager
+    def counting(self, local: tf.Tensor, share: tf.Tensor | float = 1.0) -> Iterator[None]:
+        """The trackers read `local` and `share` while the loss is computed inside."""
+        self.local, self.share = local, share
+        try:
+            yield
+        finally:
+            self.local, self.share = None, 1.0
+
+
+def count_output_losses(model: keras.Model) -> StepCount:
+    """Makes the per-output loss trackers of a model with several outputs (`cls_loss`,
+    `reg_loss`) weigh each batch by its examples, as Keras's `loss` tracker does.
+
+    Keras 3.15 weighs them by the batch's static size (`CompileLoss.call`), unknown for a
+    last partial batch and under a strategy, so each replica's batch counts once whatever
+    its size: the logged values then change with the number of replicas. Here they get the
+    count of the batch `StepCount.counting` names, and the value without the step's
+    `share` (so training logs the examples' weighted mean, as with one replica).
+    """
+    count = getattr(model, "_trainer_step_count", None)
+    if count is not None:
+        return count
+    count = StepCount()
+    compiled = getattr(model, "_compile_loss", None)
+    for tracker in (compiled.metrics if compiled is not None else []):
+        original = tracker.update_state
+
+        def update_state(values, sample_weight=None, original=original):
+            if count.local is None:
+                return original(values, sample_weight=sample_weight)
+            values = tf.math.divide_no_nan(tf.cast(values, tf.float32),
+                                           tf.cast(count.share, tf.float32))
+            return original(values, sample_weight=tf.cast(count.local, tf.float32))
+
+        tracker.update_state = update_state
+    model._trainer_step_count = count
+    return count
+
+
+def exact_test_step(model: keras.Model) -> Any:
+    """The model's `test_step`, its per-output loss trackers counting examples
+    (`count_output_losses`)."""
+    from keras.src.trainers.data_adapters import data_adapter_utils
+
+    count, original = count_output_losses(model), model.test_step
+
+    def test_step(data):
+        x, _, _ = data_adapter_utils.unpack_x_y_sample_weight(data)
+        with count.counting(batch_size(x)):
+            return original(data)
+
+    return test_step
+
+
 def exact_train_step(model: keras.Model) -> Any:
     """Keras's TensorFlow `train_step`, with `exact_weights` on the loss."""
     from keras.src.trainers.data_adapters import data_adapter_utils
+
+    count = count_output_losses(model)
 
     def train_step(data):
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
@@ -101,8 +168,9 @@ def exact_train_step(model: keras.Model) -> Any:
         weighted, share = exact_weights(sample_weight, local)
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True) if model._call_has_training_arg else model(x)
-            loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=weighted,
-                                       training=True)
+            with count.counting(local, share):
+                loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=weighted,
+                                           training=True)
             model._loss_tracker.update_state(tracked_loss(model, loss, share),
                                              sample_weight=local)
             scaled = model.optimizer.scale_loss(loss)

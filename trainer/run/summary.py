@@ -15,6 +15,7 @@ from trainer.data.fingerprint import of_source
 from trainer.rundir.atomic import write_json
 from trainer.rundir.backup import BackupStore, tidy
 from trainer.rundir.layout import RunDir
+from trainer.task.build import optimizer_settings
 from trainer.task.freeze import parameter_counts
 
 
@@ -34,6 +35,23 @@ def _parameters(model: Any) -> dict[str, int]:
 
 def _loss_name(spec: Any) -> str:
     return spec if isinstance(spec, str) else str(spec.get("_target_"))
+
+
+def _loss_label(loss: Any, spec: Any) -> str:
+    """The loss trained: its name, or one per output (`cls: ..., reg: ...`)."""
+    if isinstance(loss, dict):
+        return ", ".join(f"{k}: {_loss_label(v, None)}" for k, v in loss.items())
+    if isinstance(loss, (list, tuple)):
+        return ", ".join(_loss_label(v, None) for v in loss)
+    name = getattr(loss, "name", None)
+    if name or spec is None:
+        return str(name)
+    return _loss_name(spec)
+
+
+def _optimizer_name(optimizer: Any) -> str:
+    """The optimizer's class (the one inside a mixed-precision loss-scale wrapper)."""
+    return type(getattr(optimizer, "inner_optimizer", None) or optimizer).__name__
 
 
 def build_summary(spec: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, callbacks: Any,
@@ -78,8 +96,12 @@ def _what_ran(spec: Any, run: Any, plan: Any, callbacks: Any) -> dict[str, Any]:
                   "max_per_replica": spec.batch.max_per_replica,
                   "drop_remainder": spec.batch.drop_remainder},
         "learning_rate": run.lr.report(),
-        "optimizer": type(run.model.optimizer).__name__,
-        "loss": getattr(run.loss, "name", None) or _loss_name(spec.loss),
+        "optimizer": _optimizer_name(run.model.optimizer),
+        "optimizer_settings": optimizer_settings(run.model.optimizer),
+        "compiled_by": run.compiled_by,
+        "checkpoints_hold": ("the whole model" if run.weights_only is None
+                             else f"weights only: {run.weights_only}"),
+        "loss": _loss_label(run.loss, spec.loss),
         "metrics": list(run.metric_names),
         "callbacks": [type(c).__name__ for c in callbacks.user],
         "loop": run.loop,
@@ -198,6 +220,12 @@ def _global_row(batch: dict[str, Any]) -> str:
             f"{accumulate} micro-batches accumulated per optimizer step")
 
 
+def _optimizer_row(summary: dict[str, Any]) -> str:
+    settings = summary.get("optimizer_settings") or {}
+    return summary["optimizer"] + (" (" + ", ".join(f"{k}={_fmt(v)}" for k, v in
+                                                   settings.items()) + ")" if settings else "")
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"
@@ -225,7 +253,12 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("learning rate", "{base:.6g} -> {scaled:.6g} ({rule}, reference batch "
                           "{reference_batch}, warm-up {warmup_steps} steps, decay {decay})"
          .format(**summary["learning_rate"])),
-        ("optimizer / loss", f"{summary['optimizer']} / {summary['loss']}"),
+        ("optimizer / loss", f"{_optimizer_row(summary)} / {summary['loss']}"),
+        *([("compiled by", f"{summary['compiled_by']} (its loss, metrics and loss "
+                           "weights train)")]
+          if summary.get("compiled_by", "config") != "config" else []),
+        *([("checkpoints hold", summary["checkpoints_hold"])]
+          if str(summary.get("checkpoints_hold", "")).startswith("weights only") else []),
         ("epochs", _epochs_row(summary)),
         ("wall time", _time_row(summary["time"])),
         ("time to first step", "n/a (nothing left to train)"

@@ -9,18 +9,21 @@ both loops log the same names.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import keras
+import tensorflow as tf
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 from trainer.config.build import build_object, describe
 from trainer.config.errors import ConfigError
-from trainer.config.schema import LrPlan
+from trainer.config.schema import Config, LrPlan, config_dir
 
 LOSS_EXAMPLES = ("sparse_categorical_crossentropy", "categorical_crossentropy",
                  "binary_crossentropy", "mean_squared_error", "mean_absolute_error", "huber")
@@ -31,24 +34,26 @@ PATH_ARGUMENTS = ("filename", "filepath", "log_dir")
 
 
 def build_loss(spec: Any) -> keras.losses.Loss:
-    """A Keras loss object from a name (`mean_squared_error`) or a `_target_` node.
+    """A Keras loss object from a name (`mean_squared_error`), a function of the user's by
+    its dotted name (`my_task.my_loss`), a `_target_` node, or a loss a compiled model holds.
 
     Args:
-        spec: the config's `loss`.
+        spec: the config's `loss` (or one output's).
 
     Returns:
-        A `keras.losses.Loss` (plain functions are wrapped, keeping their name).
+        A `keras.losses.Loss` (plain functions are wrapped, keeping their name, and
+        registered as Keras serializables, so checkpoints holding them load).
     """
+    if isinstance(spec, keras.losses.Loss):
+        return spec
     if isinstance(spec, str):
-        try:
-            loss = keras.losses.get(spec)
-        except (ValueError, TypeError):
-            raise ConfigError(f"unknown loss {spec!r}; valid: a Keras loss name such as "
-                              f"{', '.join(LOSS_EXAMPLES)}, or a node with _target_") from None
-        name = spec
+        loss, name = _named_loss(spec), spec.rsplit(".", 1)[-1]
+    elif callable(spec):
+        loss, name = spec, getattr(spec, "__name__", None)
     else:
         loss = build_object(spec, "loss")
-        name = getattr(loss, "__name__", None)
+        name = getattr(loss, "__name__", None) or getattr(
+            getattr(loss, "func", None), "__name__", None)
     if isinstance(loss, type):
         loss = loss()
     if isinstance(loss, keras.losses.Loss):
@@ -57,8 +62,47 @@ def build_loss(spec: Any) -> keras.losses.Loss:
         # What Keras's compile wraps a loss function in (not exported under keras.losses).
         from keras.src.losses import LossFunctionWrapper
 
-        return LossFunctionWrapper(loss, name=name)
+        if isinstance(loss, functools.partial) and not loss.args:  # `_partial_: true`
+            return LossFunctionWrapper(serializable(loss.func), name=name, **loss.keywords)
+        return LossFunctionWrapper(serializable(loss), name=name)
     raise ConfigError(f"loss must build a Keras loss or a function; received: {loss!r}")
+
+
+def _named_loss(spec: str) -> Any:
+    """A Keras loss by name, or a function (or loss class) of the user's by dotted name."""
+    try:
+        return keras.losses.get(spec)
+    except (ValueError, TypeError):
+        pass
+    if "." in spec:
+        try:
+            found = get_object(spec)
+        except Exception as error:  # noqa: BLE001 - any import failure is the same bad value
+            raise ConfigError(f"loss {spec!r} cannot be imported: {describe(error)} (is its "
+                              "module in the working directory or installed?)") from None
+        if callable(found):
+            return found
+    raise ConfigError(f"unknown loss {spec!r}; valid: a Keras loss name such as "
+                      f"{', '.join(LOSS_EXAMPLES)}, a function by its dotted name "
+                      "(my_module.my_loss), or a node with _target_") from None
+
+
+def serializable(function: Callable) -> Callable:
+    """A user's loss function as Keras saves it: registered under its module
+    (`my_task>my_loss`), so a checkpoint's compiled loss names it and loads wherever the
+    module imports. Keras's own functions and `functools.partial`s are left as they are
+    (a partial is saved by its function)."""
+    import functools
+
+    inner = function.func if isinstance(function, functools.partial) else function
+    module = getattr(inner, "__module__", None) or ""
+    if not inspect.isfunction(inner) or module.split(".")[0] == "keras":
+        return function
+    from keras.src.saving import object_registration
+
+    if object_registration.get_registered_name(inner) == inner.__name__:
+        keras.saving.register_keras_serializable(package=module)(inner)
+    return function
 
 
 def per_example(loss: keras.losses.Loss) -> keras.losses.Loss:
@@ -109,57 +153,384 @@ def build_metrics(specs: Sequence[Any], label_shape: Sequence[int | None],
     return metrics
 
 
-def build_losses(spec: Any) -> keras.losses.Loss | dict[str, keras.losses.Loss]:
-    """`build_loss` for one loss, or a mapping per output name (a multi-output model)."""
+def build_losses(spec: Any) -> Any:
+    """`build_loss` for one loss, a list in output order, or a mapping per output name (a
+    model with several outputs), as Keras's `compile` takes them."""
     if isinstance(spec, Mapping) and "_target_" not in spec:
         if not spec:
             raise ConfigError("loss must be a Keras loss name, a _target_ node, or a mapping "
                               "per output name; received: {}")
-        return {str(name): build_loss(value) for name, value in spec.items()}
+        return {str(name): _nested_losses(value) for name, value in spec.items()}
+    if isinstance(spec, (list, tuple)):
+        if not spec:
+            raise ConfigError("loss must be a Keras loss name, a _target_ node, or a list "
+                              "per output; received: []")
+        return [_nested_losses(value) for value in spec]
     return build_loss(spec)
 
 
-def output_metrics(specs: Any, label_spec: Any, model: keras.Model,
-                   classes: bool = True) -> tuple[Any, list[str], dict[str, str]]:
-    """The compiled metrics of a model with one output (a list) or several (a mapping per
-    output name, as Keras's `compile` takes them).
+def _nested_losses(spec: Any) -> Any:
+    """One output's loss: a loss, none (Keras trains that output with no loss), or a list
+    of losses summed (as a compiled model may name them: `{"b": ["binary_crossentropy"]}`)."""
+    if spec is None:
+        return None
+    if isinstance(spec, (list, tuple)) or (isinstance(spec, Mapping) and "_target_" not in spec):
+        return build_losses(spec)
+    return build_loss(spec)
+
+
+def several_losses(loss: Any) -> bool:
+    """Whether `loss` is one per output (a list or a mapping) rather than one loss."""
+    return isinstance(loss, (list, tuple, Mapping)) and not isinstance(loss, keras.losses.Loss)
+
+
+def symbolic_batch(element_spec: Any) -> Any:
+    """A batch of `keras.KerasTensor`s shaped as a batched dataset's elements (the batch axis
+    unknown): what Keras's symbolic build reads instead of a real batch."""
+    from keras.src.backend import standardize_dtype
+
+    return tf.nest.map_structure(
+        lambda s: keras.KerasTensor(tuple(s.shape), standardize_dtype(s.dtype)), element_spec)
+
+
+def output_spec(model: keras.Model, x: Any) -> Any:
+    """The model's outputs for symbolic inputs `x`, building its variables as Keras's fit
+    does on its first batch (a subclassed model has none until then). Call inside the
+    strategy's scope."""
+    from keras.src import backend
+
+    try:
+        return backend.compute_output_spec(model, x, training=False)
+    except Exception as error:  # noqa: BLE001 - a model that cannot take the data
+        raise ConfigError(f"model {type(model).__name__} cannot take this dataset's inputs "
+                          f"{_structure(x)}: {describe(error)}") from None
+
+
+def _structure(value: Any) -> Any:
+    """Shapes (and dtypes) of a structure of tensors or specs, for a message."""
+    return tf.nest.map_structure(lambda t: f"{t.dtype}{tuple(t.shape)}", value)
+
+
+def default_metrics(specs: Any, classes: bool, outputs: int) -> Any:
+    """The config's `metrics`, null resolved: accuracy for one output of classes, else none
+    (Keras's `compile` applies a flat list to one output only)."""
+    if specs is not None:
+        return specs
+    return ["accuracy"] if classes and outputs == 1 else []
+
+
+def compiled_metrics(specs: Any) -> Any:
+    """What `compile(metrics=...)` takes for the config's metrics: names as they are (Keras
+    resolves `accuracy` from the shapes of labels and outputs), nodes built; a list, a list
+    per output, or a mapping per output name."""
+    if isinstance(specs, Mapping):
+        return {str(name): compiled_metrics(items) for name, items in specs.items()}
+    return [compiled_metrics(s) if isinstance(s, (list, tuple)) else _metric(s) for s in specs]
+
+
+def _metric(spec: Any) -> Any:
+    if isinstance(spec, str) and spec.lower() not in ("accuracy", "acc"):
+        try:
+            keras.metrics.get(spec)
+        except (ValueError, TypeError):
+            raise ConfigError(f"unknown metric {spec!r}; valid: a Keras metric name such "
+                              f"as {', '.join(METRIC_EXAMPLES)}, or a node with "
+                              "_target_") from None
+    if isinstance(spec, (str, keras.metrics.Metric)):
+        return spec
+    metric = build_object(spec, "metrics")
+    if isinstance(metric, type):
+        metric = metric()
+    if not isinstance(metric, keras.metrics.Metric):
+        metric = keras.metrics.MeanMetricWrapper(metric, name=getattr(metric, "__name__", None))
+    return metric
+
+
+def logged_metrics(model: keras.Model) -> tuple[list[str], dict[str, str]]:
+    """The metrics a built, compiled model logs besides `loss`, named as Keras's `fit` names
+    them (`cls_accuracy`, `reg_loss`, ...), and which way each improves where it says."""
+    from keras.src.trainers.compile_utils import CompileMetrics
+
+    names, ways = [], {}
+    for metric in model.metrics:
+        pairs = (list(zip(metric.result(), metric.metrics, strict=True))
+                 if isinstance(metric, CompileMetrics) else [(metric.name, metric)])
+        for name, item in pairs:
+            if name != "loss":
+                names.append(name)
+            if getattr(item, "_direction", None):
+                ways[name] = item._direction
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ConfigError(f"metrics must have distinct names other than loss; received: "
+                          f"{names}")
+    return names, ways
+
+
+def fresh_metrics(specs: Any, label: Any, output: Any) -> list[keras.metrics.Metric]:
+    """New metric objects for one output (the custom loop's own), from the config's specs
+    or a compiled model's metrics (copied from their config)."""
+    made = []
+    for spec in specs or []:
+        if isinstance(spec, keras.metrics.Metric):
+            try:
+                made.append(type(spec).from_config(spec.get_config()))
+            except Exception:  # noqa: BLE001 - not copyable: the model's own object
+                made.append(spec)
+        else:
+            made += build_metrics([spec], tuple(label.shape), tuple(output.shape))
+    return made
+
+
+@dataclass(frozen=True)
+class Task:
+    """What a run compiles its model with: the config's loss, metrics and optimizer, or
+    those of a model the builder compiled (`compiled_by`).
+
+    Attributes:
+        loss: what `compile(loss=...)` takes (built loss objects).
+        loss_weights: a number, a list in output order, a mapping per output, or None.
+        metrics: what `compile(metrics=...)` takes (names or metric objects).
+        weighted_metrics: the same for `weighted_metrics` (a compiled model's), or None.
+        optimizer: the model's own optimizer to keep, with its settings (its rate becomes
+            the plan's `lr`); None: the config's optimizer.
+        compiled_by: `config` or `model builder`.
+    """
+
+    loss: Any
+    loss_weights: Any
+    metrics: Any
+    weighted_metrics: Any = None
+    optimizer: Any = None
+    compiled_by: str = "config"
+    metric_specs: Any = None  # the metrics as named (the custom loop makes its own from them)
+
+
+# What `Task.compiled_by` says of a model the builder compiled.
+BY_BUILDER = "model builder"
+
+
+def choose_task(model: keras.Model, config: Mapping[str, Any], classes: bool,
+                outputs: int) -> Task:
+    """The config's task, or the one a model the builder compiled holds.
+
+    A compiled model's loss, metrics and loss weights train; its optimizer too unless the
+    config names one (a `_target_` or class argument other than the default group's). A
+    config that also names a loss, metrics or loss weights is refused (one line naming
+    both), as is `optimizer.lr` changed for a kept optimizer (its own rate is the `lr`).
 
     Args:
-        specs: the config's `metrics`: a list, a mapping of output name to a list, or None
-            (accuracy where `classes`, else none).
-        label_spec: the dataset's target spec (a `tf.TensorSpec`, or a dict of them).
-        model: the built model.
+        model: what the model builder returned.
+        config: the config's `loss`, `metrics`, `loss_weights` and `optimizer`.
         classes: whether the dataset's targets are classes.
-
-    Returns:
-        (what `compile` takes, the names Keras logs, which way each improves).
+        outputs: the model's outputs.
     """
-    if specs is None:  # accuracy where the dataset has classes
-        specs = ["accuracy"] if classes else []
-    if not isinstance(specs, Mapping):
-        if isinstance(label_spec, Mapping) and specs:
-            raise ConfigError("this dataset's targets are a mapping per output ("
-                              f"{', '.join(label_spec)}): metrics must be one too, e.g. "
-                              f"metrics='{{{next(iter(label_spec))}: [accuracy]}}'")
-        compiled = build_metrics(specs, (None, *label_spec.shape), model.output_shape)
-        return compiled, [m.name for m in compiled], directions(compiled)
-    outputs = {name: tuple(t.shape) for name, t in zip(model.output_names, model.outputs,
-                                                       strict=True)}
-    labels = label_spec if isinstance(label_spec, Mapping) else {}
-    unknown = sorted(set(map(str, specs)) - set(outputs))
-    if unknown:
-        raise ConfigError(f"metrics name outputs the model does not have: {', '.join(unknown)};"
-                          f" its outputs: {', '.join(outputs)}")
-    compiled, names, ways = {}, [f"{name}_loss" for name in outputs] if len(outputs) > 1 \
-        else [], {}
-    for name, items in specs.items():
-        label = labels.get(name)
-        shape = (None, *label.shape) if label is not None else outputs[name]
-        built = build_metrics(list(items), shape, outputs[name])
-        compiled[str(name)] = built
-        names += [f"{name}_{m.name}" for m in built]
-        ways.update({f"{name}_{k}": v for k, v in directions(built).items()})
-    return compiled, names, ways
+    if not getattr(model, "compiled", False):
+        named = default_metrics(config["metrics"], classes, outputs)
+        return Task(build_losses(config["loss"]), config["loss_weights"],
+                    compiled_metrics(named), metric_specs=named)
+    own = dict(model._compile_config.config)
+    loss = own.get("loss")
+    _conflict("loss", loss, config["loss"], config.get("loss_named",
+                                                   config["loss"] != default_loss()))
+    _conflict("metrics", own.get("metrics") or own.get("weighted_metrics"),
+              config["metrics"], config["metrics"] is not None)
+    _conflict("loss_weights", own.get("loss_weights"), config["loss_weights"],
+              config["loss_weights"] is not None)
+    if own.get("metrics") or own.get("weighted_metrics"):
+        metrics, specs = own.get("metrics"), own.get("metrics") or []
+    elif config["metrics"] is not None:
+        metrics, specs = compiled_metrics(config["metrics"]), config["metrics"]
+    else:  # compiled without metrics: its loss alone is logged, as Keras's fit logs it
+        metrics, specs = None, []
+    optimizer = None if optimizer_named(config["optimizer"]) else _own_optimizer(
+        own.get("optimizer"), config["optimizer"])
+    return Task(build_losses(loss if loss is not None else config["loss"]),
+                own.get("loss_weights") if loss is not None else config["loss_weights"],
+                metrics, own.get("weighted_metrics"), optimizer, BY_BUILDER, specs)
+
+
+def _conflict(key: str, theirs: Any, ours: Any, named: bool) -> None:
+    if theirs is not None and named and theirs != ours:
+        raise ConfigError(f"the model builder compiled the model with {key} {_named(theirs)};"
+                          f" the config also names {key}={_named(ours)}: keep one (remove "
+                          f"{key} from the config, or compile the model without it)")
+
+
+def _named(value: Any) -> str:
+    """A loss, metric or optimizer (or a structure of them) by name, for a message."""
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k}: {_named(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_named(v) for v in value) + "]"
+    if isinstance(value, (str, int, float)) or value is None:
+        return str(value)
+    return (getattr(value, "name", None) or getattr(value, "__name__", None)
+            or type(value).__name__)
+
+
+def default_loss() -> str:
+    """The loss a config has when it names none (`conf/config.yaml`'s, the schema's)."""
+    return Config.__dataclass_fields__["loss"].default
+
+
+def default_optimizer() -> dict[str, Any]:
+    """The optimizer node of the default `optimizer` group option (`conf/config.yaml`'s
+    defaults list: `adam`)."""
+    root = config_dir()
+    defaults = OmegaConf.to_container(OmegaConf.load(root / "config.yaml")).get("defaults", [])
+    chosen = next((d["optimizer"] for d in defaults
+                   if isinstance(d, dict) and "optimizer" in d), "adam")
+    return OmegaConf.to_container(OmegaConf.load(root / "optimizer" / f"{chosen}.yaml"))
+
+
+def optimizer_named(node: Mapping[str, Any]) -> bool:
+    """Whether the config names an optimizer: its `_target_` or a class argument differs
+    from the default group option's (the learning-rate plan's keys do not count)."""
+    def arguments(options: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in options.items() if k not in LrPlan.keys()}
+
+    return arguments(node) != arguments(default_optimizer())
+
+
+def _own_optimizer(optimizer: Any, node: Mapping[str, Any]) -> keras.optimizers.Optimizer:
+    """A compiled model's optimizer (by name or object), to be rebuilt at the plan's rate;
+    one whose rate cannot be scaled, or a changed `optimizer.lr`, is one line."""
+    found = keras.optimizers.get(optimizer)
+    rate = found.get_config().get("learning_rate")
+    name = type(found).__name__
+    if not isinstance(rate, (int, float)):
+        raise ConfigError(f"the model builder compiled the model with {name} on a learning-"
+                          "rate schedule; trainer scales the rate to the global batch and "
+                          "warms it up: compile with a number as learning_rate, or name "
+                          "the optimizer in the config (optimizer=...)")
+    default = default_optimizer().get("lr")
+    if node.get("lr") != default:
+        raise ConfigError(f"the model builder compiled the model with {name} at learning "
+                          f"rate {rate:g}; the config also names optimizer.lr={node.get('lr')}"
+                          ": keep one (remove optimizer.lr, or name the optimizer in the "
+                          "config)")
+    return found
+
+
+def plan_of(plan: LrPlan, task: Task) -> LrPlan:
+    """The learning-rate plan the run uses: the config's, with a kept optimizer's own rate
+    as its `lr` (the rate at `reference_batch`)."""
+    if task.optimizer is None:
+        return plan
+    return replace(plan, lr=float(task.optimizer.get_config()["learning_rate"]))
+
+
+def optimizer_for(task: Task, node: Mapping, learning_rate: Any) -> keras.optimizers.Optimizer:
+    """The run's optimizer: the config's (`build_optimizer`), or the compiled model's class
+    and settings at trainer's rate (call inside the strategy's scope)."""
+    if task.optimizer is None:
+        return build_optimizer(node, learning_rate)
+    kept = task.optimizer
+    return type(kept).from_config({**kept.get_config(), "learning_rate": learning_rate})
+
+
+def optimizer_settings(optimizer: keras.optimizers.Optimizer) -> dict[str, Any]:
+    """An optimizer's settings that differ from its class's defaults (the learning rate,
+    reported apart, and its name left out): what the summary shows beside the class."""
+    inner = getattr(optimizer, "inner_optimizer", None) or optimizer
+    try:
+        defaults = {k: p.default for k, p in inspect.signature(type(inner)).parameters.items()
+                    if p.default is not inspect.Parameter.empty}
+    except (TypeError, ValueError):
+        defaults = {}
+    return {k: v for k, v in inner.get_config().items()
+            if k in defaults and k not in ("learning_rate", "name") and v != defaults[k]
+            and isinstance(v, (int, float, str, bool, type(None)))}
+
+
+def build_compiled(model: keras.Model, x: Any, y: Any) -> None:
+    """Builds a compiled model's loss, metrics and optimizer from symbolic batches, as
+    Keras's fit does from its first batch (call inside the strategy's scope); a loss or
+    metrics that do not fit the outputs and targets is one line."""
+    try:
+        model._symbolic_build(data_batch=(x, y))
+    except (ValueError, TypeError, KeyError) as error:
+        raise ConfigError(f"the loss and metrics do not fit the model's outputs "
+                          f"{_structure(output_spec(model, x))} and the targets "
+                          f"{_structure(y)}: {describe(error)}") from None
+
+
+def make_saveable(model: keras.Model) -> str | None:
+    """Checkpoints of a model whose config cannot be saved hold its weights only
+    (`save_weights_in_keras_files`); returns why, or None for a model saved whole."""
+    reason = weights_only_reason(model)
+    if reason is not None:
+        save_weights_in_keras_files(model, reason)
+    return reason
+
+
+def weights_only_reason(model: keras.Model) -> str | None:
+    """Why a `.keras` file cannot hold this model's config (a subclassed model without
+    `get_config`, an argument Keras cannot serialize), or None where it can."""
+    from keras.src.saving.serialization_lib import ObjectSharingScope, serialize_keras_object
+
+    try:
+        with ObjectSharingScope():
+            serialize_keras_object(model)
+    except NotImplementedError:
+        return (f"{type(model).__name__} does not implement get_config (load it with "
+                "trainer.evaluate / trainer.predict, which rebuild it)")
+    except (TypeError, ValueError) as error:
+        return f"{type(model).__name__}'s config cannot be saved ({describe(error)})"
+    return None
+
+
+def save_weights_in_keras_files(model: keras.Model, reason: str) -> None:
+    """Makes `model.save(PATH.keras)` (what checkpoints call) write a `.keras` archive of the
+    weights (and optimizer state) with a stand-in config naming the class and `reason`:
+    `model.load_weights` reads it, so a run resumes, evaluates and predicts through its
+    model builder; `keras.models.load_model` cannot rebuild such a model from the file."""
+    import datetime
+    import json
+    import tempfile
+    import zipfile
+
+    from keras.src.saving import saving_lib
+
+    def save(filepath, overwrite=True, **_):
+        del overwrite  # checkpoints write to a fresh temporary name
+        with tempfile.TemporaryDirectory(dir=Path(filepath).parent) as tmp:
+            weights = Path(tmp) / "model.weights.h5"
+            saving_lib.save_weights_only(model, str(weights))
+            cls = type(model)
+            with zipfile.ZipFile(filepath, "w") as archive:
+                archive.writestr("metadata.json", json.dumps({
+                    "keras_version": keras.__version__, "weights_only": reason,
+                    "date_saved": datetime.datetime.now().strftime("%Y-%m-%d@%H:%M:%S")}))
+                archive.writestr("config.json", json.dumps({
+                    "module": cls.__module__, "class_name": cls.__name__, "config": None,
+                    "registered_name": None, "weights_only": reason}))
+                archive.write(weights, "model.weights.h5")
+
+    model.save = save
+
+
+def check_class_losses(model: keras.Model, y_true: Any) -> None:
+    """Refuses a loss over class indices (sparse categorical cross-entropy) on a float
+    target: a regression target, read as classes, would train without an error."""
+    compiled = getattr(model, "_compile_loss", None)
+    if compiled is None or not compiled.built:
+        return
+    flat = tf.nest.flatten(y_true)
+    for index, entry in enumerate(compiled._flat_losses):
+        if getattr(entry.loss, "fn", None) is not keras.losses.sparse_categorical_crossentropy:
+            continue
+        try:
+            target = functools.reduce(lambda node, key: node[key], entry.path, y_true)
+        except (KeyError, IndexError, TypeError):
+            target = flat[index] if index < len(flat) else None
+        if target is not None and "float" in str(target.dtype):
+            raise ConfigError(
+                f"loss {entry.loss.name} takes class indices, but output {entry.name!r}'s "
+                f"target is {target.dtype} of shape {tuple(target.shape)} (a regression "
+                "target?): use a regression loss such as mean_squared_error, or integer "
+                "class indices")
 
 
 def directions(metrics: Sequence[keras.metrics.Metric]) -> dict[str, str]:
