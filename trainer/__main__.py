@@ -82,6 +82,8 @@ def main() -> None:
                 sys.argv.append(LATER)
             _hydra_main()
         except process.STOPS as error:
+            for checked in _checked:  # nothing left behind by a start that ends here
+                checked.abandon()
             process.exit_with(error)
         finally:
             sys.argv[:] = argv

@@ -29,7 +29,7 @@ from trainer.data.augment import check as check_augment
 from trainer.distribute.cluster import Cluster, resolve_cluster
 from trainer.models.formats import check_converters
 from trainer.run.resolve import Spec, resolve
-from trainer.rundir.fresh import removed_on_failure
+from trainer.rundir.fresh import remove_fresh, removed_on_failure
 from trainer.rundir.lock import RunLock, acquire, check_writable
 from trainer.rundir.names import check_name
 from trainer.rundir.resume import (
@@ -90,6 +90,13 @@ class Checked:
         finally:
             if self.lock is not None:
                 self.lock.release()
+
+    def abandon(self) -> None:
+        """A start that ends before its run does (a signal at start-up, an error outside
+        `owned`): what it created that holds no run is removed, its lock released."""
+        remove_fresh(self.fresh)
+        if self.lock is not None:
+            self.lock.release()
 
 
 def check_config(cfg: DictConfig, reach: bool = False) -> None:
