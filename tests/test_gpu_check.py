@@ -95,7 +95,8 @@ def test_dry_run_detects_replica_runs_that_differ(tmp_path):
     (row,) = table(out.stdout)
     assert row["result"] == "FAIL", row
     found = gaps(row["measured"])
-    assert len(found) == 2 and min(found) > 1e-4, row["measured"]
+    # above the row's 1e-5 tolerance (plain SGD, since optimizer=sgd is Keras's: 6.4e-5)
+    assert len(found) == 2 and min(found) > 3e-5, row["measured"]
 
 
 def test_dry_run_row_past_its_timeout_fails_in_one_line(tmp_path):
