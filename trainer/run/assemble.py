@@ -76,6 +76,8 @@ class Run:
     fit_callbacks: tuple = ()
     # who compiled the model: `config`, or `model builder` (its loss, metrics and weights)
     compiled_by: str = "config"
+    # the model's class defines its own train_step, which both loops run as written
+    own_train_step: bool = False
     # why checkpoints hold the weights only (a model whose config cannot be saved), or None
     weights_only: str | None = None
 
@@ -129,14 +131,15 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None) -> Run:
         steps = steps_per_epoch(data.source.train_size, batch.global_size,
                                 spec.batch.drop_remainder)
         compiled = _compiled_model(spec, data, batch.global_size, steps, speed)
-        fit_callbacks = install_step(compiled.model, loop, batch.accumulate,
+        fit_callbacks, own_step = install_step(compiled.model, loop, batch.accumulate,
                                       speed.steps_per_execution)
     return Run(strategy=strategy, strategy_name=strategy_name, cross_device_ops=cross,
                loop=loop, cluster=cluster, batch=batch, steps=steps, lr=compiled.lr,
                model=compiled.model, speed=speed, data=data, loss=compiled.loss,
                metric_names=compiled.names, metric_directions=compiled.ways,
                fit_callbacks=fit_callbacks, compiled_by=compiled.by,
-               weights_only=compiled.weights_only)
+               weights_only=compiled.weights_only,
+               own_train_step=own_step)
 
 
 def _strategy(spec: Spec, plan: Any, cluster: Cluster | None) -> tuple:
