@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import trainer.run.accumulate as accumulate_module
 from tests.test_loop import INITIAL, assert_same, build, make_data, strategy_for
 from trainer.run.accumulate import accumulating_train_step
 from trainer.run.loop import CustomLoop
@@ -26,10 +27,11 @@ SPLITS = [(1, 4), (2, 2), (4, 1)]
 
 
 def train_split(loop: str, kind: str, replicas: int, accumulate: int, examples: int = EVEN,
-                loop_class=CustomLoop, epochs: int = 2):
+                epochs: int = 2):
+    """Both loops run the micro-batch step (Keras's own step where `accumulate` is 1)."""
     strategy = strategy_for(replicas)
     model = build(kind, strategy)
-    if loop == "fit" and accumulate > 1:
+    if accumulate > 1:
         model.train_step = accumulating_train_step(model, accumulate)
     x, y = make_data(examples)
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL)
@@ -37,8 +39,7 @@ def train_split(loop: str, kind: str, replicas: int, accumulate: int, examples: 
         history = model.fit(data, epochs=epochs, verbose=0, shuffle=False)
     else:
         steps = -(-examples // GLOBAL)
-        history = loop_class(model, strategy, steps_per_execution=2,
-                             accumulate=accumulate).fit(
+        history = CustomLoop(model, strategy, steps_per_execution=2).fit(
             data.repeat(epochs), epochs=epochs, steps_per_epoch=steps, verbose=0)
     return model.get_weights(), history.history["loss"]
 
@@ -52,11 +53,23 @@ def test_replicas_times_micro_batches_trains_like_one_big_batch(loop, kind):
         assert_same(reference, train_split(loop, kind, replicas, accumulate))
 
 
-def test_custom_loop_weights_uneven_micro_batches_by_the_global_count():
-    reference = train_split("custom", "plain", 4, 1, examples=UNEVEN)
+def test_uneven_micro_batches_are_weighted_by_the_global_count():
+    """43 examples in the last step: 4 replicas' shares are uneven; with trainer's step on
+    both sides every split agrees."""
+    def exact(loop, replicas, accumulate):
+        strategy = strategy_for(replicas)
+        model = build("plain", strategy)
+        model.train_step = (accumulating_train_step(model, accumulate) if accumulate > 1
+                            else exact_train_step(model))
+        x, y = make_data(UNEVEN)
+        data = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL).repeat(2)
+        history = CustomLoop(model, strategy).fit(data, epochs=2, steps_per_epoch=3,
+                                                  verbose=0)
+        return model.get_weights(), history.history["loss"]
+
+    reference = exact("custom", 4, 1)
     for replicas, accumulate in SPLITS[:2]:
-        assert_same(reference, train_split("custom", "plain", replicas, accumulate,
-                                           examples=UNEVEN))
+        assert_same(reference, exact("custom", replicas, accumulate))
 
 
 def test_a_last_batch_smaller_than_the_micro_batches_skips_the_empty_ones():
@@ -68,19 +81,17 @@ def test_a_last_batch_smaller_than_the_micro_batches_skips_the_empty_ones():
                 train_split("fit", "plain", 1, 4, examples=examples))
 
 
-class AveragedTwice(CustomLoop):
-    """The classic bug: each micro-batch's mean loss, and the summed gradients averaged again."""
-
-    def _accumulated_gradients(self, images, labels, global_batch, weights=None):
-        summed = super()._accumulated_gradients(images, labels, global_batch, weights)
-        return [g / self.accumulate for g in summed]
-
-
-def test_negative_control_gradients_averaged_again_are_detected():
+def test_negative_control_gradients_averaged_again_are_detected(monkeypatch):
+    """The classic bug: each micro-batch's mean loss, and the summed gradients averaged
+    again."""
     reference = train_split("custom", "plain", 4, 1)
+    right = train_split("custom", "plain", 1, 4)
+    summed = accumulate_module.accumulate
+    monkeypatch.setattr(accumulate_module, "accumulate", lambda n, *args: [
+        None if g is None else g / n for g in summed(n, *args)])
     with pytest.raises(AssertionError):
-        assert_same(reference, train_split("custom", "plain", 1, 4, loop_class=AveragedTwice))
-    assert_same(reference, train_split("custom", "plain", 1, 4))
+        assert_same(reference, train_split("custom", "plain", 1, 4))
+    assert_same(reference, right)
 
 
 def _functions(graph_def) -> dict:
@@ -104,15 +115,17 @@ def _collectives(nodes, functions, seen=frozenset(), in_loop=False) -> list[bool
     return found
 
 
-def _step_collectives(loop: str, accumulate: int, loop_class=CustomLoop) -> list[bool]:
-    """The all-reduce ops of one traced training step on 2 replicas."""
+def _step_collectives(loop: str, accumulate: int, step=None) -> list[bool]:
+    """The all-reduce ops of one traced training step on 2 replicas (`step(model, n)`
+    makes the step where given)."""
     strategy = strategy_for(2)
     model = build("plain", strategy)
     x, y = make_data(GLOBAL)
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL)
+    model.train_step = (step(model, accumulate) if step is not None
+                        else accumulating_train_step(model, accumulate) if accumulate > 1
+                        else exact_train_step(model))
     if loop == "fit":
-        model.train_step = (accumulating_train_step(model, accumulate) if accumulate > 1
-                            else exact_train_step(model))
         model.fit(data, epochs=1, verbose=0, shuffle=False)
         function = model.train_function
         traced = [f for f in (getattr(function, "_list_all_concrete_functions", lambda: [])()
@@ -122,28 +135,32 @@ def _step_collectives(loop: str, accumulate: int, loop_class=CustomLoop) -> list
                      if hasattr(c.cell_contents, "_list_all_concrete_functions")]
             traced = inner[0]._list_all_concrete_functions()
     else:
-        custom = loop_class(model, strategy, accumulate=accumulate)
+        custom = CustomLoop(model, strategy)
         custom.fit(data, epochs=1, steps_per_epoch=1, verbose=0)
         traced = custom._train_chunk._list_all_concrete_functions()
     graph_def = traced[0].graph.as_graph_def()
     return _collectives(graph_def.node, _functions(graph_def))
 
 
-class ApplyPerMicroBatch(CustomLoop):
+def apply_per_micro_batch(model, n):
     """Naive accumulation: an optimizer step, with its all-reduce, per micro-batch.
 
     (A synchronisation inside a graph loop is refused by tf.distribute, so a naive version
     has to unroll the micro-batches, and each brings its own all-reduce.)
     """
-
-    def _accumulated_gradients(self, images, labels, global_batch, weights=None):
-        variables = self.model.trainable_variables
-        size = GLOBAL // 2 // self.accumulate
-        for i in range(self.accumulate):
+    def train_step(data):
+        x, y = data
+        size = GLOBAL // 2 // n
+        for i in range(n):
             part = slice(i * size, (i + 1) * size)
-            gradients, _, _ = self._gradients(images[part], labels[part], global_batch)
-            self.model.optimizer.apply_gradients(zip(gradients, variables, strict=True))
-        return [tf.zeros_like(v) for v in variables]
+            with tf.GradientTape() as tape:
+                loss = model.compute_loss(x[part], y[part], model(x[part], training=True))
+            variables = model.trainable_variables
+            gradients = tape.gradient(loss, variables)
+            model.optimizer.apply_gradients(zip(gradients, variables, strict=True))
+        return {}
+
+    return train_step
 
 
 @pytest.mark.parametrize("loop", ["fit", "custom"])
@@ -157,7 +174,7 @@ def test_one_gradient_all_reduce_per_step_whatever_the_accumulation(loop):
 
 def test_negative_control_an_all_reduce_per_micro_batch_is_detected():
     once = _step_collectives("custom", 1)
-    assert len(_step_collectives("custom", 4, loop_class=ApplyPerMicroBatch)) > len(once)
+    assert len(_step_collectives("custom", 4, step=apply_per_micro_batch)) > len(once)
 
 
 CONFIG = ["optimizer=sgd_momentum_cosine", "optimizer.lr=0.05", "model.dropout=0.0",

@@ -15,7 +15,7 @@ import tensorflow as tf
 from trainer.distribute.runtime import build_strategy
 from trainer.run.accumulate import accumulating_train_step
 from trainer.run.loop import CustomLoop
-from trainer.run.step import build_from_one_replica, exact_train_step
+from trainer.run.step import build_from_one_replica, exact_test_step, exact_train_step
 
 GLOBAL_BATCH, EXAMPLES, FEATURES, CLASSES = 16, 64, 12, 5
 RTOL = 1e-5
@@ -66,26 +66,27 @@ def strategy_for(replicas: int):
     return build_strategy(name, tuple(f"/cpu:{i}" for i in range(replicas)), ops)
 
 
-def train_with(loop: str, kind: str, replicas: int, loop_class=CustomLoop, examples=EXAMPLES,
-               step: str = "exact", weights=None):
-    """`fit` runs trainer's exact step (`step="keras"`: Keras's own, the negative control;
-    `"accumulate"`: 2 micro-batches per replica); `weights` adds per-example sample weights."""
+def train_with(loop: str, kind: str, replicas: int, examples=EXAMPLES, step: str = "exact",
+               weights=None):
+    """Both loops run trainer's exact step (`step="keras"`: Keras's own, the negative
+    control; `"accumulate"`: 2 micro-batches per replica), `fit` or the custom loop driving
+    the epochs; `weights` adds per-example sample weights."""
     strategy = strategy_for(replicas)
     model = build(kind, strategy)
     x, y = make_data(examples)
     steps = -(-examples // GLOBAL_BATCH)
     data = (batches(x, y) if weights is None
             else tf.data.Dataset.from_tensor_slices((x, y, weights)).batch(GLOBAL_BATCH))
+    if step == "exact":
+        model.train_step = exact_train_step(model)
+    elif step == "accumulate":
+        model.train_step = accumulating_train_step(model, 2)
     if loop == "fit":
-        if step == "exact":
-            model.train_step = exact_train_step(model)
-        elif step == "accumulate":
-            model.train_step = accumulating_train_step(model, 2)
         build_from_one_replica(model)
         history = model.fit(data, epochs=2, verbose=0, shuffle=False)
     else:
         # The custom loop reads all epochs from one dataset, as fit does with steps_per_epoch.
-        history = loop_class(model, strategy, steps_per_execution=3).fit(
+        history = CustomLoop(model, strategy, steps_per_execution=3).fit(
             data.repeat(2), epochs=2, steps_per_epoch=steps, verbose=0)
     return model.get_weights(), history.history["loss"]
 
@@ -115,44 +116,24 @@ def test_a_partial_last_batch_weighs_like_one_replica(loop):
         assert_same(one, train_with(loop, "l2", replicas, examples=50))
 
 
-def test_fit_sample_weights_and_accumulation_are_exact_on_an_uneven_last_batch():
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_sample_weights_and_accumulation_are_exact_on_an_uneven_last_batch(loop):
     weights = np.random.default_rng(5).uniform(0.1, 2.0, size=53).astype("float32")
     one = train_with("fit", "plain", 1, examples=53, weights=weights)
-    assert_same(one, train_with("fit", "plain", 2, examples=53, weights=weights))
+    assert_same(one, train_with(loop, "plain", 2, examples=53, weights=weights))
     single = train_with("fit", "plain", 1, examples=53, step="keras")
-    assert_same(single, train_with("fit", "plain", 1, examples=53, step="accumulate"))
-    assert_same(single, train_with("fit", "plain", 2, examples=53, step="accumulate"))
+    assert_same(single, train_with(loop, "plain", 1, examples=53, step="accumulate"))
+    assert_same(single, train_with(loop, "plain", 2, examples=53, step="accumulate"))
 
 
-def test_custom_loop_sample_weights_equal_fit():
-    weights = np.random.default_rng(5).uniform(0.1, 2.0, size=53).astype("float32")
-    single = train_with("fit", "plain", 1, examples=53, weights=weights, step="keras")
-    assert_same(single, train_with("custom", "plain", 2, examples=53, weights=weights))
-
-
-def test_negative_control_keras_per_replica_mean_differs_on_the_last_batch():
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_negative_control_keras_per_replica_mean_differs_on_the_last_batch(loop):
     """Keras's own step averages per replica: on 53 examples (a last batch of 5, split 3/2)
-    2 replicas end elsewhere than 1, which is what the exact step fixes."""
+    2 replicas end elsewhere than 1, which is what the exact step fixes, in either loop."""
     one = train_with("fit", "plain", 1, examples=53, step="keras")
     with pytest.raises(AssertionError):
-        assert_same(one, train_with("fit", "plain", 2, examples=53, step="keras"))
-    assert_same(one, train_with("fit", "plain", 2, examples=53))
-
-
-class PerReplicaAverage(CustomLoop):
-    """The classic bug: the loss averaged over the replica's own batch."""
-
-    def average_loss(self, per_example_loss, global_batch):
-        return tf.reduce_mean(per_example_loss)
-
-
-def test_negative_control_per_replica_average_is_detected():
-    one = train_with("custom", "plain", 1, loop_class=PerReplicaAverage)
-    two = train_with("custom", "plain", 2, loop_class=PerReplicaAverage)
-    with pytest.raises(AssertionError):
-        assert_same(one, two)
-    # And the right loop on the same data does agree, so the check itself is sound.
-    assert_same(train_with("custom", "plain", 1), train_with("custom", "plain", 2))
+        assert_same(one, train_with(loop, "plain", 2, examples=53, step="keras"))
+    assert_same(one, train_with(loop, "plain", 2, examples=53))
 
 
 @pytest.mark.parametrize("replicas", [1, 3, 4])
@@ -162,6 +143,7 @@ def test_custom_metrics_equal_fit_metrics(replicas):
     model = build("l2", strategy)
     x, y = make_data(52, seed=9)
     batch = 5 * replicas  # the last batch is partial, and split unevenly over the replicas
+    model.test_step = exact_test_step(model)  # what both loops evaluate with
     expected = model.evaluate(batches(x, y, batch), return_dict=True, verbose=0)
     got = CustomLoop(model, strategy).evaluate(batches(x, y, batch))
     assert got["accuracy"] == pytest.approx(expected["accuracy"], abs=1e-7)

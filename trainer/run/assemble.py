@@ -12,7 +12,6 @@ set imports it.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -40,13 +39,11 @@ from trainer.task.build import (
     check_class_losses,
     choose_task,
     default_loss,
-    fresh_metrics,
     logged_metrics,
     make_saveable,
     optimizer_for,
     output_spec,
     plan_of,
-    several_losses,
     symbolic_batch,
 )
 
@@ -73,18 +70,16 @@ class Run:
     speed: SpeedPlan
     data: Data
     loss: Any
-    metrics: Callable[[], list]
     metric_names: tuple[str, ...]
     metric_directions: dict[str, str]
     # what Keras's fit needs beside the run's callbacks for the installed step
     fit_callbacks: tuple = ()
     # who compiled the model: `config`, or `model builder` (its loss, metrics and weights)
     compiled_by: str = "config"
+    # the model's class defines its own train_step, which both loops run as written
+    own_train_step: bool = False
     # why checkpoints hold the weights only (a model whose config cannot be saved), or None
     weights_only: str | None = None
-    # the custom loop trains through the model's compiled loss (several outputs or losses,
-    # loss weights), not its own per-example loss
-    compiled_loss: bool = False
 
     @property
     def workers(self) -> int:
@@ -125,7 +120,7 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None) -> Run:
     batch = plan_batch(spec.batch.per_replica, spec.batch.global_size,
                        strategy.num_replicas_in_sync, spec.batch.accumulate,
                        spec.batch.max_per_replica)
-    speed = _speed_for_accumulation(speed, batch.accumulate, loop)
+    speed = _speed_for_accumulation(speed, batch.accumulate)
     if spec.runtime_seed is not None:
         keras.utils.set_random_seed(spec.runtime_seed)
     with strategy.scope():
@@ -136,15 +131,15 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None) -> Run:
         steps = steps_per_epoch(data.source.train_size, batch.global_size,
                                 spec.batch.drop_remainder)
         compiled = _compiled_model(spec, data, batch.global_size, steps, speed)
-        fit_callbacks = install_step(compiled.model, loop, batch.accumulate,
+        fit_callbacks, own_step = install_step(compiled.model, loop, batch.accumulate,
                                       speed.steps_per_execution)
     return Run(strategy=strategy, strategy_name=strategy_name, cross_device_ops=cross,
                loop=loop, cluster=cluster, batch=batch, steps=steps, lr=compiled.lr,
                model=compiled.model, speed=speed, data=data, loss=compiled.loss,
-               metrics=compiled.metrics, metric_names=compiled.names,
-               metric_directions=compiled.ways, fit_callbacks=fit_callbacks,
-               compiled_by=compiled.by, weights_only=compiled.weights_only,
-               compiled_loss=compiled.through_compiled_loss)
+               metric_names=compiled.names, metric_directions=compiled.ways,
+               fit_callbacks=fit_callbacks, compiled_by=compiled.by,
+               weights_only=compiled.weights_only,
+               own_train_step=own_step)
 
 
 def _strategy(spec: Spec, plan: Any, cluster: Cluster | None) -> tuple:
@@ -174,15 +169,16 @@ def _strategy(spec: Spec, plan: Any, cluster: Cluster | None) -> tuple:
     return strategy_name, loop, strategy, cross, speed
 
 
-def _speed_for_accumulation(speed: SpeedPlan, accumulate: int, loop: str) -> SpeedPlan:
-    """XLA compiles fit's whole step, and the micro-batch loop's slices have shapes it
-    cannot fix; the custom loop compiles each micro-batch's gradients instead."""
-    if accumulate == 1 or loop != "fit" or speed.jit_compile is False:
+def _speed_for_accumulation(speed: SpeedPlan, accumulate: int) -> SpeedPlan:
+    """XLA compiles each replica's whole step (in both loops, as Keras's `fit` does), and
+    the micro-batch loop's slices have shapes it cannot fix."""
+    if accumulate == 1 or speed.jit_compile is False:
         return speed
     if speed.jit_compile is True:
-        raise ConfigError("jit_compile=true with batch.accumulate>1 needs loop=custom "
-                          "(fit's whole step cannot be XLA-compiled around the "
-                          "micro-batch loop); received: loop=fit")
+        raise ConfigError(f"jit_compile=true cannot be used with batch.accumulate="
+                          f"{accumulate}: XLA compiles each replica's whole step, and the "
+                          "micro-batch loop's slices have shapes it cannot fix; use "
+                          "jit_compile=auto or batch.accumulate=1")
     return replace(speed, jit_compile=False, reasons=(*speed.reasons, ACCUMULATE_JIT))
 
 
@@ -191,12 +187,10 @@ class _Compiled:
     model: Any
     lr: LearningRate
     loss: Any
-    metrics: Callable[[], list]
     names: tuple[str, ...]
     ways: dict[str, str]
     by: str
     weights_only: str | None
-    through_compiled_loss: bool
 
 
 def _compiled_model(spec: Spec, data: Data, global_batch: int, steps: int,
@@ -225,26 +219,11 @@ def _compiled_model(spec: Spec, data: Data, global_batch: int, steps: int,
     check_class_losses(model, y)
     names, ways = logged_metrics(model)
     weights_only = make_saveable(model)
-    label, output = keras.tree.flatten(y)[0], keras.tree.flatten(y_pred)[0]
-
-    def metrics() -> list:
-        return fresh_metrics(task.metric_specs, label, output)
-
-    return _Compiled(model, lr, task.loss, metrics, tuple(names), ways, task.compiled_by,
-                     weights_only, _through_compiled_loss(task, outputs))
+    return _Compiled(model, lr, task.loss, tuple(names), ways, task.compiled_by, weights_only)
 
 
-def _through_compiled_loss(task: Any, outputs: int) -> bool:
-    """Whether the custom loop trains through the model's compiled loss (`compute_loss`,
-    as fit does: several outputs, a loss per output, loss or metric weights) rather than
-    its per-example loss (one output, one loss: any reduction)."""
-    return bool(outputs > 1 or several_losses(task.loss) or isinstance(task.metrics, dict)
-                or task.loss_weights is not None or task.weighted_metrics)
-
-
-ACCUMULATE_JIT = ("jit_compile=false: with batch.accumulate>1 fit's step loops over "
-                  "micro-batches, which XLA cannot compile whole (loop=custom compiles each "
-                  "micro-batch)")
+ACCUMULATE_JIT = ("jit_compile=false: with batch.accumulate>1 the step loops over "
+                  "micro-batches, which XLA cannot compile whole")
 
 
 def _multi_worker_strategy(spec: Spec, plan: Any, cluster: Cluster):

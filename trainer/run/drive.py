@@ -104,12 +104,8 @@ class _Driver:
 
     def _new_loop(self) -> CustomLoop:
         run = self.run
-        made = CustomLoop(run.model, run.strategy, run.speed.steps_per_execution,
-                          jit_compile=run.speed.jit_compile is True, loss=run.loss,
-                          metrics=run.metrics, accumulate=run.batch.accumulate,
-                          compiled=run.compiled_loss)
-        self.callbacks.backup.metric_source = lambda: made.metric_variables  # not the model's
-        return made
+        return CustomLoop(run.model, run.strategy, run.speed.steps_per_execution,
+                          jit_compile=run.speed.jit_compile is True)
 
     def _enter_phase(self, first: int) -> None:
         phase = phase_at(first, self.spec.finetune)
@@ -124,7 +120,7 @@ class _Driver:
     def train(self, first: int, end: int, steps: int, dataset: Any) -> Any:
         """Keras's `History` of the segment; None where a stop request ended it."""
         run, spec = self.run, self.spec
-        if self.loop is None and self.callbacks.backup.resumed_metrics is not None:
+        if self.callbacks.backup.resumed_metrics is not None:
             build_compiled_metrics(run, dataset.element_spec)
         self._enter_phase(first)
         kwargs = dict(initial_epoch=first, epochs=end, steps_per_epoch=steps,

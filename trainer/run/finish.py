@@ -118,8 +118,7 @@ def evaluate_split(run: Run, dataset: Any, loop: Any = None) -> dict[str, float]
         found = run.model.evaluate(dataset, return_dict=True, verbose=0)
     else:
         if loop is None:
-            loop = CustomLoop(run.model, run.strategy, loss=run.loss, metrics=run.metrics,
-                              compiled=run.compiled_loss)
+            loop = CustomLoop(run.model, run.strategy)
         found = loop.evaluate(dataset)
     return {k: float(v) for k, v in found.items()}
 

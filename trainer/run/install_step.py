@@ -1,6 +1,5 @@
-"""The exact training step installed for Keras's `fit` (`trainer.run.step`, or the
-micro-batch step of `trainer.run.accumulate`), or a model's own step refused where the
-chosen loop cannot honour it."""
+"""The exact training step both loops run (`trainer.run.step`, or the micro-batch step of
+`trainer.run.accumulate`), or the model's own step where its class defines one."""
 
 from __future__ import annotations
 
@@ -18,30 +17,31 @@ from trainer.run.step import (
 )
 
 
-def install_step(model: Any, loop: str, accumulate: int, steps_per_execution: int) -> tuple:
-    """Installs the exact training step (`trainer.run.step`) for `fit`, or refuses a model
-    whose own step the chosen loop cannot honour.
+def install_step(model: Any, loop: str, accumulate: int,
+                 steps_per_execution: int) -> tuple[tuple, bool]:
+    """Installs the exact training and test steps (`trainer.run.step`) that `fit` and the
+    custom loop both run per replica (a model's own `compute_loss` is called by them); a
+    model whose class defines its own `train_step` keeps it (its author decided what a step
+    is), unless micro-batches would replace it (refused).
 
     Returns:
-        Callbacks `fit` needs for the installed step (several steps per call), or ().
+        (callbacks `fit` needs for the installed step (several steps per call), or ();
+        whether the model runs its own `train_step`).
     """
     own = keeps_own_step(model)
     name = type(model).__name__
-    if own is not None and loop == "custom":
-        raise ConfigError(f"model class {name} defines its own {own}, which loop=custom "
-                          "does not call (it runs trainer's step); use loop=fit")
-    if own is not None and accumulate > 1:
-        raise ConfigError(f"model class {name} defines its own {own}; batch.accumulate="
+    if own and accumulate > 1:
+        raise ConfigError(f"model class {name} defines its own train_step; batch.accumulate="
                           f"{accumulate} would replace it with trainer's micro-batch step; "
                           "use batch.accumulate=1")
-    if loop != "fit":
-        return ()
-    build_from_one_replica(model)
-    if own is None:
+    if not own:
         model.train_step = (accumulating_train_step(model, accumulate) if accumulate > 1
                             else exact_train_step(model))
     model.test_step = exact_test_step(model)
+    if loop != "fit":
+        return (), own
+    build_from_one_replica(model)
     if steps_per_execution == 1:
-        return ()
+        return (), own
     evaluate_one_step_per_call(model)
-    return (steps_in_chunks(model, steps_per_execution),)
+    return (steps_in_chunks(model, steps_per_execution),), own

@@ -11,8 +11,11 @@ weighs `1 / N` on any number of replicas. Regularisation losses are untouched (c
 per step, as Keras counts them), metrics see the sample weights the data gave.
 
 This holds for Keras's default loss reduction (`sum_over_batch_size`), which divides by
-the examples of the batch. A model whose class overrides `train_step` or `compute_loss`
-keeps its own step under `fit`: its author decided what a step is.
+the examples of the batch. A model whose class overrides `compute_loss` gets it called by
+this step with the exact sample weights (exact where it passes them on, as a call to
+`super().compute_loss` does). A model whose class overrides `train_step` keeps its own step
+in both loops: its author decided what a step is, and how a replica's examples weigh (a
+call to `super().train_step` is Keras's per-replica mean).
 
 `_maybe_symbolic_build` (Keras 3.15) reduces the first batch of a `fit` or `evaluate` over
 the replicas with MEAN to learn the input shapes, which fails on a batch split unevenly and
@@ -36,16 +39,11 @@ def batch_size(data: Any) -> tf.Tensor:
     return tf.shape(first)[0]
 
 
-def keeps_own_step(model: keras.Model) -> str | None:
-    """The method by which a model's class defines its own training step, or None."""
+def keeps_own_step(model: keras.Model) -> bool:
+    """Whether the model's class defines its own `train_step` (which trainer then runs)."""
     from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
-    from keras.src.trainers.trainer import Trainer
 
-    if type(model).train_step is not TensorFlowTrainer.train_step:
-        return "train_step"
-    if type(model).compute_loss is not Trainer.compute_loss:
-        return "compute_loss"
-    return None
+    return type(model).train_step is not TensorFlowTrainer.train_step
 
 
 def global_count(local: tf.Tensor) -> tf.Tensor:

@@ -99,6 +99,7 @@ def _what_ran(spec: Any, run: Any, plan: Any, callbacks: Any) -> dict[str, Any]:
         "optimizer": _optimizer_name(run.model.optimizer),
         "optimizer_settings": optimizer_settings(run.model.optimizer),
         "compiled_by": run.compiled_by,
+        "train_step": OWN_STEP if run.own_train_step else "trainer's exact step",
         "checkpoints_hold": ("the whole model" if run.weights_only is None
                              else f"weights only: {run.weights_only}"),
         "loss": _loss_label(run.loss, spec.loss),
@@ -115,6 +116,11 @@ def _what_ran(spec: Any, run: Any, plan: Any, callbacks: Any) -> dict[str, Any]:
         "jit_compile": run.speed.jit_compile,
         "speed_reasons": list(run.speed.reasons),
     }
+
+
+OWN_STEP = ("the model's own train_step, as written (it decides how each replica's examples "
+            "weigh; super().train_step is Keras's per-replica mean, which weighs an uneven "
+            "last batch's shares alike)")
 
 
 def _how_it_ran(spec: Any, run: Any, outcome: Any, callbacks: Any, started: float,
@@ -259,6 +265,8 @@ def format_summary(summary: dict[str, Any]) -> str:
           if summary.get("compiled_by", "config") != "config" else []),
         *([("checkpoints hold", summary["checkpoints_hold"])]
           if str(summary.get("checkpoints_hold", "")).startswith("weights only") else []),
+        *([("train step", summary["train_step"])]
+          if summary.get("train_step") == OWN_STEP else []),
         ("epochs", _epochs_row(summary)),
         ("wall time", _time_row(summary["time"])),
         ("time to first step", "n/a (nothing left to train)"
