@@ -7,7 +7,7 @@ its linear warm-up, then a decay to `alpha` = 1, a constant rate, for `none`), o
 `ExponentialDecay` (an exponential decay without warm-up). Keras has no warm-up before an
 exponential decay; that one case keeps trainer's registered `WarmupSchedule`, and its
 checkpoints load through `trainer.evaluate.load_checkpoint` (or with
-`custom_objects={"WarmupSchedule": ...}`), as `LearningRate.loads_with` says.
+`custom_objects`), as the run's summary says (`checkpoints load with`).
 """
 
 from __future__ import annotations
@@ -120,13 +120,6 @@ def keras_schedule(base_lr: float, scaled_lr: float, warmup_steps: int, total_st
     return float(scaled_lr)
 
 
-def loads_with(schedule: Any) -> str:
-    """What loads a checkpoint whose optimizer holds `schedule`: Keras alone, or trainer."""
-    if isinstance(schedule, WarmupSchedule):
-        return "trainer.evaluate.load_checkpoint (trainer's WarmupSchedule)"
-    return "keras.models.load_model"
-
-
 @dataclass(frozen=True)
 class LearningRate:
     """The learning-rate plan: `base` at `reference_batch`, `scaled` to the global batch."""
@@ -140,13 +133,13 @@ class LearningRate:
     schedule: Any
 
     def report(self) -> dict[str, Any]:
-        """The plan as the summary shows it: the schedule by its Keras name (a number for a
-        constant rate) and what loads the checkpoints it is saved in."""
+        """The plan as the summary shows it: the schedule by its class's name (`constant`
+        for a number)."""
         kind = self.schedule
-        name = "constant" if isinstance(kind, float) else type(kind).__name__
         return {"base": self.base, "scaled": self.scaled, "rule": self.rule,
                 "reference_batch": self.reference_batch, "warmup_steps": self.warmup_steps,
-                "decay": self.decay, "schedule": name, "loads_with": loads_with(kind)}
+                "decay": self.decay,
+                "schedule": "constant" if isinstance(kind, float) else type(kind).__name__}
 
 
 def learning_rate(plan: LrPlan, global_batch: int, steps: int, epochs: int) -> LearningRate:
