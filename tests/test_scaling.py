@@ -14,7 +14,7 @@ from trainer.plan.scaling import (
     steps_per_epoch,
     warmup_steps,
 )
-from trainer.plan.schedule import WarmupSchedule
+from trainer.plan.schedule import WarmupSchedule, keras_schedule
 
 
 def test_per_replica_is_weak_scaling():
@@ -145,6 +145,29 @@ def test_schedule_round_trips_through_its_config():
     again = WarmupSchedule.from_config(schedule.get_config())
     steps = (0, 5, 40)
     assert [lr(again, s) for s in steps] == pytest.approx([lr(schedule, s) for s in steps])
+
+
+@pytest.mark.parametrize("arguments, kind", [
+    ((0.1, 0.2, 0, 120, "none"), "float"),
+    ((0.1, 0.4, 10, 120, "none"), "CosineDecay"),
+    ((0.1, 0.4, 10, 120, "cosine"), "CosineDecay"),
+    ((0.1, 0.4, 0, 120, "cosine"), "CosineDecay"),
+    ((0.4, 0.1, 30, 20, "cosine"), "CosineDecay"),  # warm-up longer than the run, downwards
+    ((0.1, 0.4, 0, 120, "exponential", 0.5, 7, True), "ExponentialDecay"),
+    ((0.1, 0.4, 0, 120, "exponential", 0.5, 7, False), "ExponentialDecay"),
+    ((0.1, 0.4, 10, 120, "exponential", 0.5, 7, True), "WarmupSchedule"),
+])
+def test_the_optimizers_schedule_is_kerass_own_where_keras_has_it(arguments, kind):
+    """A run's optimizer gets Keras's built-in schedule (so its checkpoint loads with Keras
+    alone) wherever one gives WarmupSchedule's rate at every step: only an exponential decay
+    after a warm-up keeps trainer's."""
+    reference, schedule = WarmupSchedule(*arguments), keras_schedule(*arguments)
+    assert type(schedule).__name__ == kind
+    if kind != "WarmupSchedule":
+        assert type(schedule).__module__.split(".")[0] in ("keras", "builtins")
+    steps = range(0, 3 * arguments[3])
+    found = [schedule if isinstance(schedule, float) else lr(schedule, s) for s in steps]
+    assert found == pytest.approx([lr(reference, s) for s in steps], rel=1e-6, abs=1e-9)
 
 
 def test_balanced_batch_sizes():

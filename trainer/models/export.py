@@ -15,6 +15,12 @@ A mismatch is one line naming the format and the largest difference.
 - `onnx`: Keras's ONNX export (`format="onnx"`, tf2onnx under TensorFlow), run with
   onnxruntime; both come with `pip install 'trainer[onnx]'`.
 
+A model that takes strings (a `StringLookup` or `TextVectorization` inside it) is tried
+in TFLite and ONNX once it is built, before training (`check_exportable`): ONNX Runtime has
+no string-table or regex ops, and TFLite's interpreter here runs no TensorFlow ops (Flex),
+which lower-casing and splitting need (a `StringLookup` alone converts). A format that
+fails is refused in one line then, not after training.
+
 A build module (TensorFlow at the top); `trainer.models.formats.check_converters` runs in
 the pre-flight, before TensorFlow starts.
 """
@@ -27,6 +33,7 @@ import logging
 import os
 import re
 import shutil
+import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -86,6 +93,63 @@ def export_model(model: Any, run_dir: str | Path, formats: Sequence[str],
                  difference)
         written[name] = str(final)
     return written
+
+
+def check_exportable(model: Any, formats: Sequence[str], validation: Any) -> None:
+    """Refuses, before training, a format other than `saved_model` that a model taking
+    strings does not export to here: each is written from the untrained model into a
+    temporary folder and checked as `export_model` checks it (nothing of the run's written).
+
+    Raises:
+        ConfigError: one line naming the format, the string input and what would work.
+    """
+    strings = string_inputs(model, validation)
+    if not strings:
+        return
+    for name in [f for f in formats if f != "saved_model"]:
+        with tempfile.TemporaryDirectory(prefix="trainer-export-check-") as folder:
+            try:
+                export_model(model, folder, [name], validation)
+            except Exception as error:  # noqa: BLE001 - a converter fails in many ways
+                rest = ",".join(f for f in formats if f != name)
+                raise ConfigError(
+                    f"export {name}: the model's input {strings[0]} takes strings (dtype "
+                    f"string), which {name} cannot take here ({_why_not(error)}); use "
+                    f"export=saved_model (its serving signature takes strings), or the "
+                    f"checkpoint itself (.keras), or drop it: export=[{rest}]") from None
+
+
+def string_inputs(model: Any, validation: Any) -> list[str]:
+    """The model's inputs that take strings (from the data's inputs: a subclassed model
+    declares none), by name (`'text'`), or by place (`#0`) where a `keras.Input` has none."""
+    spec = validation.element_spec
+    spec = spec[0] if isinstance(spec, (tuple, list)) else spec
+    if isinstance(spec, dict):
+        named = [(repr(key), tensor) for key, tensor in spec.items()]
+    else:
+        flat = keras.tree.flatten(spec)
+        declared = [t.name for t in getattr(model, "inputs", None) or []]
+        if len(declared) != len(flat):
+            declared = [""] * len(flat)
+        # an unnamed keras.Input is `keras_tensor_N`: named by its place instead
+        named = [(repr(name) if name and not name.startswith("keras_tensor") else f"#{i}",
+                  tensor)
+                 for i, (name, tensor) in enumerate(zip(declared, flat, strict=True))]
+    return [name for name, tensor in named if tensor.dtype == tf.string]
+
+
+def _why_not(error: BaseException) -> str:
+    """The short reason a converter or its runtime gave."""
+    text = str(error)
+    flex = sorted(set(re.findall(r"Flex\w+", text)))
+    if flex:
+        return (f"it needs TensorFlow's own ops {', '.join(flex)}, which TFLite's interpreter "
+                "does not run")
+    missing = re.search(r"No Op registered for (\w+)", text)
+    if missing:
+        return f"ONNX Runtime has no {missing.group(1)} op"
+    first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    return first[:200]
 
 
 def first_inputs(validation: Any) -> Any:

@@ -1,4 +1,14 @@
-"""The learning-rate schedule: linear warm-up from the unscaled to the scaled rate, then decay."""
+"""The learning-rate schedule: linear warm-up from the unscaled to the scaled rate, then decay.
+
+Wherever Keras has the schedule built in, the optimizer gets Keras's own object, so a run's
+checkpoint loads with plain `keras.models.load_model` in a process that never imports
+trainer: a number (no warm-up, no decay), `CosineDecay` (a cosine decay, or any warm-up:
+its linear warm-up, then a decay to `alpha` = 1, a constant rate, for `none`), or
+`ExponentialDecay` (an exponential decay without warm-up). Keras has no warm-up before an
+exponential decay; that one case keeps trainer's registered `WarmupSchedule`, and its
+checkpoints load through `trainer.evaluate.load_checkpoint` (or with
+`custom_objects`), as the run's summary says (`checkpoints load with`).
+"""
 
 from __future__ import annotations
 
@@ -16,7 +26,9 @@ from trainer.plan.scaling import warmup_steps as to_steps
 
 @keras.saving.register_keras_serializable(package="trainer")
 class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
-    """Ramps the rate linearly per step, then holds it or decays it.
+    """Ramps the rate linearly per step, then holds it or decays it (a run's schedule only
+    for an exponential decay after warm-up; see `keras_schedule`, which gives the same rate
+    at every step).
 
     At step `s < warmup_steps` the rate is `base + (scaled - base) * s / warmup_steps`
     (Goyal et al. 2017). From `warmup_steps` on, with `t` steps after warm-up, it is:
@@ -73,6 +85,41 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
                 "decay_steps": self.decay_steps, "staircase": self.staircase}
 
 
+def keras_schedule(base_lr: float, scaled_lr: float, warmup_steps: int, total_steps: int,
+                   decay: str = "none", decay_rate: float = 0.1, decay_steps: int = 1,
+                   staircase: bool = True) -> Any:
+    """The schedule `WarmupSchedule` describes (same arguments, same rate at every step), as
+    Keras's built-in object wherever one expresses it exactly.
+
+    - no warm-up, no decay: the number `scaled_lr`;
+    - a warm-up (then decay `none` or `cosine`): `CosineDecay(base_lr, total_steps -
+      warmup_steps, alpha, warmup_target=scaled_lr, warmup_steps)`, whose rate rises
+      linearly from `base_lr` at step 0 to `scaled_lr` at `warmup_steps`, then follows
+      `scaled_lr * ((1 - alpha) * (1 + cos(pi * t / decay_steps)) / 2 + alpha)`: alpha 0 for
+      the cosine decay (zero at `total_steps`), 1 for a constant rate;
+    - a cosine decay without warm-up: `CosineDecay(scaled_lr, total_steps)`;
+    - an exponential decay without warm-up: `ExponentialDecay(scaled_lr, decay_steps,
+      decay_rate, staircase)`;
+    - an exponential decay after a warm-up: trainer's `WarmupSchedule` (no Keras object does
+      both).
+    """
+    after = max(total_steps - warmup_steps, 1)
+    if decay == "exponential":
+        if warmup_steps:
+            return WarmupSchedule(base_lr, scaled_lr, warmup_steps, total_steps, decay,
+                                  decay_rate, decay_steps, staircase)
+        return keras.optimizers.schedules.ExponentialDecay(
+            float(scaled_lr), max(int(decay_steps), 1), float(decay_rate), bool(staircase))
+    alpha = 0.0 if decay == "cosine" else 1.0
+    if warmup_steps:
+        return keras.optimizers.schedules.CosineDecay(
+            float(base_lr), after, alpha, warmup_target=float(scaled_lr),
+            warmup_steps=int(warmup_steps))
+    if decay == "cosine":
+        return keras.optimizers.schedules.CosineDecay(float(scaled_lr), after, alpha)
+    return float(scaled_lr)
+
+
 @dataclass(frozen=True)
 class LearningRate:
     """The learning-rate plan: `base` at `reference_batch`, `scaled` to the global batch."""
@@ -86,17 +133,20 @@ class LearningRate:
     schedule: Any
 
     def report(self) -> dict[str, Any]:
-        """The plan as the summary shows it (the schedule object left out)."""
+        """The plan as the summary shows it: the schedule by its class's name (`constant`
+        for a number)."""
+        kind = self.schedule
         return {"base": self.base, "scaled": self.scaled, "rule": self.rule,
                 "reference_batch": self.reference_batch, "warmup_steps": self.warmup_steps,
-                "decay": self.decay}
+                "decay": self.decay,
+                "schedule": "constant" if isinstance(kind, float) else type(kind).__name__}
 
 
 def learning_rate(plan: LrPlan, global_batch: int, steps: int, epochs: int) -> LearningRate:
     """The scaled rate, warm-up and decay for a global batch, as one Keras schedule."""
     scaled = scaled_learning_rate(plan.lr, global_batch, plan.reference_batch, plan.lr_scaling)
     warm = to_steps(plan.warmup_epochs, steps)
-    schedule = WarmupSchedule(plan.lr, scaled, warm, steps * epochs, plan.decay,
+    schedule = keras_schedule(plan.lr, scaled, warm, steps * epochs, plan.decay,
                               plan.decay_rate, to_steps(plan.decay_epochs, steps),
                               plan.staircase)
     return LearningRate(base=plan.lr, scaled=scaled, rule=plan.lr_scaling,

@@ -17,7 +17,7 @@ from typing import Any
 from trainer.config.errors import Interrupted
 from trainer.config.messages import one_line
 from trainer.distribute.multiworker import backup_place
-from trainer.models.export import export_model
+from trainer.models.export import check_exportable, export_model
 from trainer.run.assemble import Run
 from trainer.run.drive import Trained
 from trainer.run.loop import CustomLoop
@@ -73,6 +73,12 @@ def final_evaluations(run: Run, callbacks: Callbacks, trained: Trained, epochs: 
     return Outcome(trained.history, final, done, trained.stopped_early and done < epochs,
                    test, None if checkpoint is None else str(checkpoint), startup_s,
                    trained.build_s, time.perf_counter() - evaluating)
+
+
+def check_export(run: Run, formats: tuple[str, ...]) -> None:
+    """Refuses, before training, an export format the built model does not export to (a
+    model taking strings in TFLite or ONNX): one line instead of a failure after training."""
+    check_exportable(run.model, formats, run.data.validation)
 
 
 def export(run: Run, run_dir: Path, formats: tuple[str, ...], report: dict[str, Any]) -> None:

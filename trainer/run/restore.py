@@ -5,7 +5,8 @@ prediction (a training run resumes from its backup in `trainer.run.resume`).
 the run's config composed again (`trainer.run.reopen`), its strategy, data and model built
 as training built them (`trainer.run.assemble`) on the devices the overrides ask for, the
 data checked against the fingerprint the run kept, and the chosen checkpoint loaded
-(checked against its hash).
+(checked against its hash). A checkpoint as a Keras model of its own is
+`trainer.run.load.load_checkpoint`, kept here under its old name.
 """
 
 from __future__ import annotations
@@ -15,19 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import keras
 import numpy as np
 import tensorflow as tf
 
-import trainer.models.cifar10_cnn  # noqa: F401 - registers LocalResponseNormalization
-import trainer.models.keras_app  # noqa: F401 - registers AppPreprocess
-import trainer.plan.schedule  # noqa: F401 - registers WarmupSchedule
 from trainer.config.errors import ConfigError
 from trainer.config.messages import one_line
 from trainer.data.fingerprint import check_same_data, of_source
 from trainer.data.pipeline import build_pipeline
 from trainer.distribute.devices import open_devices
 from trainer.run.assemble import Run, assemble
+from trainer.run.load import load_checkpoint  # noqa: F401 - restore's public name too
 from trainer.run.reopen import Reopened, reopen, trained_on
 from trainer.run.resolve import Spec
 from trainer.rundir.checkpoint import verified
@@ -143,14 +141,3 @@ def _shapes(spec: Any) -> Any:
     if isinstance(spec, dict):
         return {k: _shapes(v) for k, v in spec.items()}
     return tuple(spec.shape)
-
-
-def load_checkpoint(path: str | Path) -> Any:
-    """Loads a `.keras` checkpoint written by trainer, checked against its hash, with the
-    custom objects it may hold (registered by the imports above).
-
-    Raises:
-        ConfigError: the file does not match the checksum written with it.
-    """
-    verified(Path(path))
-    return keras.models.load_model(path)

@@ -22,7 +22,14 @@ from typing import Any
 from trainer.distribute.devices import open_devices, set_determinism
 from trainer.run.assemble import Run, assemble
 from trainer.run.drive import Trained, prepare_finetune, train_epochs
-from trainer.run.finish import Outcome, export, final_evaluations, stop_if_asked, stopped
+from trainer.run.finish import (
+    Outcome,
+    check_export,
+    export,
+    final_evaluations,
+    stop_if_asked,
+    stopped,
+)
 from trainer.run.guards import check_space, translate
 from trainer.run.inputs import record as record_inputs
 from trainer.run.preflight import Checked
@@ -81,12 +88,14 @@ class Session:
         return self.plan
 
     def assemble(self) -> Run:
-        """Builds the run, its optimizer over every variable, and checks the free space."""
+        """Builds the run, its optimizer over every variable, and checks the free space and
+        that the model exports to the formats `export` names."""
         run = assemble(self.spec, self.plan, self.cluster)
         with run.strategy.scope():  # the optimizer's slots are distributed variables
             if not run.model.optimizer.built:  # built now: the space estimate counts them
                 run.model.optimizer.build(run.model.trainable_variables)
         self._needed = check_space(run, self.run_dir, self.spec.export)
+        check_export(run, self.spec.export)
         self.run = run
         return run
 

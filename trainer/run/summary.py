@@ -12,6 +12,7 @@ import tensorflow as tf
 from trainer.config.image_size import describe_choice
 from trainer.data.augment import describe
 from trainer.data.fingerprint import of_source
+from trainer.run.load import custom_objects
 from trainer.rundir.atomic import write_json
 from trainer.rundir.backup import BackupStore, tidy
 from trainer.rundir.layout import RunDir
@@ -47,6 +48,19 @@ def _loss_label(loss: Any, spec: Any) -> str:
     if name or spec is None:
         return str(name)
     return _loss_name(spec)
+
+
+def _loads_with(run: Any) -> str | None:
+    """What loads the run's `.keras` checkpoints in another process: Keras alone, or
+    trainer's loader (which registers trainer's objects and those the run's config names);
+    None for checkpoints of weights only."""
+    if run.weights_only is not None:
+        return None
+    names = custom_objects(run.model)
+    if not names:
+        return "keras.models.load_model"
+    return (f"trainer.evaluate.load_checkpoint (they hold {', '.join(names)}, which plain "
+            "Keras finds only registered or in custom_objects)")
 
 
 def _optimizer_name(optimizer: Any) -> str:
@@ -102,6 +116,7 @@ def _what_ran(spec: Any, run: Any, plan: Any, callbacks: Any) -> dict[str, Any]:
         "train_step": OWN_STEP if run.own_train_step else "trainer's exact step",
         "checkpoints_hold": ("the whole model" if run.weights_only is None
                              else f"weights only: {run.weights_only}"),
+        "checkpoints_load_with": _loads_with(run),
         "loss": _loss_label(run.loss, spec.loss),
         "metrics": list(run.metric_names),
         "callbacks": [type(c).__name__ for c in callbacks.user],
@@ -267,6 +282,8 @@ def format_summary(summary: dict[str, Any]) -> str:
           if str(summary.get("checkpoints_hold", "")).startswith("weights only") else []),
         *([("train step", summary["train_step"])]
           if summary.get("train_step") == OWN_STEP else []),
+        *([("checkpoints load with", summary["checkpoints_load_with"])]
+          if str(summary.get("checkpoints_load_with", "")).startswith("trainer") else []),
         ("epochs", _epochs_row(summary)),
         ("wall time", _time_row(summary["time"])),
         ("time to first step", "n/a (nothing left to train)"

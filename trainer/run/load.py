@@ -1,0 +1,101 @@
+"""A run's `.keras` checkpoint loaded as a Keras model, in any process:
+`trainer.evaluate.load_checkpoint(path)`.
+
+A default run's checkpoint holds only Keras's own objects, and plain
+`keras.models.load_model` loads it. Some hold more, which Keras finds only once registered:
+trainer's own (a cifar10_cnn layer, a Keras application's preprocessing, the warm-up before
+an exponential decay), registered by the imports below, and the user's own, which the run's
+config names: a loss function by its dotted name (`loss: my_task.my_loss`, saved as
+`my_task>my_loss`) and the module of a model builder (`model._target_: my_task.build`, whose
+custom layers register on import). Those are read from the run's `.hydra/config.yaml` beside
+`checkpoints/` and registered as training registered them, so their modules must import as
+they did for training (the working directory or `PYTHONPATH`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import keras
+from omegaconf import OmegaConf
+
+import trainer.models.cifar10_cnn  # noqa: F401 - registers LocalResponseNormalization
+import trainer.models.keras_app  # noqa: F401 - registers AppPreprocess
+import trainer.plan.schedule  # noqa: F401 - registers WarmupSchedule
+from trainer.config.errors import ConfigError
+from trainer.rundir.checkpoint import verified
+from trainer.rundir.layout import RunDir
+from trainer.task.build import build_loss
+
+OURS = ("keras", "trainer", "tensorflow")
+
+
+def load_checkpoint(path: str | Path) -> Any:
+    """Loads a `.keras` checkpoint written by trainer, checked against its hash, with the
+    custom objects it may hold: trainer's, and the user's its run's config names.
+
+    Raises:
+        ConfigError: the file does not match the checksum written with it; a module the
+            run's config names does not import here.
+    """
+    path = Path(path)
+    verified(path)
+    register_run_objects(path)
+    return keras.models.load_model(path)
+
+
+def register_run_objects(checkpoint: Path) -> None:
+    """Registers what the config of the run a checkpoint sits in names of the user's (none
+    for a checkpoint outside a run directory, or a run whose config is unreadable)."""
+    saved = RunDir(checkpoint.resolve().parent.parent).config
+    if checkpoint.parent.name != "checkpoints" or not saved.is_file():
+        return
+    try:
+        cfg = OmegaConf.to_container(OmegaConf.load(saved), resolve=False)
+    except Exception:  # noqa: BLE001 - Keras's own error says what is missing
+        return
+    model = (cfg.get("model") or {}).get("_target_")
+    if isinstance(model, str) and "." in model and model.split(".")[0] not in OURS:
+        module = model.rsplit(".", 1)[0]
+        try:
+            importlib.import_module(module)
+        except Exception as error:  # noqa: BLE001 - any import failure is the same line
+            raise ConfigError(f"{checkpoint} was trained with model._target_={model!r}, whose "
+                              f"module does not import here ({type(error).__name__}: {error}); "
+                              "load it where the run trained, or put the module on "
+                              "PYTHONPATH") from None
+    for loss in _losses(cfg.get("loss")):
+        build_loss(loss)  # registers a user's function as training did
+
+
+def _losses(node: Any) -> list[Any]:
+    """The config's loss specs: one, or one per output (a mapping or a list)."""
+    if isinstance(node, dict) and "_target_" not in node:
+        return [v for v in node.values() if v is not None]
+    if isinstance(node, list):
+        return [v for v in node if v is not None]
+    return [] if node is None else [node]
+
+
+def custom_objects(model: Any) -> list[str]:
+    """The registered names (`package>name`) of what a compiled model holds that is not
+    Keras's own: its layers, loss, metrics, optimizer and schedule as its checkpoint saves
+    them. Empty: `keras.models.load_model` loads the checkpoint in any process."""
+    found: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            name = node.get("registered_name")
+            if name == "function":
+                name = node.get("config")
+            if isinstance(name, str) and ">" in name:
+                found.add(name)
+            node = list(node.values())
+        if isinstance(node, (list, tuple)):
+            for value in node:
+                walk(value)
+
+    walk(keras.saving.serialize_keras_object(model))
+    return sorted(found)
