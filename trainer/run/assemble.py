@@ -27,6 +27,7 @@ from trainer.distribute.runtime import (
     build_strategy,
     compute_capability,
     nccl_available,
+    synchronize_batch_norm,
 )
 from trainer.distribute.strategy import KINDS, choose_cross_device_ops, choose_strategy
 from trainer.plan.scaling import BatchPlan, plan_batch, steps_per_epoch
@@ -85,6 +86,8 @@ class Run:
     # the custom loop trains through the model's compiled loss (several outputs or losses,
     # loss weights), not its own per-example loss
     compiled_loss: bool = False
+    # how batch normalization runs over the replicas (trainer.distribute.runtime), or None
+    batch_norm: str | None = None
 
     @property
     def workers(self) -> int:
@@ -136,6 +139,8 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None) -> Run:
         steps = steps_per_epoch(data.source.train_size, batch.global_size,
                                 spec.batch.drop_remainder)
         compiled = _compiled_model(spec, data, batch.global_size, steps, speed)
+        batch_norm = synchronize_batch_norm(compiled.model, spec.sync_batchnorm,
+                                            strategy.num_replicas_in_sync, batch.accumulate)
         fit_callbacks = install_step(compiled.model, loop, batch.accumulate,
                                       speed.steps_per_execution)
     return Run(strategy=strategy, strategy_name=strategy_name, cross_device_ops=cross,
@@ -144,7 +149,7 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None) -> Run:
                metrics=compiled.metrics, metric_names=compiled.names,
                metric_directions=compiled.ways, fit_callbacks=fit_callbacks,
                compiled_by=compiled.by, weights_only=compiled.weights_only,
-               compiled_loss=compiled.through_compiled_loss)
+               compiled_loss=compiled.through_compiled_loss, batch_norm=batch_norm)
 
 
 def _strategy(spec: Spec, plan: Any, cluster: Cluster | None) -> tuple:

@@ -114,6 +114,7 @@ def _what_ran(spec: Any, run: Any, plan: Any, callbacks: Any) -> dict[str, Any]:
         "precision": run.speed.precision,
         "jit_compile": run.speed.jit_compile,
         "speed_reasons": list(run.speed.reasons),
+        "batch_norm": run.batch_norm,
     }
 
 
@@ -259,6 +260,7 @@ def format_summary(summary: dict[str, Any]) -> str:
           if summary.get("compiled_by", "config") != "config" else []),
         *([("checkpoints hold", summary["checkpoints_hold"])]
           if str(summary.get("checkpoints_hold", "")).startswith("weights only") else []),
+        *([("batch norm", summary["batch_norm"])] if summary.get("batch_norm") else []),
         ("epochs", _epochs_row(summary)),
         ("wall time", _time_row(summary["time"])),
         ("time to first step", "n/a (nothing left to train)"
