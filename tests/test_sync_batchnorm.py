@@ -14,6 +14,7 @@ import pytest
 from tests.test_parity import run, same
 from trainer.config.errors import ConfigError
 from trainer.distribute.runtime import batch_norm_layers, synchronize_batch_norm
+from trainer.rundir.resume import check_resume
 
 BN = ["model._target_=parity_task.batchnorm_model", "dataset._target_=parity_task.dict_inputs",
       "epochs=1"]
@@ -77,3 +78,11 @@ def test_micro_batches_on_several_replicas_are_refused_in_one_line(tiny_config, 
                        r"norm inside batch.accumulate's micro-batch loop .*received: "
                        r"batch.accumulate=2 on 2 replicas"):
         run(tiny_config, tmp_path, 2, *BN, "sync_batchnorm=true", "batch.accumulate=2")
+
+
+def test_a_backup_from_before_the_option_resumes_as_false_and_a_change_is_refused(tmp_path):
+    old = {"epoch": 1, "step": 0, "config": {"epochs": 2, "seed": 42}}
+    assert check_resume(tmp_path, old, {"epochs": 3, "seed": 42, "sync_batchnorm": False}) \
+        == {"epochs": [2, 3]}
+    with pytest.raises(ConfigError, match="sync_batchnorm"):
+        check_resume(tmp_path, old, {"epochs": 3, "seed": 42, "sync_batchnorm": True})
