@@ -213,3 +213,20 @@ def compiled_without_metrics(**_: object) -> keras.Model:
     model = seeded_model()
     model.compile(optimizer=keras.optimizers.SGD(0.2), loss="sparse_categorical_crossentropy")
     return model
+
+
+def batchnorm_model(**_: object) -> keras.Model:
+    """`seeded_model` with BatchNormalization after the hidden layer, and a second one in a
+    nested model: its training step uses the batch's own mean and variance."""
+    init = keras.initializers.GlorotUniform(seed=5)
+    num = keras.Input((4,), name="num")
+    cat = keras.Input((1,), name="cat", dtype="int32")
+    embedded = keras.layers.Flatten()(keras.layers.Embedding(
+        CATEGORIES, 3, embeddings_initializer=keras.initializers.RandomNormal(seed=6))(cat))
+    hidden = keras.layers.Dense(16, kernel_initializer=init)(
+        keras.layers.Concatenate()([num, embedded]))
+    nested = keras.Sequential([keras.layers.BatchNormalization(momentum=0.8),
+                               keras.layers.Activation("relu")], name="nested")
+    hidden = keras.layers.BatchNormalization(momentum=0.8)(nested(hidden))
+    outputs = keras.layers.Dense(2, activation="softmax", kernel_initializer=init)(hidden)
+    return keras.Model({"num": num, "cat": cat}, outputs)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -17,8 +18,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, run_main
 
+from tests.test_readme_examples import examples
 from trainer.evaluate import load_checkpoint
 from trainer.run.train import train
 
@@ -186,6 +188,35 @@ def test_two_workers_accumulating_two_train_like_one_accumulating_four(tmp_path,
     expected = reference(tmp_path, tiny_config, "one", *batch, "batch.accumulate=4")
     assert json.loads((expected / "summary.json").read_text())["batch"]["per_replica"] == 16
     assert_same_weights(run_dir, expected, atol=1e-5)
+
+
+def test_the_readmes_two_output_example_trains_on_two_workers_like_one(tmp_path, launches):
+    """The README's shop.py (two named inputs, two outputs, a loss, metrics and loss weight
+    per output) with its command's overrides and strategy=multi_worker on 2 local workers
+    (`loop=custom`, several outputs through the compiled loss) ends with the weights of one
+    worker at the same global batch. `devices=2` is the one override left out: a CPU worker
+    runs one replica (asking for 2 is refused in one line)."""
+    blocks = examples()
+    (tmp_path / "shop.py").write_text(blocks["shop.py"])
+    command = shlex.split(blocks["shop.sh"].replace("\\\n", " "))
+    assert command[:3] == ["python", "-m", "trainer"] and "devices=2" in command
+    overrides = [a for a in command[3:] if a != "devices=2"]
+    same = ["epochs=2", "verbose=0", "logger=[]", "batch.per_replica=null",
+            "batch.global_size=64"]
+    run_dir = tmp_path / "run"
+    launch = launches(2, *overrides, *same, "strategy=multi_worker", f"hydra.run.dir={run_dir}")
+    assert launch.wait(timeout=120) == 0, launch.output[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["workers"] == 2 and summary["replicas"] == 2 and summary["loop"] == "custom"
+    assert summary["loss"] == "label: sparse_categorical_crossentropy, score: mse"
+
+    one = run_main(*overrides, *same, "accelerator=cpu", "devices=1", "loop=custom",
+                   f"hydra.run.dir={tmp_path / 'one'}", cwd=tmp_path)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert_same_weights(run_dir, tmp_path / "one", atol=1e-5)
+    alone = json.loads((tmp_path / "one" / "summary.json").read_text())
+    assert summary["validation_metrics"] == pytest.approx(alone["validation_metrics"],
+                                                          rel=1e-5, abs=1e-6)
 
 
 def test_killed_worker_stops_the_other_and_the_run_resumes(tmp_path, launches):

@@ -248,6 +248,9 @@ class Config:
     # Export formats after training: a list of EXPORT_FORMATS; true: [saved_model]; false: none.
     export: Any = False
     deterministic: bool = False
+    # Every BatchNormalization normalizes with the global batch's statistics (all replicas'),
+    # as on one replica; false: each replica's own (trainer.distribute.runtime).
+    sync_batchnorm: bool = False
     # Tune before training instead of training: lr (a learning-rate range test) or batch
     # (the per-replica batch's throughput curve and the largest that fits); null: train.
     tune: str | None = None

@@ -1,5 +1,6 @@
 """The strategy made real in TensorFlow: the strategy and its cross-device ops created for
-the devices, and the precision policy set (a GPU's compute capability read for it). A build
+the devices, the precision policy set (a GPU's compute capability read for it), and a
+model's batch normalization synchronized across the replicas (`sync_batchnorm`). A build
 module (TensorFlow at the top): which ones is decided in `trainer.distribute.strategy` and
 `trainer.plan.speed`.
 """
@@ -13,6 +14,7 @@ import keras
 import tensorflow as tf
 from tensorflow.python.framework import kernels
 
+from trainer.config.errors import ConfigError
 from trainer.distribute.cluster import Cluster
 from trainer.distribute.strategy import KINDS
 
@@ -110,3 +112,67 @@ def compute_capability() -> tuple[int, int] | None:
 def apply_precision(precision: str) -> None:
     """Sets Keras's global dtype policy before the model is built."""
     keras.config.set_dtype_policy(precision)
+
+
+# `sync_batchnorm=true`, as PyTorch Lightning's `Trainer(sync_batchnorm=True)`. Without it every
+# replica normalizes with its own share of the global batch: a model with BatchNormalization
+# trains differently on 1 and on N replicas (other means and variances in the forward pass,
+# so other gradients, and per-replica moving statistics of which a checkpoint keeps the first
+# replica's). Keras's layer reads its `synchronized` attribute on each training call
+# (TensorFlow backend: `ops.moments(..., synchronized=True)` all-reduces the sums, squared
+# sums and counts of the replicas in sync), so the layers of a built model are switched
+# before its first training step is traced: no cloning, the same weights in the same order.
+# Every such layer counts, in nested models (a Keras application's backbone) and inside a
+# user's own layers alike. On one replica nothing is switched: nothing to synchronize.
+
+
+def batch_norm_layers(model: Any) -> list:
+    """Every `keras.layers.BatchNormalization` (or subclass) in `model`, nested ones too."""
+    # Keras's own walk over tracked layers: nested models and a layer's sublayers included.
+    return [layer for layer in model._flatten_layers(include_self=True, recursive=True)
+            if isinstance(layer, keras.layers.BatchNormalization)]
+
+
+def synchronize_batch_norm(model: Any, asked: bool, replicas: int,
+                           accumulate: int = 1) -> str | None:
+    """Synchronizes the model's batch normalization across `replicas` where `asked`.
+
+    Args:
+        model: the built model, before its first training step.
+        asked: the config's `sync_batchnorm`.
+        replicas: replicas in sync (every worker's).
+        accumulate: micro-batches per optimizer step (`batch.accumulate`, resolved).
+
+    Returns:
+        What the summary says of the model's batch normalization; None where there is
+        nothing to say (no such layer and not asked, or one replica and not asked).
+
+    Raises:
+        ConfigError: asked with several replicas and micro-batches, where batch norm's
+            all-reduces would sit inside the micro-batch loop.
+    """
+    layers = batch_norm_layers(model)
+    count = f"{len(layers)} BatchNormalization layer{'s' if len(layers) != 1 else ''}"
+    if not layers:
+        return ("sync_batchnorm=true: the model has no BatchNormalization layer, nothing to "
+                "synchronize") if asked else None
+    if replicas == 1:
+        return (f"sync_batchnorm=true: one replica, nothing to synchronize ({count})"
+                if asked else None)
+    if not asked and all(layer.synchronized for layer in layers):
+        return (f"synchronized across {replicas} replicas: {count}, synchronized by the "
+                "model itself")
+    if not asked:
+        return (f"per replica: {count} normalize with each replica's share of the batch, so "
+                f"the weights depend on the replica count (sync_batchnorm=true synchronizes "
+                "them)")
+    if accumulate > 1:
+        raise ConfigError("sync_batchnorm=true cannot synchronize batch norm inside "
+                          "batch.accumulate's micro-batch loop (tf.distribute refuses an "
+                          "all-reduce inside a graph loop); received: "
+                          f"batch.accumulate={accumulate} on {replicas} replicas (set "
+                          "batch.accumulate=1, or sync_batchnorm=false)")
+    for layer in layers:
+        layer.synchronized = True
+    return (f"synchronized across {replicas} replicas: {count} normalize with the global "
+            "batch's mean and variance")

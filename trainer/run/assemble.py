@@ -26,6 +26,7 @@ from trainer.distribute.runtime import (
     build_strategy,
     compute_capability,
     nccl_available,
+    synchronize_batch_norm,
 )
 from trainer.distribute.strategy import KINDS, choose_cross_device_ops, choose_strategy
 from trainer.plan.scaling import BatchPlan, plan_batch, steps_per_epoch
@@ -80,6 +81,8 @@ class Run:
     own_train_step: bool = False
     # why checkpoints hold the weights only (a model whose config cannot be saved), or None
     weights_only: str | None = None
+    # how batch normalization runs over the replicas (trainer.distribute.runtime), or None
+    batch_norm: str | None = None
 
     @property
     def workers(self) -> int:
@@ -131,6 +134,8 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None) -> Run:
         steps = steps_per_epoch(data.source.train_size, batch.global_size,
                                 spec.batch.drop_remainder)
         compiled = _compiled_model(spec, data, batch.global_size, steps, speed)
+        batch_norm = synchronize_batch_norm(compiled.model, spec.sync_batchnorm,
+                                            strategy.num_replicas_in_sync, batch.accumulate)
         fit_callbacks, own_step = install_step(compiled.model, loop, batch.accumulate,
                                       speed.steps_per_execution)
     return Run(strategy=strategy, strategy_name=strategy_name, cross_device_ops=cross,
@@ -139,7 +144,7 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None) -> Run:
                metric_names=compiled.names, metric_directions=compiled.ways,
                fit_callbacks=fit_callbacks, compiled_by=compiled.by,
                weights_only=compiled.weights_only,
-               own_train_step=own_step)
+               own_train_step=own_step, batch_norm=batch_norm)
 
 
 def _strategy(spec: Spec, plan: Any, cluster: Cluster | None) -> tuple:

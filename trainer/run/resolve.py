@@ -92,6 +92,7 @@ class Spec:
     tune: str | None = None  # lr | batch: tune instead of training
     tuner: TunerConfig = field(default_factory=TunerConfig)
     image_size: dict[str, Any] | None = None
+    sync_batchnorm: bool = False
 
 
 # The config groups whose choice names the run in its summary.
@@ -166,4 +167,5 @@ def resolve(cfg: DictConfig, choices: dict[str, str] | None = None) -> Spec:
         choices=hydra_choices() if choices is None else {
             g: str(choices[g]) for g in NAMED_GROUPS if choices.get(g) is not None},
         image_size=image_size_choice(cfg),
+        sync_batchnorm=bool(cfg.get("sync_batchnorm", False)),
     )

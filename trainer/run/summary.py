@@ -130,6 +130,7 @@ def _what_ran(spec: Any, run: Any, plan: Any, callbacks: Any) -> dict[str, Any]:
         "precision": run.speed.precision,
         "jit_compile": run.speed.jit_compile,
         "speed_reasons": list(run.speed.reasons),
+        "batch_norm": run.batch_norm,
     }
 
 
@@ -284,6 +285,7 @@ def format_summary(summary: dict[str, Any]) -> str:
           if summary.get("train_step") == OWN_STEP else []),
         *([("checkpoints load with", summary["checkpoints_load_with"])]
           if str(summary.get("checkpoints_load_with", "")).startswith("trainer") else []),
+        *([("batch norm", summary["batch_norm"])] if summary.get("batch_norm") else []),
         ("epochs", _epochs_row(summary)),
         ("wall time", _time_row(summary["time"])),
         ("time to first step", "n/a (nothing left to train)"

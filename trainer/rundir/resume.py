@@ -56,7 +56,7 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 LEGACY = {"dataset.test_fraction": 0, "dataset.test_split": None,
           "finetune.freeze_backbone": False, "finetune.unfreeze_at_epoch": None,
           "finetune.unfreeze_layers": None, "finetune.backbone_lr_scale": 1.0,
-          "augment": []}
+          "augment": [], "sync_batchnorm": False}
 
 
 def _predates(key: str, old: dict[str, Any], now: dict[str, Any]) -> bool:
