@@ -4,8 +4,9 @@ Both sides train the same model on the same synthetic data with MirroredStrategy
 same logical CPU devices, in one process, alternating (A B A B ...) because this machine's
 speed drifts by tens of percent within minutes. Each side's steady rate is
 the median over epochs 2..E of examples per second inside `fit`'s training steps; the result
-is the median of the per-pair ratios trainer / plain. Targets: fit >= 0.97 of plain;
-loop=custom >= 0.95 of fit.
+is the median of the per-pair ratios trainer / plain. Targets: trainer[fit] and
+trainer[custom] >= 0.98 of plain (both loops run the same exact step per replica; the custom
+loop only drives the epochs).
 
     python scripts/bench_overhead.py --devices 2 --pairs 3
 """
@@ -190,7 +191,7 @@ def main() -> None:
     for loop, values in ratios.items():
         print(f"median ratio trainer[{loop}] / plain over {args.pairs} pairs: "
               f"{statistics.median(values):.3f}  (each: {', '.join(f'{r:.3f}' for r in values)})")
-    if "fit" in ratios and "custom" in ratios:  # target for loop=custom: >= 0.95 of fit
+    if "fit" in ratios and "custom" in ratios:  # the two drivers of one step, side by side
         versus = [c / f for c, f in zip(ratios["custom"], ratios["fit"], strict=True)]
         print(f"median ratio trainer[custom] / trainer[fit]: {statistics.median(versus):.3f}  "
               f"(each: {', '.join(f'{r:.3f}' for r in versus)})")

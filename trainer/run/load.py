@@ -77,25 +77,3 @@ def _losses(node: Any) -> list[Any]:
     if isinstance(node, list):
         return [v for v in node if v is not None]
     return [] if node is None else [node]
-
-
-def custom_objects(model: Any) -> list[str]:
-    """The registered names (`package>name`) of what a compiled model holds that is not
-    Keras's own: its layers, loss, metrics, optimizer and schedule as its checkpoint saves
-    them. Empty: `keras.models.load_model` loads the checkpoint in any process."""
-    found: set[str] = set()
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            name = node.get("registered_name")
-            if name == "function":
-                name = node.get("config")
-            if isinstance(name, str) and ">" in name:
-                found.add(name)
-            node = list(node.values())
-        if isinstance(node, (list, tuple)):
-            for value in node:
-                walk(value)
-
-    walk(keras.saving.serialize_keras_object(model))
-    return sorted(found)

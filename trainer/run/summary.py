@@ -12,7 +12,6 @@ import tensorflow as tf
 from trainer.config.image_size import describe_choice
 from trainer.data.augment import describe
 from trainer.data.fingerprint import of_source
-from trainer.run.load import custom_objects
 from trainer.rundir.atomic import write_json
 from trainer.rundir.backup import BackupStore, tidy
 from trainer.rundir.layout import RunDir
@@ -48,6 +47,28 @@ def _loss_label(loss: Any, spec: Any) -> str:
     if name or spec is None:
         return str(name)
     return _loss_name(spec)
+
+
+def custom_objects(model: Any) -> list[str]:
+    """The registered names (`package>name`) of what a compiled model holds that is not
+    Keras's own: its layers, loss, metrics, optimizer and schedule as its checkpoint saves
+    them. Empty: `keras.models.load_model` loads the checkpoint in any process."""
+    found: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            name = node.get("registered_name")
+            if name == "function":
+                name = node.get("config")
+            if isinstance(name, str) and ">" in name:
+                found.add(name)
+            node = list(node.values())
+        if isinstance(node, (list, tuple)):
+            for value in node:
+                walk(value)
+
+    walk(keras.saving.serialize_keras_object(model))
+    return sorted(found)
 
 
 def _loads_with(run: Any) -> str | None:
