@@ -103,20 +103,20 @@ THROUGH_TRAINER = textwrap.dedent("""
 
 
 def test_a_users_loss_by_dotted_name_loads_through_trainers_loader(tmp_path, monkeypatch):
-    """`loss=my_task.my_loss` from the user's folder: plain Keras cannot know the function,
+    """`loss=loss_task.my_loss` from the user's folder: plain Keras cannot know the function,
     `trainer.evaluate.load_checkpoint` can (the run's config names it) wherever the module
     imports; where it does not, one line."""
     project = tmp_path / "project"
     project.mkdir()
-    (project / "my_task.py").write_text(USERS_LOSS)
+    (project / "loss_task.py").write_text(USERS_LOSS)
     monkeypatch.syspath_prepend(str(project))
     run_dir = tmp_path / "run"
-    done = run_main(*TINY, "loss=my_task.my_loss", "accelerator=cpu", "devices=1",
+    done = run_main(*TINY, "loss=loss_task.my_loss", "accelerator=cpu", "devices=1",
                     f"hydra.run.dir={run_dir}", cwd=project)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["checkpoints_load_with"].startswith(
-        "trainer.evaluate.load_checkpoint (they hold my_task>my_loss")
+        "trainer.evaluate.load_checkpoint (they hold loss_task>my_loss")
     checkpoint = run_dir / "checkpoints" / "best.keras"
     x = np.random.default_rng(0).random((5, 8, 8, 1), dtype=np.float32)
     np.save(tmp_path / "x.npy", x)
@@ -126,8 +126,8 @@ def test_a_users_loss_by_dotted_name_loads_through_trainers_loader(tmp_path, mon
                   cwd=elsewhere, pythonpath=str(REPO))
     assert done.returncode == 0, error_lines(done.stderr)[-20:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
-    assert found["refused"].startswith("loss 'my_task.my_loss' cannot be imported: ")
+    assert found["refused"].startswith("loss 'loss_task.my_loss' cannot be imported: ")
     assert "\n" not in found["refused"]
-    assert found["loss"] == "my_task.my_loss"
+    assert found["loss"] == "loss_task.my_loss"
     expected = load_checkpoint(checkpoint).predict(x, verbose=0)
     np.testing.assert_allclose(found["outputs"], expected, rtol=1e-5, atol=1e-7)
