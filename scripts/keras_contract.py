@@ -168,24 +168,37 @@ def with_workers(name: str, workers: int = 2) -> tuple[list, dict[str, list[floa
 # -- the table ------------------------------------------------------------------------------
 
 def compare(reference: tuple[list, dict], got: tuple[list, dict]) -> str:
-    """`pass`, or `differs: ...` naming the first difference (keys, logged numbers, weights)."""
+    """`pass`, or `differs: ...` naming what differs: the history keys, the logged numbers
+    (the first metric off, its largest relative difference), the weights."""
     import numpy as np
 
     (want_weights, want_history), (weights, history) = reference, got
     history = {k: v for k, v in history.items() if k != "learning_rate"}
     if set(history) != set(want_history):
         return f"differs: keys {sorted(set(history) ^ set(want_history))}"
+    found = []
     for key in sorted(want_history):
         a, b = np.asarray(history[key]), np.asarray(want_history[key])
-        if a.shape != b.shape or not np.allclose(a, b, rtol=TOLERANCE, atol=1e-6):
-            return f"differs: logged {key} {a.tolist()} vs {b.tolist()}"[:160]
+        if a.shape != b.shape:
+            found.append(f"logged {key}: {len(a)} epochs vs {len(b)}")
+        elif not np.allclose(a, b, rtol=TOLERANCE, atol=1e-6):
+            off = [k for k in sorted(want_history) if np.shape(history[k]) == np.shape(
+                want_history[k]) and not np.allclose(history[k], want_history[k],
+                                                     rtol=TOLERANCE, atol=1e-6)]
+            worst = float(np.max(np.abs(a - b) / (np.abs(b) + 1e-6)))
+            found.append(f"logged {', '.join(off)} ({key} {worst:.0e})")
+        if found:
+            break
     if len(weights) != len(want_weights):
-        return f"differs: {len(weights)} weights vs {len(want_weights)}"
-    worst = max((float(np.max(np.abs(a - b) / (np.abs(b) + 1e-6)))
-                 for a, b in zip(weights, want_weights, strict=True)), default=0.0)
-    close = all(np.allclose(a, b, rtol=TOLERANCE, atol=1e-6)
-                for a, b in zip(weights, want_weights, strict=True))
-    return "pass" if close else f"differs: weights {worst:.1e}"
+        found.append(f"{len(weights)} weights vs {len(want_weights)}")
+    elif not all(np.allclose(a, b, rtol=TOLERANCE, atol=1e-6)
+                 for a, b in zip(weights, want_weights, strict=True)):
+        worst = max(float(np.max(np.abs(a - b) / (np.abs(b) + 1e-6)))
+                    for a, b in zip(weights, want_weights, strict=True))
+        found.append(f"weights {worst:.0e}")
+    elif found:
+        found.append("weights pass")
+    return "differs: " + "; ".join(found) if found else "pass"
 
 
 def cell(reference: tuple[list, dict], run) -> str:
