@@ -143,6 +143,7 @@ def with_workers(name: str, workers: int = 2) -> tuple[list, dict[str, list[floa
         command = [sys.executable, "-m", "trainer.launch", "--workers", str(workers),
                    "--grace", "10", *args, "strategy=multi_worker", "devices=1",
                    "+callbacks.keep._target_=keras_scenarios.SaveWeights",
+                   f"+callbacks.keep.filename={ks.SAVED_WEIGHTS}",  # inside each run dir
                    f"hydra.run.dir={run_dir}"]
         log = Path(tmp) / "launch.log"
         with open(log, "w") as out:
@@ -156,9 +157,10 @@ def with_workers(name: str, workers: int = 2) -> tuple[list, dict[str, list[floa
             raise RuntimeError(f"2 workers still running after {WORKER_TIMEOUT} s") from None
         output = log.read_text()
         if code != 0:
-            last = [line for line in output.splitlines() if line.strip()][-1:] or [""]
-            if "ConfigError" in output or "error:" in last[0].lower():
-                raise ConfigError(last[0][:160])
+            said = [line.split("error: ", 1)[1] for line in output.splitlines()
+                    if "error: " in line]
+            if code == 2 and said:  # trainer's exit code for a refused config, its one line
+                raise ConfigError(said[-1])
             raise RuntimeError(f"exit {code}: {output[-400:]}")
         history = json.loads((run_dir / "summary.json").read_text())["history"]
         saved = np.load(run_dir / ks.SAVED_WEIGHTS)
