@@ -29,8 +29,16 @@ PER_OUTPUT_LOSSES = (
     "plain Keras's per-output trackers count each batch once (static batch size unknown)")
 NONE_INPUT = ("an input given as None: run/inputs.py _spec reads .shape of its "
               "NoneTensorSpec (model_inputs.json)")
+OWN_STEP_FIT = ("a model's own train_step/compute_loss keeps Keras's per-replica mean under "
+                "fit (run/step.py keeps_own_step): the uneven last batch weighs differently, "
+                "and a metric of the loss inside compute_loss sees the loss scaled by 1/2")
+NO_WEIGHTS = ("nothing to train: run/step.py exact_train_step (and loop=custom) apply empty "
+              "gradients; Keras's step skips them")
+ADD_LOSS = ("add_loss of a batch sum or mean is per replica: logged (and, for a mean, "
+            "trained) as each replica's share (run/step.py tracked_loss); loop=custom has no "
+            "loss to compute (run/loop.py _per_example)")
+CUSTOM = "loop=custom only (run/loop.py, being rewritten to run the model's own step)"
 KNOWN = {
-    ("optional_input_none", "fit x1"): NONE_INPUT,
     **{(name, column): PER_OUTPUT_LOSSES
        for name in ("list_outputs", "list_outputs_abbr_yaml", "list_nested_losses",
                     "list_two_losses_one_output", "dict_outputs", "list_dict_losses",
@@ -39,6 +47,19 @@ KNOWN = {
                     "struct_dict_weighted", "struct_namedtuple", "struct_deep",
                     "loss_weights_dict", "loss_weights_list")
        for column in ("fit x2", "custom x2")},
+    **{(name, "fit x2"): OWN_STEP_FIT
+       for name in ("own_compute_loss", "own_train_step", "metric_in_compute_loss",
+                    "layer_losses_in_compute_loss", "compute_loss_without_training")},
+    **{(name, column): NO_WEIGHTS for name in ("frozen", "training_arg")
+       for column in ("fit x2", "custom x2")},
+    **{(name, column): ADD_LOSS for name in ("internal_only_loss", "add_loss_loss_null_yaml")
+       for column in ("fit x2", "custom x2")},
+    **{(name, column): "mixed_float16: replicas' sums round differently (float16 keeps 3 "
+                       "digits; the tolerance is 1e-5)"
+       for column in ("fit x2", "custom x2") for name in ("loss_scaling",)},
+    **{(name, "custom x2"): CUSTOM
+       for name in ("metric_tracking", "class_weight_yaml", "stop_training", "callback_state",
+                    "sample_weights")},
 }
 
 
