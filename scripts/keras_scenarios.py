@@ -838,7 +838,7 @@ def unknown_size_source(scenario: Scenario, seed: int):
     def split(rows, seed):
         x, y = scenario.data(np.random.default_rng(seed), rows)
         spec = (tf.TensorSpec((4,), tf.float32), tf.TensorSpec((1,), tf.float32))
-        return tf.data.Dataset.from_generator(lambda: zip(x, y), output_signature=spec)
+        return tf.data.Dataset.from_generator(lambda: zip(x, y, strict=True), output_signature=spec)
 
     return Source(train=split(EXAMPLES, 0), validation=split(VALIDATION, 1),
                   train_size=EXAMPLES, validation_size=VALIDATION, input_shape=(4,))
@@ -883,8 +883,9 @@ SCENARIOS: dict[str, Scenario] = {
         (MT + "test_functional_list_outputs_invalid_nested_list_losses",)),
     "dict_outputs": Scenario(dict_outputs, score_binary_dict,
                              (MT + "test_functional_dict_outputs_dict_losses",)),
-    "partial_loss": Scenario(partial_loss, score_binary_dict,
-                             (MT + "test_functional_dict_outputs_dict_losses_with_undefined_loss",)),
+    "partial_loss": Scenario(
+        partial_loss, score_binary_dict,
+        (MT + "test_functional_dict_outputs_dict_losses_with_undefined_loss",)),
     "partial_loss_yaml": Scenario(
         _bind(_dict_model), score_binary_dict,
         compile={"loss": {"output_a": None, "output_b": ["binary_crossentropy"]},
@@ -954,9 +955,11 @@ SCENARIOS: dict[str, Scenario] = {
         source=unknown_size_source),
     "frozen": Scenario(frozen, four_to_one,
                        (TT + "test_fit_with_different_batch_size_same_loss",)),
-    "loss_scaling": Scenario(loss_scaling, three_to_three, (TT + "test_adds_loss_scaling_optimizer",)),
+    "loss_scaling": Scenario(loss_scaling, three_to_three,
+                             (TT + "test_adds_loss_scaling_optimizer",)),
     "training_arg": Scenario(training_arg, one_column, (TT + "test_training_arg",)),
-    "internal_only_loss": Scenario(internal_only_loss, two_columns, (TT + "test_internal_only_loss",)),
+    "internal_only_loss": Scenario(internal_only_loss, two_columns,
+                                   (TT + "test_internal_only_loss",)),
     "add_loss_loss_null_yaml": Scenario(add_loss_plain, two_columns, compile={"loss": None},
                                         overrides=("loss=null", *_SGD)),
     "add_loss": Scenario(add_loss, classes, classes=True),
@@ -983,7 +986,8 @@ SCENARIOS: dict[str, Scenario] = {
                  "loss_weights": 0.2}, overrides=(*_MSE, "loss_weights=0.2", *_SGD)),
     "loss_weights_dict": Scenario(struct_model, four_to_struct, (TT + "test_loss_weights",)),
     "loss_weights_list": Scenario(list_output_model, four_to_pair, (TT + "test_loss_weights",)),
-    "partial_label": Scenario(partial_label, two_columns, (TT + "test_partial_loss_partial_label",)),
+    "partial_label": Scenario(partial_label, two_columns,
+                              (TT + "test_partial_loss_partial_label",)),
     # trainer's own
     "sequential": Scenario(sequential, classes, classes=True),
     "subclassed": Scenario(subclassed, classes, classes=True),

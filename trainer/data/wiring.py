@@ -162,9 +162,9 @@ def check_no_missing_inputs(source: Any, shards: int) -> None:
              if type(spec).__name__ == "NoneTensorSpec"]
     if paths:
         raise DataError(f"the dataset gives input {paths[0] or 'x'} as None (an optional "
-                        f"input left out): a batch split over {shards} replicas or micro-batches cannot "
-                        "hold None; give it as zeros, or train on one device without "
-                        "batch.accumulate")
+                        f"input left out): a batch split over {shards} replicas or "
+                        "micro-batches cannot hold None; give it as zeros, or train on one "
+                        "device without batch.accumulate")
 
 
 def _flat_specs(spec: Any, path: str = "") -> list[tuple[str, Any]]:
