@@ -1080,10 +1080,10 @@ NOT_APPLICABLE = {
 
 def keras_tests(root: Path | None = None) -> list[str]:
     """Every test function of the two files, as `model_test.test_...`."""
-    if root is None:
-        import keras
+    if root is None:  # found without importing Keras (and TensorFlow with it)
+        import importlib.util
 
-        root = Path(keras.__file__).parent / "src"
+        root = Path(importlib.util.find_spec("keras").origin).parent / "src"
     found = []
     for short, path in FILES.items():
         tree = ast.parse((root / path).read_text())
