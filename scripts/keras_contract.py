@@ -1,275 +1,111 @@
-"""The Keras contract scoreboard: scenarios of Keras's own tests (`keras/src/models/
-model_test.py`, `keras/src/trainers/trainer_test.py`) trained by trainer and by plain
-Keras's `fit` on one device, side by side.
+"""The Keras contract scoreboard: every scenario of Keras's own tests (`keras/src/models/
+model_test.py`, `keras/src/trainers/trainer_test.py`) that trains, trained by trainer and by
+plain Keras's `fit` on one device, side by side (the scenarios: `keras_scenarios.py`).
 
-Each scenario is a model its builder compiles as the Keras test compiles it (loss, metrics,
-loss weights, weighted metrics; SGD at a fixed rate) and arrays of 251 examples (a last
-batch of 59, split unevenly over 2 replicas). Plain Keras's `fit` trains it on one device
-over the batches trainer makes (same order); trainer trains it through the whole run
-(`trainer.run.train.train`) with `loop=fit` on 1 and 2 replicas and `loop=custom` on 2.
-A cell is `pass` (the weights within 1e-5 of plain Keras's and the same history keys),
-`differs` (with the largest relative difference, or the keys that differ), `refused` (a
-one-line `ConfigError`: trainer says why) or `traceback` (anything else: a bug).
+Each scenario's data are 251 training examples (a last batch of 59, split unevenly over 2
+replicas) and 29 for validation. Plain Keras's `fit` trains it on one device over the
+batches trainer makes (same order); trainer trains it through the whole run
+(`trainer.run.train.train`, the builder, data and config as a user gives them) with
+`loop=fit` on 1 and 2 replicas and `loop=custom` on 2, and with `--workers` also on 2 worker
+processes (`python -m trainer.launch --workers 2`, `strategy=multi_worker loop=custom`) for
+a few representative scenarios. A cell is:
 
-    python scripts/keras_contract.py                 # every scenario
-    python scripts/keras_contract.py --only subclassed,add_loss
+- `pass`: the weights within 1e-5 of plain Keras's, the same history keys, and every logged
+  number (training and validation, every epoch) within 1e-5 too;
+- `differs`: with the largest relative difference of the weights, or the keys that differ,
+  or the logged metric that differs (a metric logged wrong is a silent difference);
+- `refused`: a one-line `ConfigError`, trainer saying why;
+- `traceback`: anything else (a bug).
+
+    python scripts/keras_contract.py                  # every scenario, 3 columns
+    python scripts/keras_contract.py --list           # each Keras test: scenario, or why not
+    python scripts/keras_contract.py --only list_outputs,subclassed --columns fit:1
+    python scripts/keras_contract.py --workers        # adds the 2-workers column (slow)
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
+import signal
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # `_target_: keras_contract.X`
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))  # `_target_: keras_scenarios.X`
 
-EXAMPLES, VALIDATION, BATCH, EPOCHS, LR, SEED = 251, 29, 64, 2, 0.1, 42
+import keras_scenarios as ks  # noqa: E402
+
+BATCH, EPOCHS, SEED, TOLERANCE = 64, 2, 42, 1e-5
 COLUMNS = (("fit", 1), ("fit", 2), ("custom", 2))
+# The 2-workers column's scenarios: list and dict outputs, a subclassed model, a model's own
+# train_step, sample weights.
+WORKER_SCENARIOS = ("list_outputs", "dict_outputs", "subclassed", "own_train_step",
+                    "sample_weights")
+WORKER_TIMEOUT = 300
 
 
-def _keras():
+# -- plain Keras ----------------------------------------------------------------------------
+
+def _optimizer(name: str | None):
     import keras
 
-    return keras
+    return keras.optimizers.SGD(ks.LR) if name is None else getattr(
+        keras.optimizers, name.capitalize())(ks.LR)
 
 
-def _dense(units: int, name: str | None = None, activation: str | None = None, seed: int = 1):
-    keras = _keras()
-    return keras.layers.Dense(units, name=name, activation=activation,
-                              kernel_initializer=keras.initializers.GlorotUniform(seed=seed))
-
-
-def _sgd():
-    return _keras().optimizers.SGD(LR)
-
-
-# -- the models, each compiled as its Keras test compiles it -------------------------------
-
-def sequential(**_):
-    """model_test: a single output (`test_functional_single_output`)."""
-    keras = _keras()
-    model = keras.Sequential([keras.Input((3,)), _dense(8, activation="relu"),
-                              _dense(2, activation="softmax", seed=2)])
-    model.compile(_sgd(), "sparse_categorical_crossentropy", metrics=["accuracy"])
-    return model
-
-
-def list_outputs(**_):
-    """model_test: `test_functional_list_outputs_list_losses` (a loss, metrics and a
-    weight per output, as lists)."""
-    keras = _keras()
-    x = keras.Input((3,), name="input_a")
-    model = keras.Model(x, [_dense(1, "output_a")(x),
-                            _dense(1, "output_b", "sigmoid", seed=2)(x)])
-    model.compile(_sgd(), loss=["mean_squared_error", "binary_crossentropy"],
-                  metrics=["mean_squared_error", ["mean_squared_error", "accuracy"]],
-                  loss_weights=[0.1, 2])
-    return model
-
-
-def dict_outputs(**_):
-    """model_test: `test_functional_dict_outputs_dict_losses` (dicts per output name,
-    weighted metrics)."""
-    keras = _keras()
-    x = keras.Input((3,), name="input_a")
-    model = keras.Model(x, {"output_a": _dense(1, "output_a")(x),
-                            "output_b": _dense(1, "output_b", "sigmoid", seed=2)(x)})
-    model.compile(_sgd(), loss={"output_a": "mean_squared_error",
-                                "output_b": ["binary_crossentropy"]},
-                  metrics={"output_a": ["mean_squared_error"],
-                           "output_b": ["mean_squared_error", "accuracy"]},
-                  weighted_metrics={"output_a": ["mean_squared_error"],
-                                    "output_b": ["mean_squared_error", "accuracy"]})
-    return model
-
-
-def partial_loss(**_):
-    """model_test: `test_functional_dict_outputs_dict_losses_with_undefined_loss` (a loss
-    for one output of two)."""
-    keras = _keras()
-    x = keras.Input((3,), name="input_a")
-    model = keras.Model(x, {"output_a": _dense(1, "output_a")(x),
-                            "output_b": _dense(1, "output_b", "sigmoid", seed=2)(x)})
-    model.compile(_sgd(), loss={"output_b": ["binary_crossentropy"]},
-                  metrics={"output_b": ["mean_squared_error", "accuracy"]})
-    return model
-
-
-class _Subclassed:
-    """Made on first use: the class needs Keras imported."""
-
-    cls = None
-
-    @classmethod
-    def get(cls):
-        if cls.cls is None:
-            keras = _keras()
-
-            class Subclassed(keras.Model):
-                def __init__(self, **kwargs):
-                    super().__init__(**kwargs)
-                    self.hidden = _dense(8, activation="relu")
-                    self.head = _dense(2, activation="softmax", seed=2)
-
-                def call(self, x):
-                    return self.head(self.hidden(x))
-
-            cls.cls = Subclassed
-        return cls.cls
-
-
-def subclassed(**_):
-    """trainer_test: a subclassed model (its own `call`, built on the first batch)."""
-    model = _Subclassed.get()()
-    model.compile(_sgd(), "sparse_categorical_crossentropy", metrics=["accuracy"])
-    return model
-
-
-def add_loss(**_):
-    """trainer_test: a layer's `add_loss` (an activity penalty) beside the compiled loss."""
-    keras = _keras()
-
-    class Penalty(keras.layers.Layer):
-        def call(self, x):
-            self.add_loss(0.01 * keras.ops.mean(keras.ops.square(x)))
-            return x
-
-    x = keras.Input((3,))
-    model = keras.Model(x, _dense(2, activation="softmax", seed=2)(
-        Penalty()(_dense(8, activation="relu")(x))))
-    model.compile(_sgd(), "sparse_categorical_crossentropy", metrics=["accuracy"])
-    return model
-
-
-def own_train_step(**_):
-    """trainer_test: `CustomTrainTestStepModel` (its own `train_step`, logging an extra
-    metric)."""
-    keras = _keras()
-
-    class OwnStep(keras.Model):
-        def train_step(self, data):
-            logs = super().train_step(data)
-            logs["my_custom_metric"] = 10.0
-            return logs
-
-    x = keras.Input((3,))
-    model = OwnStep(x, _dense(2, activation="softmax", seed=2)(x))
-    model.compile(_sgd(), "sparse_categorical_crossentropy")
-    return model
-
-
-def own_compute_loss(**_):
-    """model_test: `test_functional_list_outputs_with_custom_compute_loss` (one output,
-    split in two by the model's own `compute_loss`)."""
-    keras = _keras()
-
-    class OwnLoss(keras.Model):
-        def compute_loss(self, x, y, y_pred, sample_weight=None, **kwargs):
-            return super().compute_loss(x=x, y=y, y_pred=[y_pred, y_pred],
-                                        sample_weight=sample_weight, **kwargs)
-
-    x = keras.Input((3,), name="inputs")
-    model = OwnLoss(x, _dense(1, "a", "sigmoid")(x))
-    model.compile(_sgd(), loss=["mean_squared_error", "binary_crossentropy"])
-    return model
-
-
-def tuple_inputs(**_):
-    """trainer_test: `test_nested_input_predict` (a model of a tuple of inputs)."""
-    keras = _keras()
-    a, b = keras.Input((3,)), keras.Input((3,))
-    model = keras.Model((a, b), _dense(2, activation="softmax", seed=2)(
-        keras.layers.Concatenate()([a, b])))
-    model.compile(_sgd(), "sparse_categorical_crossentropy", metrics=["accuracy"])
-    return model
-
-
-# -- the data -------------------------------------------------------------------------------
-
-def _arrays(rows: int, seed: int, scenario: str):
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(rows, 3)).astype("float32")
-    label = (x[:, 0] + 0.5 * x[:, 1] > 0).astype("int32")
-    score = (x[:, 2] + 0.1 * rng.normal(size=rows)).astype("float32")[:, None]
-    binary = label[:, None].astype("float32")
-    if scenario in ("list_outputs",):
-        return x, (score, binary)
-    if scenario in ("dict_outputs", "partial_loss"):
-        return x, {"output_a": score, "output_b": binary}
-    if scenario == "own_compute_loss":
-        return x, (binary, binary)
-    if scenario == "tuple_inputs":
-        return (x, x[:, ::-1].copy()), label
-    return x, label
-
-
-def _loader(scenario: str):
-    def load(seed=None, **_):
-        import numpy as np
-
-        from trainer.data import Source
-
-        x, y = _arrays(EXAMPLES, 0, scenario)
-        vx, vy = _arrays(VALIDATION, 1, scenario)
-        weights = (np.random.default_rng(2).uniform(0.5, 2.0, EXAMPLES).astype("float32")
-                   if scenario == "sample_weights" else None)
-        classes = 2 if scenario in CLASSES else None
-        return Source.from_arrays(x, y, vx, vy, num_classes=classes, sample_weight=weights)
-
-    return load
-
-
-SCENARIOS = {
-    "sequential": sequential, "list_outputs": list_outputs, "dict_outputs": dict_outputs,
-    "partial_loss": partial_loss, "subclassed": subclassed, "add_loss": add_loss,
-    "own_train_step": own_train_step, "own_compute_loss": own_compute_loss,
-    "tuple_inputs": tuple_inputs, "sample_weights": sequential,
-}
-# What a cell that is not `pass` is expected to say, and why.
-NOTES = {
-    "own_train_step": "its own train_step runs under fit as written (Keras's per-replica mean "
-                      "weighs the uneven last batch's shares unlike one device); loop=custom "
-                      "refuses it",
-    "own_compute_loss": "trainer keeps Keras's step for a model with its own compute_loss "
-                        "(its author decides how it weighs), so 2 replicas differ on the "
-                        "uneven last batch; loop=custom refuses it",
-}
-CLASSES = {"sequential", "subclassed", "add_loss", "own_train_step", "tuple_inputs",
-           "sample_weights"}
-for _name in SCENARIOS:  # `keras_contract.data_NAME`: each scenario's loader
-    globals()[f"data_{_name}"] = _loader(_name)
-
-
-# -- running them ---------------------------------------------------------------------------
-
-def plain_keras(scenario: str) -> tuple[list, set[str]]:
-    """Plain Keras's `fit` on one device over trainer's batches: (weights, history keys)."""
+def plain_keras(name: str) -> tuple[list, dict[str, list[float]]]:
+    """Plain Keras's `fit` on one device over trainer's batches: (weights, history)."""
     import keras
 
     from trainer.config.validate import runtime_seed
     from trainer.data.pipeline import build_pipeline, build_training_epochs
 
+    scenario = ks.SCENARIOS[name]
     # trainer seeds TensorFlow's global seed too: tf.data's shuffle order depends on it
     keras.utils.set_random_seed(runtime_seed(SEED))
-    source = globals()[f"data_{scenario}"]()
-    model = SCENARIOS[scenario]()
+    source = ks.make_source(name, runtime_seed(SEED))
+    model = scenario.build()
+    if scenario.compile is not None:
+        options = dict(scenario.compile)
+        # Keras's test anchors steps_per_execution=3 on the same model at 1 (plain Keras at 3
+        # over a repeated dataset runs a chunk past an epoch's end)
+        options.pop("steps_per_execution", None)
+        model.compile(_optimizer(options.pop("optimizer", None)), **options)
     epochs = build_training_epochs(source.train, BATCH, first_epoch=0, epochs=EPOCHS,
-                                   seed=runtime_seed(SEED), replicas=1, examples=EXAMPLES)
+                                   seed=runtime_seed(SEED), replicas=1,
+                                   examples=source.train_size)
     validation = build_pipeline(source.validation, BATCH, training=False,
-                                examples=VALIDATION)
-    history = model.fit(epochs, epochs=EPOCHS, steps_per_epoch=-(-EXAMPLES // BATCH),
-                        validation_data=validation, verbose=0)
-    return model.get_weights(), set(history.history)
+                                examples=source.validation_size)
+    history = model.fit(epochs, epochs=EPOCHS, steps_per_epoch=-(-source.train_size // BATCH),
+                        validation_data=validation, verbose=0,
+                        class_weight=scenario.class_weight,
+                        callbacks=[make() for make in scenario.callbacks])
+    return model.get_weights(), {k: [float(v) for v in vs] for k, vs in history.history.items()}
 
 
-def with_trainer(scenario: str, loop: str, replicas: int) -> tuple[list, set[str]]:
-    """trainer's run of the scenario: (weights, history keys)."""
+# -- trainer --------------------------------------------------------------------------------
+
+def overrides(name: str, loop: str, replicas: int) -> list[str]:
+    """The run's Hydra overrides: the scenario's model and data by `_target_`, its own
+    overrides (the YAML path), SGD's fixed rate and the shared batch, seed and epochs."""
+    return [f"model._target_=keras_scenarios.model_{name}",
+            f"dataset._target_=keras_scenarios.data_{name}", f"loop={loop}",
+            "accelerator=cpu", f"devices={replicas}", f"epochs={EPOCHS}", f"seed={SEED}",
+            "batch.per_replica=null", f"batch.global_size={BATCH}",
+            "optimizer.lr_scaling=none", "deterministic=true", "verbose=0",
+            "logger=[]", "checkpoint.monitor=val_loss", *ks.SCENARIOS[name].overrides]
+
+
+def with_trainer(name: str, loop: str, replicas: int) -> tuple[list, dict[str, list[float]]]:
+    """trainer's run of the scenario in this process: (weights, history)."""
     import keras
     from hydra import compose, initialize_config_dir
 
@@ -280,80 +116,173 @@ def with_trainer(scenario: str, loop: str, replicas: int) -> tuple[list, set[str
         def on_train_end(self, logs=None):
             self.weights = self.model.get_weights()
 
-    overrides = [f"model._target_=keras_contract.{SCENARIOS[scenario].__name__}",
-                 f"dataset._target_=keras_contract.data_{scenario}", f"loop={loop}",
-                 "accelerator=cpu", f"devices={replicas}", f"epochs={EPOCHS}", f"seed={SEED}",
-                 "batch.per_replica=null", f"batch.global_size={BATCH}",
-                 "optimizer.lr_scaling=none", "deterministic=true", "verbose=0",
-                 "logger=[]", "checkpoint.monitor=val_loss"]
     with initialize_config_dir(str(config_dir()), version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
+        cfg = compose("config", overrides=overrides(name, loop, replicas))
     keep = Keep()
     with tempfile.TemporaryDirectory() as run_dir, open(os.devnull, "w") as quiet, \
             contextlib.redirect_stdout(quiet):  # the run's summary
         summary = train(cfg, run_dir=run_dir, callbacks=[keep])
-    return keep.weights, set(summary["history"]) - {"learning_rate"}
+    return keep.weights, summary["history"]
 
 
-def cell(reference: tuple[list, set[str]], scenario: str, loop: str, replicas: int) -> str:
-    """One cell of the table: pass, differs, refused or traceback."""
+def with_workers(name: str, workers: int = 2) -> tuple[list, dict[str, list[float]]]:
+    """trainer's run on `workers` local worker processes (`python -m trainer.launch`,
+    `strategy=multi_worker loop=custom`), one replica each, with a hard timeout; every
+    process the launcher started is stopped with it (its own process group)."""
     import numpy as np
 
     from trainer.config.errors import ConfigError
 
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir, scratch = Path(tmp) / "run", Path(tmp) / "scratch"
+        scratch.mkdir()
+        env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", "HYDRA_FULL_ERROR")}
+        env.update(PYTHONPATH=os.pathsep.join([str(REPO), str(HERE)]), TMPDIR=str(scratch),
+                   TF_CPP_MIN_LOG_LEVEL="2")
+        args = [a for a in overrides(name, "custom", 1) if not a.startswith("devices=")]
+        command = [sys.executable, "-m", "trainer.launch", "--workers", str(workers),
+                   "--grace", "10", *args, "strategy=multi_worker", "devices=1",
+                   "+callbacks.keep._target_=keras_scenarios.SaveWeights",
+                   f"+callbacks.keep.filename={ks.SAVED_WEIGHTS}",  # inside each run dir
+                   f"hydra.run.dir={run_dir}"]
+        log = Path(tmp) / "launch.log"
+        with open(log, "w") as out:
+            proc = subprocess.Popen(command, cwd=tmp, env=env, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(timeout=WORKER_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise RuntimeError(f"2 workers still running after {WORKER_TIMEOUT} s") from None
+        output = log.read_text()
+        if code != 0:
+            said = [line.split("error: ", 1)[1] for line in output.splitlines()
+                    if "error: " in line]
+            if code == 2 and said:  # trainer's exit code for a refused config, its one line
+                raise ConfigError(said[-1])
+            raise RuntimeError(f"exit {code}: {output[-400:]}")
+        history = json.loads((run_dir / "summary.json").read_text())["history"]
+        saved = np.load(run_dir / ks.SAVED_WEIGHTS)
+        return [saved[f"w{i}"] for i in range(len(saved.files))], history
+
+
+# -- the table ------------------------------------------------------------------------------
+
+def compare(reference: tuple[list, dict], got: tuple[list, dict]) -> str:
+    """`pass`, or `differs: ...` naming what differs: the history keys, the logged numbers
+    (the first metric off, its largest relative difference), the weights."""
+    import numpy as np
+
+    (want_weights, want_history), (weights, history) = reference, got
+    history = {k: v for k, v in history.items() if k != "learning_rate"}
+    if set(history) != set(want_history):
+        return f"differs: keys {sorted(set(history) ^ set(want_history))}"
+    found = []
+    for key in sorted(want_history):
+        a, b = np.asarray(history[key]), np.asarray(want_history[key])
+        if a.shape != b.shape:
+            found.append(f"logged {key}: {len(a)} epochs vs {len(b)}")
+        elif not np.allclose(a, b, rtol=TOLERANCE, atol=1e-6):
+            off = [k for k in sorted(want_history) if np.shape(history[k]) == np.shape(
+                want_history[k]) and not np.allclose(history[k], want_history[k],
+                                                     rtol=TOLERANCE, atol=1e-6)]
+            worst = float(np.max(np.abs(a - b) / (np.abs(b) + 1e-6)))
+            found.append(f"logged {', '.join(off)} ({key} {worst:.0e})")
+        if found:
+            break
+    if len(weights) != len(want_weights):
+        found.append(f"{len(weights)} weights vs {len(want_weights)}")
+    elif not all(np.allclose(a, b, rtol=TOLERANCE, atol=1e-6)
+                 for a, b in zip(weights, want_weights, strict=True)):
+        worst = max(float(np.max(np.abs(a - b) / (np.abs(b) + 1e-6)))
+                    for a, b in zip(weights, want_weights, strict=True))
+        found.append(f"weights {worst:.0e}")
+    elif found:
+        found.append("weights pass")
+    return "differs: " + "; ".join(found) if found else "pass"
+
+
+def cell(reference: tuple[list, dict], run) -> str:
+    """One cell of the table: pass, differs, refused or traceback."""
+    from trainer.config.errors import ConfigError
+
     try:
-        weights, keys = with_trainer(scenario, loop, replicas)
+        got = run()
     except ConfigError as error:
-        return f"refused: {error}"
+        return f"refused: {str(error).splitlines()[0]}"
     except Exception as error:  # noqa: BLE001 - the scoreboard reports every failure
-        return f"traceback: {type(error).__name__}: {str(error).strip().splitlines()[0][:80]}"
-    want_weights, want_keys = reference
-    if keys != want_keys:
-        return f"differs: keys {sorted(keys ^ want_keys)}"
-    worst = max(float(np.max(np.abs(a - b) / (np.abs(b) + 1e-6)))
-                for a, b in zip(weights, want_weights, strict=True))
-    return "pass" if all(np.allclose(a, b, rtol=1e-5, atol=1e-6)
-                         for a, b in zip(weights, want_weights, strict=True)) \
-        else f"differs: weights {worst:.1e}"
+        lines = str(error).strip().splitlines() or [""]
+        return f"traceback: {type(error).__name__}: {lines[0][:120]}"
+    return compare(reference, got)
 
 
 def start(devices: int) -> None:
     """Splits the CPU into logical devices before TensorFlow's runtime starts."""
+    import logging
+
     import tensorflow as tf
 
     tf.config.set_logical_device_configuration(
         tf.config.list_physical_devices("CPU")[0],
         [tf.config.LogicalDeviceConfiguration()] * devices)
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)
     from trainer.config.schema import register_configs
 
     register_configs()
 
 
+def row(name: str, columns, workers: bool) -> list[str]:
+    try:
+        reference = plain_keras(name)
+    except Exception as error:  # noqa: BLE001 - the scenario itself is broken
+        return [name, f"plain Keras failed: {type(error).__name__}: {error}"[:160]]
+    cells = [cell(reference, lambda loop=loop, r=r: with_trainer(name, loop, r))
+             for loop, r in columns]
+    if workers:
+        cells.append(cell(reference, lambda: with_workers(name)) if name in WORKER_SCENARIOS
+                     else "")
+    return [name, *cells]
+
+
+def _columns(text: str):
+    return tuple((loop, int(r)) for loop, r in (c.split(":") for c in text.split(",") if c))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="scenarios, comma-separated")
+    parser.add_argument("--list", action="store_true",
+                        help="each Keras test: its scenarios, or why it does not apply")
+    parser.add_argument("--columns", default=",".join(f"{lp}:{r}" for lp, r in COLUMNS),
+                        help="loop:replicas, comma-separated (default: %(default)s)")
+    parser.add_argument("--workers", action="store_true",
+                        help=f"add the 2-workers column ({', '.join(WORKER_SCENARIOS)})")
+    parser.add_argument("--json", default="", help="also write the rows to this file")
     args = parser.parse_args()
-    chosen = [s for s in (args.only.split(",") if args.only else SCENARIOS) if s]
-    unknown = sorted(set(chosen) - set(SCENARIOS))
+    if args.list:
+        for test, fate in ks.listing():
+            print(f"{test}: {fate}")
+        return 0
+    chosen = [s for s in (args.only.split(",") if args.only else ks.SCENARIOS) if s]
+    unknown = sorted(set(chosen) - set(ks.SCENARIOS))
     if unknown:
-        parser.error(f"unknown scenarios {unknown}; known: {', '.join(SCENARIOS)}")
-    start(max(r for _, r in COLUMNS))
-    import logging
-
-    logging.getLogger("tensorflow").setLevel(logging.ERROR)
-    header = ["scenario", *(f"{loop} x{r}" for loop, r in COLUMNS)]
-    rows = []
-    for scenario in chosen:
-        reference = plain_keras(scenario)
-        rows.append([scenario, *(cell(reference, scenario, loop, r) for loop, r in COLUMNS)])
+        parser.error(f"unknown scenarios {unknown}; known: {', '.join(ks.SCENARIOS)}")
+    columns = _columns(args.columns)
+    start(max([r for _, r in columns] + [1]))
+    header = ["scenario", *(f"{loop} x{r}" for loop, r in columns)]
+    header += ["custom 2 workers"] if args.workers else []
+    rows, began = [], time.monotonic()
+    for name in chosen:
+        rows.append(row(name, columns, args.workers))
         print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
-    for scenario in chosen:
-        if scenario in NOTES:
-            print(f"\n{scenario}: {NOTES[scenario]}")
+    for line in rows:
+        print("| " + " | ".join(line) + " |")
+    print(f"\n{len(rows)} scenarios in {time.monotonic() - began:.0f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"header": header, "rows": rows}, indent=1))
     return 0
 
 

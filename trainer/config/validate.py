@@ -190,13 +190,17 @@ def _validate_weights(cfg: DictConfig) -> None:
                  "class_weight='{0: 1.0, 1: 5.0}'; received: "
                  f"{_plain(weights)!r}")
     loss_weights = cfg.get("loss_weights")
-    if loss_weights is not None:
-        values = (list(loss_weights.values()) if isinstance(loss_weights, DictConfig)
-                  else list(loss_weights) if isinstance(loss_weights, ListConfig) else None)
-        _require(values is not None and all(isinstance(v, (int, float))
-                                            and not isinstance(v, bool) for v in values),
-                 "loss_weights must map output names to numbers (or list them in output "
-                 f"order); received: {loss_weights!r}")
+    _require(loss_weights is None or _numbers(loss_weights),
+             "loss_weights must be a number, or map output names to numbers (or list them "
+             f"in output order, nested as the outputs are); received: {_plain(loss_weights)!r}")
+
+
+def _numbers(value: Any) -> bool:
+    """A number, or a non-empty list or mapping of numbers (nested as a model's outputs)."""
+    if isinstance(value, (DictConfig, ListConfig)):
+        items = list(value.values()) if isinstance(value, DictConfig) else list(value)
+        return len(items) > 0 and all(_numbers(v) for v in items)
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _validate_tune(cfg: DictConfig) -> None:
@@ -371,9 +375,34 @@ def _is_loss(loss: Any) -> bool:
     return isinstance(loss, str) or (isinstance(loss, DictConfig) and "_target_" in loss)
 
 
+def _is_losses(loss: Any) -> bool:
+    """One output's loss as Keras's `compile` takes it: a loss, null (that output trains
+    with no loss), or a list or mapping of them (losses summed, or a nested output's)."""
+    if loss is None or _is_loss(loss):
+        return True
+    items = (list(loss.values()) if isinstance(loss, DictConfig)
+             else list(loss) if isinstance(loss, ListConfig) else None)
+    return bool(items) and all(_is_losses(v) for v in items)
+
+
+def _is_metric(metric: Any) -> bool:
+    return isinstance(metric, str) or (isinstance(metric, DictConfig) and "_target_" in metric)
+
+
 def _is_metric_list(metrics: Any) -> bool:
-    return isinstance(metrics, ListConfig) and all(
-        isinstance(m, str) or (isinstance(m, DictConfig) and "_target_" in m) for m in metrics)
+    return isinstance(metrics, ListConfig) and all(_is_metric(m) for m in metrics)
+
+
+def _is_metrics(metrics: Any) -> bool:
+    """`metrics` as Keras's `compile` takes them: a list of metrics (one output), a list of
+    such lists in output order (null for none), or a mapping per output name of a metric
+    or a list of them."""
+    if metrics is None or _is_metric_list(metrics):
+        return True
+    if isinstance(metrics, ListConfig):
+        return all(m is None or _is_metric(m) or _is_metric_list(m) for m in metrics)
+    return isinstance(metrics, DictConfig) and "_target_" not in metrics and all(
+        _is_metric(m) or _is_metric_list(m) for m in metrics.values())
 
 
 def _importable(key: str, target: Any) -> None:
@@ -392,18 +421,14 @@ def _importable(key: str, target: Any) -> None:
 
 def _validate_task(cfg: DictConfig) -> None:
     loss = cfg.loss
-    per_output = (isinstance(loss, DictConfig) and "_target_" not in loss and len(loss) > 0
-                  and all(_is_loss(v) for v in loss.values())) or (
-        isinstance(loss, ListConfig) and len(loss) > 0 and all(_is_loss(v) for v in loss))
-    _require(_is_loss(loss) or per_output, "loss must be a Keras loss name, a node with "
-             "_target_, or a mapping per output name or a list in output order of those; "
-             f"received: {_plain(loss)!r}")
-    metrics = cfg.metrics
-    ok = metrics is None or _is_metric_list(metrics) or (
-        isinstance(metrics, DictConfig) and all(_is_metric_list(v) for v in metrics.values()))
-    _require(ok, "metrics must be a list of metric names or nodes with _target_ (e.g. "
-             "[accuracy]), a mapping per output name of such lists, or null; received: "
-             f"{_plain(metrics)!r}")
+    _require(_is_losses(loss), "loss must be a Keras loss name, a node with _target_, null "
+             "(the model's own add_loss alone), or a mapping per output name or a list in "
+             "output order of those (a list per output sums its losses); received: "
+             f"{_plain(loss)!r}")
+    _require(_is_metrics(cfg.metrics), "metrics must be a list of metric names or nodes "
+             "with _target_ (e.g. [accuracy]), a list of such lists in output order, a "
+             f"mapping per output name of such lists, or null; received: "
+             f"{_plain(cfg.metrics)!r}")
     callbacks = cfg.callbacks
     _require(isinstance(callbacks, DictConfig), "callbacks must be a mapping of names to nodes "
              f"with _target_, e.g. callbacks=[early_stopping]; received: {callbacks!r}")

@@ -147,22 +147,38 @@ def _parts(value: Any) -> dict | None:
 
 
 def _tuple(x: Any) -> Any:
-    """Lists of inputs as tuples (`from_tensor_slices` would stack a list into one array)."""
-    return tuple(x) if _parts(x) is not None and isinstance(x, list) else x
+    """Lists of inputs as tuples, at every depth (`from_tensor_slices` would stack a list
+    into one array); named tuples and dicts keep their type."""
+    parts = _parts(x)
+    if parts is None:
+        return x
+    if isinstance(x, Mapping):
+        return {k: _tuple(v) for k, v in x.items()}
+    items = [_tuple(v) for v in x]
+    return type(x)(*items) if hasattr(x, "_fields") else tuple(items)
+
+
+def _leaves(value: Any, where: str = "") -> list[tuple[str, Any]]:
+    """The arrays of a nested structure with where each is (`'a'/0`), None (an optional
+    input given as None, as Keras takes it) left out."""
+    parts = _parts(value)
+    if parts is None:
+        return [] if value is None and where else [(where, value)]
+    return [leaf for key, item in parts.items()
+            for leaf in _leaves(item, f"{where}/{key!r}" if where else repr(key))]
 
 
 def examples_in(value: Any, name: str) -> int:
-    """Examples in an array or a structure of arrays (the first axis, the same in all).
+    """Examples in an array or a nested structure of arrays (the first axis, the same in
+    all); None inside a structure is an optional input left out.
 
     Raises:
         DataError: `value` holds something that is not an array, or arrays of different
             lengths.
     """
-    parts = _parts(value)
-    leaves = parts if parts is not None else {None: value}
     counts = {}
-    for key, leaf in leaves.items():
-        where = "" if key is None else f" at {key!r}"
+    for key, leaf in _leaves(value):
+        where = f" at {key}" if key else ""
         if not (_is_array(leaf) or isinstance(leaf, list)):
             raise DataError(f"Source.from_arrays({name}=...) must be an array (NumPy, a "
                             f"tensor, a list), or a tuple or dict of arrays; received "
@@ -172,6 +188,8 @@ def examples_in(value: Any, name: str) -> int:
             raise DataError(f"Source.from_arrays({name}=...) needs a first axis of examples; "
                             f"received a scalar{where}")
         counts[key] = int(shape[0])
+    if not counts:
+        raise DataError(f"Source.from_arrays({name}=...) holds no array")
     if len(set(counts.values())) > 1:
         found = ", ".join(f"{k}={v}" for k, v in counts.items())
         raise DataError(f"Source.from_arrays({name}=...): its arrays hold different numbers of "
@@ -182,9 +200,9 @@ def examples_in(value: Any, name: str) -> int:
 def shapes_of(x: Any) -> Any:
     """The shape of one example: a tuple, or a dict or tuple of them per input."""
     parts = _parts(x)
-    if parts is None:
+    if parts is None:  # an array; an optional input given as None has shape ()
         return tuple(np.shape(x)[1:])
-    shapes = {k: tuple(np.shape(v)[1:]) for k, v in parts.items()}
+    shapes = {k: shapes_of(v) for k, v in parts.items()}
     return shapes if isinstance(x, Mapping) else tuple(shapes.values())
 
 

@@ -76,6 +76,7 @@ def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = N
     source = checked_sizes(source, options["_target_"])
     source = one_hot_if_mixing(augment, source)
     check_class_weight(class_weight, source)
+    check_no_missing_inputs(source, max(batching.shards, batching.replicas))
     if not batching.drop_remainder:  # else steps_per_epoch refuses a batch above the examples
         check_micro_batches(source.train_size, batching.replicas,
                             batching.shards // batching.replicas)
@@ -149,6 +150,29 @@ def _mismatch(target: str, role: str, size: int, found: str) -> str:
     return (f"dataset {target}: its {role} split {found} examples, but its Source declares "
             f"{role}_size={size}; the steps per epoch come from {role}_size: make it what "
             "the dataset yields")
+
+
+def check_no_missing_inputs(source: Any, shards: int) -> None:
+    """Refuses an input given as None (a Keras model's optional input) where a batch is
+    split over replicas or micro-batches: tf.distribute cannot split a None component
+    (one device trains it, as Keras's fit does)."""
+    if shards <= 1:
+        return
+    paths = [path for path, spec in _flat_specs(source.train.element_spec[0])
+             if type(spec).__name__ == "NoneTensorSpec"]
+    if paths:
+        raise DataError(f"the dataset gives input {paths[0] or 'x'} as None (an optional "
+                        f"input left out): a batch split over {shards} replicas or "
+                        "micro-batches cannot hold None; give it as zeros, or train on one "
+                        "device without batch.accumulate")
+
+
+def _flat_specs(spec: Any, path: str = "") -> list[tuple[str, Any]]:
+    if isinstance(spec, dict):
+        return [f for k, v in spec.items() for f in _flat_specs(v, f"{path}/{k}".lstrip("/"))]
+    if isinstance(spec, (tuple, list)):
+        return [f for i, v in enumerate(spec) for f in _flat_specs(v, f"{path}/{i}".lstrip("/"))]
+    return [(path, spec)]
 
 
 def check_class_weight(weights: dict[int, float] | None, source: Any) -> None:

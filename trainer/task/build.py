@@ -19,7 +19,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 from hydra.utils import get_object
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from trainer.config.build import build_object, describe
 from trainer.config.errors import ConfigError
@@ -155,26 +155,39 @@ def build_metrics(specs: Sequence[Any], label_shape: Sequence[int | None],
 
 def build_losses(spec: Any) -> Any:
     """`build_loss` for one loss, a list in output order, or a mapping per output name (a
-    model with several outputs), as Keras's `compile` takes them."""
+    model with several outputs), as Keras's `compile` takes them; None for none (a model
+    whose own `add_loss` is its loss). A tuple or named tuple stays one: Keras matches a
+    loss's structure to the outputs' by type."""
+    if spec is None:
+        return None
     if isinstance(spec, Mapping) and "_target_" not in spec:
         if not spec:
             raise ConfigError("loss must be a Keras loss name, a _target_ node, or a mapping "
                               "per output name; received: {}")
         return {str(name): _nested_losses(value) for name, value in spec.items()}
-    if isinstance(spec, (list, tuple)):
+    if isinstance(spec, (list, tuple, ListConfig)):
         if not spec:
             raise ConfigError("loss must be a Keras loss name, a _target_ node, or a list "
                               "per output; received: []")
-        return [_nested_losses(value) for value in spec]
+        return _same_sequence(spec, [_nested_losses(value) for value in spec])
     return build_loss(spec)
+
+
+def _same_sequence(spec: Any, items: list) -> Any:
+    """`items` in the sequence type of `spec`: a list, a tuple, or the same named tuple."""
+    if isinstance(spec, tuple):
+        return type(spec)(*items) if hasattr(spec, "_fields") else tuple(items)
+    return items
 
 
 def _nested_losses(spec: Any) -> Any:
     """One output's loss: a loss, none (Keras trains that output with no loss), or a list
-    of losses summed (as a compiled model may name them: `{"b": ["binary_crossentropy"]}`)."""
+    of losses summed (as a compiled model may name them: `{"b": ["binary_crossentropy"]}`),
+    or a nested output's structure of them."""
     if spec is None:
         return None
-    if isinstance(spec, (list, tuple)) or (isinstance(spec, Mapping) and "_target_" not in spec):
+    if isinstance(spec, (list, tuple, ListConfig)) or (isinstance(spec, Mapping)
+                                                       and "_target_" not in spec):
         return build_losses(spec)
     return build_loss(spec)
 
@@ -189,8 +202,12 @@ def symbolic_batch(element_spec: Any) -> Any:
     unknown): what Keras's symbolic build reads instead of a real batch."""
     from keras.src.backend import standardize_dtype
 
-    return tf.nest.map_structure(
-        lambda s: keras.KerasTensor(tuple(s.shape), standardize_dtype(s.dtype)), element_spec)
+    def symbolic(spec: Any) -> Any:
+        if not hasattr(spec, "shape"):  # an optional input given as None (NoneTensorSpec)
+            return None
+        return keras.KerasTensor(tuple(spec.shape), standardize_dtype(spec.dtype))
+
+    return tf.nest.map_structure(symbolic, element_spec)
 
 
 def output_spec(model: keras.Model, x: Any) -> Any:
@@ -248,7 +265,10 @@ def _metric(spec: Any) -> Any:
 
 def logged_metrics(model: keras.Model) -> tuple[list[str], dict[str, str]]:
     """The metrics a built, compiled model logs besides `loss`, named as Keras's `fit` names
-    them (`cls_accuracy`, `reg_loss`, ...), and which way each improves where it says."""
+    them (`cls_accuracy`, `reg_loss`, ...), and which way each improves where it says.
+
+    Keras's logs are a mapping: two losses on one output (`{"b": ["mse", "bce"]}`) log one
+    `b_loss`, the last one's, and so does this list."""
     from keras.src.trainers.compile_utils import CompileMetrics
 
     names, ways = [], {}
@@ -256,14 +276,10 @@ def logged_metrics(model: keras.Model) -> tuple[list[str], dict[str, str]]:
         pairs = (list(zip(metric.result(), metric.metrics, strict=True))
                  if isinstance(metric, CompileMetrics) else [(metric.name, metric)])
         for name, item in pairs:
-            if name != "loss":
+            if name != "loss" and name not in names:
                 names.append(name)
             if getattr(item, "_direction", None):
                 ways[name] = item._direction
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
-        raise ConfigError(f"metrics must have distinct names other than loss; received: "
-                          f"{names}")
     return names, ways
 
 
@@ -345,6 +361,10 @@ def choose_task(model: keras.Model, config: Mapping[str, Any], classes: bool,
         metrics, specs = None, []
     optimizer = None if optimizer_named(config["optimizer"]) else _own_optimizer(
         own.get("optimizer"), config["optimizer"])
+    if loss is None and not config.get("loss_named", config["loss"] != default_loss()):
+        # compiled with no loss: its own `add_loss` is what trains, as in Keras's fit
+        return Task(None, None, metrics, own.get("weighted_metrics"), optimizer, BY_BUILDER,
+                    specs)
     return Task(build_losses(loss if loss is not None else config["loss"]),
                 own.get("loss_weights") if loss is not None else config["loss_weights"],
                 metrics, own.get("weighted_metrics"), optimizer, BY_BUILDER, specs)
