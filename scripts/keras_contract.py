@@ -46,9 +46,9 @@ import keras_scenarios as ks  # noqa: E402
 BATCH, EPOCHS, SEED, TOLERANCE = 64, 2, 42, 1e-5
 COLUMNS = (("fit", 1), ("fit", 2), ("custom", 2))
 # The 2-workers column's scenarios: list and dict outputs, a subclassed model, a model's own
-# train_step, sample weights.
+# train_step and compute_loss, sample weights.
 WORKER_SCENARIOS = ("list_outputs", "dict_outputs", "subclassed", "own_train_step",
-                    "sample_weights")
+                    "own_compute_loss", "sample_weights")
 WORKER_TIMEOUT = 300
 
 

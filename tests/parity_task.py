@@ -230,3 +230,11 @@ def batchnorm_model(**_: object) -> keras.Model:
     hidden = keras.layers.BatchNormalization(momentum=0.8)(nested(hidden))
     outputs = keras.layers.Dense(2, activation="softmax", kernel_initializer=init)(hidden)
     return keras.Model({"num": num, "cat": cat}, outputs)
+
+
+def activity_model(**_: object) -> keras.Model:
+    """A model that adds a loss in its forward pass (an L2 activity regulariser: a sum over
+    the batch)."""
+    inputs, hidden = _trunk()
+    hidden = keras.layers.Dense(8, activity_regularizer="l2")(hidden)
+    return keras.Model(inputs, keras.layers.Dense(2, activation="softmax")(hidden))

@@ -239,3 +239,21 @@ def test_a_compiled_models_optimizer_gives_way_to_one_the_config_names(tiny_conf
                                           r"the config also names optimizer.lr=0.05"):
         train(tiny_config(*COMPILED, "optimizer.lr=0.05"), run_dir=tmp_path / "lr")
     assert not (tmp_path / "lr").exists()
+
+
+def test_losses_a_model_adds_in_its_forward_pass_are_named_on_several_replicas(tiny_config,
+                                                                               tmp_path):
+    """Each replica's forward-pass losses are of its share of the batch, taken as Keras
+    takes them under a strategy: the summary says so where it matters (several replicas)."""
+    from trainer.run.summary import format_summary
+
+    model = ["model._target_=parity_task.activity_model",
+             "dataset._target_=parity_task.dict_inputs"]
+    one, _ = run(tiny_config, tmp_path, 1, *model)
+    two, _ = run(tiny_config, tmp_path, 2, *model)
+    assert one["forward_losses"] is None
+    assert "divided by 2, as Keras takes them under a strategy" in two["forward_losses"]
+    assert "own losses" in format_summary(two)
+    plain, _ = run(tiny_config, tmp_path, 2, "dataset._target_=parity_task.dict_inputs",
+                   "model._target_=parity_task.dict_model", name="plain")
+    assert plain["forward_losses"] is None

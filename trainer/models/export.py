@@ -135,7 +135,7 @@ def string_inputs(model: Any, validation: Any) -> list[str]:
         named = [(repr(name) if name and not name.startswith("keras_tensor") else f"#{i}",
                   tensor)
                  for i, (name, tensor) in enumerate(zip(declared, flat, strict=True))]
-    return [name for name, tensor in named if tensor.dtype == tf.string]
+    return [name for name, tensor in named if getattr(tensor, "dtype", None) == tf.string]
 
 
 def _why_not(error: BaseException) -> str:

@@ -19,7 +19,14 @@ from typing import Any
 
 import tensorflow as tf
 
-from trainer.run.step import batch_size, count_output_losses, exact_weights, tracked_loss
+from trainer.run.step import (
+    batch_size,
+    count_output_losses,
+    exact_weights,
+    replicas_in_sync,
+    tracked_loss,
+    unscaled_losses,
+)
 
 
 def accumulate(n: int, data: Any, gradients_of: Callable[[Any, tf.Tensor], list],
@@ -89,22 +96,26 @@ def accumulating_train_step(model: Any, n: int) -> Callable[[Any], dict]:
         local = batch_size(x)
         total = tf.cast(local, tf.float32)
         weighted, share = exact_weights(sample_weight, local)
+        replicas = replicas_in_sync()
 
         def gradients_of(part, count_of):
             mx, my, mw, ow = part
+            part_share = tf.cast(count_of, tf.float32) / total
             with tf.GradientTape() as tape:
                 y_pred = model(mx, training=True) if model._call_has_training_arg else model(mx)
-                with count.counting(count_of, share):
+                with count.counting(share, share / replicas * part_share), unscaled_losses():
                     loss = model._compute_loss(x=mx, y=my, y_pred=y_pred, sample_weight=mw,
                                                training=True)
                 model._loss_tracker.update_state(tracked_loss(model, loss, share),
                                                  sample_weight=count_of)
-                part_share = tf.cast(count_of, loss.dtype) / tf.cast(total, loss.dtype)
-                scaled = model.optimizer.scale_loss(loss * part_share)
+                scaled = model.optimizer.scale_loss(loss * part_share / replicas)
             gradients = tape.gradient(scaled, variables)
             model.compute_metrics(mx, my, y_pred, sample_weight=ow)
             return gradients
 
+        if not variables:  # nothing to train (all frozen), as Keras's own step
+            gradients_of((x, y, weighted, sample_weight), local)
+            return model.get_metrics_result()
         gradients = accumulate(n, (x, y, weighted, sample_weight), gradients_of, variables)
         model.optimizer.apply_gradients(zip(gradients, variables, strict=True))
         return model.get_metrics_result()

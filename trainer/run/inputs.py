@@ -46,6 +46,8 @@ def _spec(spec: Any) -> Any:
         return {str(k): _spec(v) for k, v in spec.items()}
     if isinstance(spec, (tuple, list)):
         return [_spec(v) for v in spec]
+    if not hasattr(spec, "shape"):  # an optional input given as None (a NoneTensorSpec)
+        return None
     return {"shape": [None if d is None else int(d) for d in spec.shape.as_list()],
             "dtype": spec.dtype.name}
 

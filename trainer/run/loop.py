@@ -19,6 +19,7 @@ from typing import Any
 
 import keras
 import tensorflow as tf
+from keras.src.backend.tensorflow.trainer import reduce_per_replica
 
 from trainer.run.step import built
 
@@ -58,26 +59,37 @@ class CustomLoop:
         self._replica_step = (tf.function(replica_step, jit_compile=True) if jit_compile
                               else replica_step)
         self._train_chunk = tf.function(self._train_steps)
-        self._evaluate_all = tf.function(self._test_steps)
+        self._test_one = tf.function(self._test_step)
 
-    def _train_steps(self, iterator: Any, steps: tf.Tensor | None) -> dict[str, tf.Tensor]:
+    def _train_steps(self, iterator: Any, steps: tf.Tensor | None) -> dict[str, Any]:
         # Exactly `steps` batches, never past the end: `fit` counts the epoch's steps. One
-        # step per call (steps=None) runs without a graph loop around it.
+        # step per call (steps=None) runs without a graph loop around it and returns the
+        # step's own logs, as Keras's train function does (a model's own train_step may log
+        # more than its metrics); a chunk returns the metrics, read in the graph so the
+        # Python loop never waits for a step to finish.
         if steps is None:
+            outputs = self.strategy.run(self._replica_step, args=(next(iterator),))
+            return self._reduced(outputs)
+        for _ in tf.range(steps):
             self.strategy.run(self._replica_step, args=(next(iterator),))
-        else:
-            for _ in tf.range(steps):
-                self.strategy.run(self._replica_step, args=(next(iterator),))
-        # Read here, in the graph, so the Python loop never waits for a step to finish
-        # (reading metrics eagerly after every call would serialise dispatch and compute).
         return self.model.get_metrics_result()
 
-    def _test_steps(self, dataset: Any) -> None:
-        for batch in dataset:
-            self.strategy.run(self.model.test_step, args=(batch,))
+    def _test_step(self, batch: Any) -> dict[str, Any]:
+        outputs = self.strategy.run(self.model.test_step, args=(batch,))
+        return self._reduced(outputs)
 
-    def _results(self) -> dict[str, float]:
-        return {name: float(value) for name, value in self.model.get_metrics_result().items()}
+    def _reduced(self, outputs: Any) -> Any:
+        """A step's logs as one value each: the metrics' results over every replica, and
+        any other value the model's step logs as Keras's `fit` reduces it (the replicas'
+        mean; under MultiWorkerMirroredStrategy, whose mean Keras asks along an axis a
+        scalar lacks, the first replica's)."""
+        several = isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy)
+        logs = reduce_per_replica(outputs, self.strategy,
+                                  reduction="first" if several else "auto")
+        if not isinstance(logs, dict):
+            return logs
+        return {**logs, **{k: v for k, v in self.model.get_metrics_result().items()
+                           if k in logs}}
 
     def _build(self, dataset: tf.data.Dataset) -> None:
         """Creates the model's layers, compiled loss and metrics from the batches' shapes
@@ -87,12 +99,25 @@ class CustomLoop:
             with self.strategy.scope():
                 self.model._symbolic_build(data_batch=dataset.element_spec)
 
-    def evaluate(self, dataset: tf.data.Dataset) -> dict[str, float]:
-        """Loss and metrics over every example of `dataset` (batched by the global batch)."""
+    def evaluate(self, dataset: tf.data.Dataset, callbacks: Any = None) -> dict[str, float]:
+        """Loss and metrics over every example of `dataset` (batched by the global batch),
+        one step per call as Keras's `evaluate`, with its test-batch callbacks."""
         self._build(dataset)
         self.model.reset_metrics()
-        self._evaluate_all(self.strategy.experimental_distribute_dataset(dataset))
-        return self._results()
+        logs: Any = {}
+        for step, batch in enumerate(self.strategy.experimental_distribute_dataset(dataset)):
+            if callbacks is not None:
+                callbacks.on_test_batch_begin(step)
+            logs = self._test_one(batch)
+            if callbacks is not None:
+                callbacks.on_test_batch_end(step, logs)
+        return self._epoch_logs(logs)
+
+    def _epoch_logs(self, logs: Any) -> dict[str, float]:
+        """The metrics' results, or the last step's own logs where the model's step logs
+        other names (Keras's `_get_metrics_result_or_logs`)."""
+        found = self.model._get_metrics_result_or_logs(logs)
+        return {name: float(value) for name, value in found.items()}
 
     def fit(self, dataset: tf.data.Dataset, *, epochs: int, steps_per_epoch: int,
             initial_epoch: int = 0, validation_data: tf.data.Dataset | None = None,
@@ -115,12 +140,12 @@ class CustomLoop:
         callback_list.on_train_begin()
         logs: dict[str, float] = {}
         for epoch in range(initial_epoch, epochs):
-            logs, done = self._run_epoch(epoch, iterator, steps_per_epoch, callback_list)
-            if not done:  # stopped mid-epoch (a signal): no validation, no epoch end
-                break
+            # A callback's `stop_training` ends the epoch's steps; its validation and end
+            # still run, as in `fit` (a signal raises out of the loop instead).
+            logs = self._run_epoch(epoch, iterator, steps_per_epoch, callback_list)
             if validation_data is not None:
                 callback_list.on_test_begin()  # as fit's validation does
-                val = self.evaluate(validation_data)
+                val = self.evaluate(validation_data, callback_list)
                 callback_list.on_test_end(val)
                 logs.update({f"val_{name}": value for name, value in val.items()})
             callback_list.on_epoch_end(epoch, logs)
@@ -130,8 +155,8 @@ class CustomLoop:
         return self.model.history
 
     def _run_epoch(self, epoch: int, iterator: Any, steps_per_epoch: int,
-                   callback_list: Any) -> tuple[dict[str, float], bool]:
-        """Runs one epoch's steps; returns its logs and whether every step ran."""
+                   callback_list: Any) -> dict[str, float]:
+        """Runs one epoch's steps (fewer where a callback stops training); its logs."""
         self.model.reset_metrics()
         callback_list.on_epoch_begin(epoch)
         step, logs = 0, {}
@@ -142,4 +167,4 @@ class CustomLoop:
                                      None if self.steps_per_execution == 1 else tf.constant(chunk))
             step += chunk
             callback_list.on_train_batch_end(step - 1, logs)
-        return {name: float(value) for name, value in logs.items()}, step == steps_per_epoch
+        return self._epoch_logs(logs)

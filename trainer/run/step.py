@@ -66,8 +66,7 @@ def exact_weights(sample_weight: Any, local: tf.Tensor) -> tuple[Any, tf.Tensor]
         (`sample_weight` (ones where None) times `share`, `share`), where `share` is
         `local * replicas / examples in the global step` (1 on even shares).
     """
-    context = tf.distribute.get_replica_context()
-    replicas = 1 if context is None else context.num_replicas_in_sync
+    replicas = replicas_in_sync()
     share = tf.cast(local, tf.float32) * replicas / tf.maximum(global_count(local), 1.0)
     if sample_weight is None:
         return tf.fill(tf.reshape(local, [1]), share), share
@@ -83,41 +82,70 @@ def regularization(model: keras.Model) -> tf.Tensor:
 
 def tracked_loss(model: keras.Model, loss: tf.Tensor, share: tf.Tensor) -> tf.Tensor:
     """The loss Keras's tracker records for this replica (its examples' weighted mean plus
-    the regularisation): the step's loss with `share` taken out of the examples' part."""
-    from keras.src.losses.loss import unscale_loss_for_distribution
-
-    unscaled = tf.cast(unscale_loss_for_distribution(loss), tf.float32)
+    the model's own losses), from the step's unscaled loss (`unscaled_losses`) with `share`
+    taken out of the examples' part."""
+    loss = tf.cast(loss, tf.float32)
     reg = regularization(model)
-    return tf.math.divide_no_nan(unscaled - reg, share) + reg
+    return tf.math.divide_no_nan(loss - reg, share) + reg
+
+
+@contextmanager
+def unscaled_losses() -> Iterator[None]:
+    """Keras's losses as on one device while a step's loss is traced inside.
+
+    Under a strategy Keras 3.15 divides every loss by the replicas where it is computed
+    (`keras.src.losses.loss.scale_loss_for_distribution`, in `Loss.__call__` and for
+    `add_loss`) and multiplies the per-output values back for their trackers. A metric a
+    model updates inside its own `compute_loss` then records the loss divided by the
+    replicas (half of it on 2). Here the loss is computed unscaled, as on one device, and
+    the step divides it by the replicas itself before taking gradients (trace time only)."""
+    from keras.src.losses import loss as loss_module
+
+    saved = loss_module.scale_loss_for_distribution, loss_module.unscale_loss_for_distribution
+    loss_module.scale_loss_for_distribution = loss_module.unscale_loss_for_distribution = (
+        lambda value: value)
+    try:
+        yield
+    finally:
+        loss_module.scale_loss_for_distribution, loss_module.unscale_loss_for_distribution = saved
+
+
+def replicas_in_sync() -> int:
+    """Replicas of the step being traced (1 outside a strategy)."""
+    context = tf.distribute.get_replica_context()
+    return 1 if context is None else context.num_replicas_in_sync
 
 
 class StepCount:
-    """This replica's examples and their `share` (see `exact_weights`) in the step being
-    traced, read by the per-output loss trackers (`count_output_losses`)."""
+    """What the per-output loss trackers (`count_output_losses`) read while a step's loss
+    is computed: `divisor`, the factor the loss values carry (the step's `share`, see
+    `exact_weights`), and `weight`, this replica's part of the global step (its examples
+    over the step's: the parts of a step sum to 1)."""
 
     def __init__(self) -> None:
-        self.local: tf.Tensor | None = None
-        self.share: tf.Tensor | float = 1.0
+        self.divisor: tf.Tensor | float | None = None
+        self.weight: tf.Tensor | float = 1.0
 
     @contextmanager
-    def counting(self, local: tf.Tensor, share: tf.Tensor | float = 1.0) -> Iterator[None]:
-        """The trackers read `local` and `share` while the loss is computed inside."""
-        self.local, self.share = local, share
+    def counting(self, divisor: tf.Tensor | float, weight: tf.Tensor | float) -> Iterator[None]:
+        """The trackers read `divisor` and `weight` while the loss is computed inside."""
+        self.divisor, self.weight = divisor, weight
         try:
             yield
         finally:
-            self.local, self.share = None, 1.0
+            self.divisor, self.weight = None, 1.0
 
 
 def count_output_losses(model: keras.Model) -> StepCount:
     """Makes the per-output loss trackers of a model with several outputs (`cls_loss`,
-    `reg_loss`) weigh each batch by its examples, as Keras's `loss` tracker does.
+    `reg_loss`) count each global step once, with the step's mean, on any number of
+    replicas: what Keras's `fit` logs on one device.
 
-    Keras 3.15 weighs them by the batch's static size (`CompileLoss.call`), unknown for a
-    last partial batch and under a strategy, so each replica's batch counts once whatever
-    its size: the logged values then change with the number of replicas. Here they get the
-    count of the batch `StepCount.counting` names, and the value without the step's
-    `share` (so training logs the examples' weighted mean, as with one replica).
+    Keras 3.15 weighs them by the batch's static size (`CompileLoss.call`), unknown for
+    batches from a dataset: on one device each batch counts once, whatever its size. Under
+    a strategy each replica's share would count once: the logged values would change with
+    the number of replicas. Here each replica records its examples' mean (the value
+    without the step's `share`) weighted by its part of the global step.
     """
     count = getattr(model, "_trainer_step_count", None)
     if count is not None:
@@ -128,34 +156,60 @@ def count_output_losses(model: keras.Model) -> StepCount:
         original = tracker.update_state
 
         def update_state(values, sample_weight=None, original=original):
-            if count.local is None:
+            if count.divisor is None:
                 return original(values, sample_weight=sample_weight)
             values = tf.math.divide_no_nan(tf.cast(values, tf.float32),
-                                           tf.cast(count.share, tf.float32))
-            return original(values, sample_weight=tf.cast(count.local, tf.float32))
+                                           tf.cast(count.divisor, tf.float32))
+            return original(values, sample_weight=tf.cast(count.weight, tf.float32))
 
         tracker.update_state = update_state
     model._trainer_step_count = count
     return count
 
 
+def keeps_own_test_step(model: keras.Model) -> bool:
+    """Whether the model's class defines its own `test_step`."""
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+
+    return type(model).test_step is not TensorFlowTrainer.test_step
+
+
 def exact_test_step(model: keras.Model) -> Any:
-    """The model's `test_step`, its per-output loss trackers counting examples
-    (`count_output_losses`)."""
+    """Keras's `test_step` with trainer's exact weighting: the loss through the model's
+    `compute_loss` on the exact sample weights, unscaled (`unscaled_losses`), its trackers
+    counting as on one device; a model's own `test_step` is kept, its trackers counting."""
     from keras.src.trainers.data_adapters import data_adapter_utils
 
-    count, original = count_output_losses(model), model.test_step
+    count = count_output_losses(model)
+    if keeps_own_test_step(model):
+        original = model.test_step
+
+        def own_test_step(data):
+            x, _, _ = data_adapter_utils.unpack_x_y_sample_weight(data)
+            local = batch_size(x)
+            with count.counting(1.0, tf.cast(local, tf.float32) / global_count(local)):
+                return original(data)
+
+        return own_test_step
 
     def test_step(data):
-        x, _, _ = data_adapter_utils.unpack_x_y_sample_weight(data)
-        with count.counting(batch_size(x)):
-            return original(data)
+        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        local = batch_size(x)
+        weighted, share = exact_weights(sample_weight, local)
+        y_pred = model(x, training=False) if model._call_has_training_arg else model(x)
+        with count.counting(share, share / replicas_in_sync()), unscaled_losses():
+            loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=weighted,
+                                       training=False)
+        model._loss_tracker.update_state(tracked_loss(model, loss, share),
+                                         sample_weight=local)
+        return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     return test_step
 
 
 def exact_train_step(model: keras.Model) -> Any:
-    """Keras's TensorFlow `train_step`, with `exact_weights` on the loss."""
+    """Keras's TensorFlow `train_step`, with `exact_weights` on the loss (computed unscaled,
+    then divided by the replicas: `unscaled_losses`)."""
     from keras.src.trainers.data_adapters import data_adapter_utils
 
     count = count_output_losses(model)
@@ -164,20 +218,39 @@ def exact_train_step(model: keras.Model) -> Any:
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
         local = batch_size(x)
         weighted, share = exact_weights(sample_weight, local)
+        replicas = replicas_in_sync()
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True) if model._call_has_training_arg else model(x)
-            with count.counting(local, share):
+            with count.counting(share, share / replicas), unscaled_losses():
                 loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=weighted,
                                            training=True)
             model._loss_tracker.update_state(tracked_loss(model, loss, share),
                                              sample_weight=local)
-            scaled = model.optimizer.scale_loss(loss)
-        variables = model.trainable_weights
-        gradients = tape.gradient(scaled, variables)
-        model.optimizer.apply_gradients(zip(gradients, variables, strict=True))
+            scaled = model.optimizer.scale_loss(loss / replicas)
+        note_forward_losses(model)
+        apply(model, tape, scaled)
         return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     return train_step
+
+
+def note_forward_losses(model: keras.Model) -> None:
+    """Marks (at trace time) a model that adds losses in its forward pass (`add_loss`, an
+    activity regulariser), for the summary: each replica's are of its own share of the
+    batch, taken as Keras takes them under a strategy (summed over the replicas, divided by
+    their number): a batch's mean is exact on even shares, a batch's sum counts 1/N."""
+    if len(model.losses) > len(model._get_regularization_losses()):
+        model._trainer_forward_losses = True
+
+
+def apply(model: keras.Model, tape: tf.GradientTape, loss: tf.Tensor) -> None:
+    """The optimizer's step on the loss's gradients; none for a model with nothing to train
+    (all frozen), as Keras's own step."""
+    variables = model.trainable_weights
+    if not variables:
+        return
+    gradients = tape.gradient(loss, variables)
+    model.optimizer.apply_gradients(zip(gradients, variables, strict=True))
 
 
 def built(model: keras.Model) -> bool:

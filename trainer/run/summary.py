@@ -135,6 +135,9 @@ def _what_ran(spec: Any, run: Any, plan: Any, callbacks: Any) -> dict[str, Any]:
         "optimizer_settings": optimizer_settings(run.model.optimizer),
         "compiled_by": run.compiled_by,
         "train_step": OWN_STEP if run.own_train_step else "trainer's exact step",
+        "forward_losses": (FORWARD_LOSSES.format(n=run.strategy.num_replicas_in_sync)
+                           if getattr(run.model, "_trainer_forward_losses", False)
+                           and run.strategy.num_replicas_in_sync > 1 else None),
         "checkpoints_hold": ("the whole model" if run.weights_only is None
                              else f"weights only: {run.weights_only}"),
         "checkpoints_load_with": _loads_with(run),
@@ -155,6 +158,11 @@ def _what_ran(spec: Any, run: Any, plan: Any, callbacks: Any) -> dict[str, Any]:
     }
 
 
+FORWARD_LOSSES = ("the model adds losses in its forward pass (add_loss, an activity "
+                  "regularizer): each replica's are of its share of the batch, summed over "
+                  "the replicas and divided by {n}, as Keras takes them under a strategy (a "
+                  "mean over the batch is exact on even shares; a sum over the batch counts "
+                  "1/{n} of what it counts on one device)")
 OWN_STEP = ("the model's own train_step, as written (it decides how each replica's examples "
             "weigh; super().train_step is Keras's per-replica mean, which weighs an uneven "
             "last batch's shares alike)")
@@ -304,6 +312,7 @@ def format_summary(summary: dict[str, Any]) -> str:
           if str(summary.get("checkpoints_hold", "")).startswith("weights only") else []),
         *([("train step", summary["train_step"])]
           if summary.get("train_step") == OWN_STEP else []),
+        *([("own losses", summary["forward_losses"])] if summary.get("forward_losses") else []),
         *([("checkpoints load with", summary["checkpoints_load_with"])]
           if str(summary.get("checkpoints_load_with", "")).startswith("trainer") else []),
         *([("batch norm", summary["batch_norm"])] if summary.get("batch_norm") else []),
