@@ -159,13 +159,13 @@ def _tuple(x: Any) -> Any:
 
 
 def _leaves(value: Any, where: str = "") -> list[tuple[str, Any]]:
-    """The arrays of a nested structure with where each is (`'a'/0`), None (an optional
+    """The arrays of a nested structure with where each is (`a/0`), None (an optional
     input given as None, as Keras takes it) left out."""
     parts = _parts(value)
     if parts is None:
         return [] if value is None and where else [(where, value)]
     return [leaf for key, item in parts.items()
-            for leaf in _leaves(item, f"{where}/{key!r}" if where else repr(key))]
+            for leaf in _leaves(item, f"{where}/{key}" if where else str(key))]
 
 
 def examples_in(value: Any, name: str) -> int:

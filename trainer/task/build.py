@@ -8,7 +8,6 @@ both loops log the same names.
 
 from __future__ import annotations
 
-import copy
 import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
@@ -103,13 +102,6 @@ def serializable(function: Callable) -> Callable:
     if object_registration.get_registered_name(inner) == inner.__name__:
         keras.saving.register_keras_serializable(package=module)(inner)
     return function
-
-
-def per_example(loss: keras.losses.Loss) -> keras.losses.Loss:
-    """The same loss, unreduced: one value per example, for averaging over the global batch."""
-    unreduced = copy.copy(loss)
-    unreduced.reduction = None
-    return unreduced
 
 
 def build_metrics(specs: Sequence[Any], label_shape: Sequence[int | None],
@@ -283,21 +275,6 @@ def logged_metrics(model: keras.Model) -> tuple[list[str], dict[str, str]]:
     return names, ways
 
 
-def fresh_metrics(specs: Any, label: Any, output: Any) -> list[keras.metrics.Metric]:
-    """New metric objects for one output (the custom loop's own), from the config's specs
-    or a compiled model's metrics (copied from their config)."""
-    made = []
-    for spec in specs or []:
-        if isinstance(spec, keras.metrics.Metric):
-            try:
-                made.append(type(spec).from_config(spec.get_config()))
-            except Exception:  # noqa: BLE001 - not copyable: the model's own object
-                made.append(spec)
-        else:
-            made += build_metrics([spec], tuple(label.shape), tuple(output.shape))
-    return made
-
-
 @dataclass(frozen=True)
 class Task:
     """What a run compiles its model with: the config's loss, metrics and optimizer, or
@@ -319,7 +296,6 @@ class Task:
     weighted_metrics: Any = None
     optimizer: Any = None
     compiled_by: str = "config"
-    metric_specs: Any = None  # the metrics as named (the custom loop makes its own from them)
 
 
 # What `Task.compiled_by` says of a model the builder compiled.
@@ -344,7 +320,7 @@ def choose_task(model: keras.Model, config: Mapping[str, Any], classes: bool,
     if not getattr(model, "compiled", False):
         named = default_metrics(config["metrics"], classes, outputs)
         return Task(build_losses(config["loss"]), config["loss_weights"],
-                    compiled_metrics(named), metric_specs=named)
+                    compiled_metrics(named))
     own = dict(model._compile_config.config)
     loss = own.get("loss")
     _conflict("loss", loss, config["loss"], config.get("loss_named",
@@ -354,20 +330,19 @@ def choose_task(model: keras.Model, config: Mapping[str, Any], classes: bool,
     _conflict("loss_weights", own.get("loss_weights"), config["loss_weights"],
               config["loss_weights"] is not None)
     if own.get("metrics") or own.get("weighted_metrics"):
-        metrics, specs = own.get("metrics"), own.get("metrics") or []
+        metrics = own.get("metrics")
     elif config["metrics"] is not None:
-        metrics, specs = compiled_metrics(config["metrics"]), config["metrics"]
+        metrics = compiled_metrics(config["metrics"])
     else:  # compiled without metrics: its loss alone is logged, as Keras's fit logs it
-        metrics, specs = None, []
+        metrics = None
     optimizer = None if optimizer_named(config["optimizer"]) else _own_optimizer(
         own.get("optimizer"), config["optimizer"])
     if loss is None and not config.get("loss_named", config["loss"] != default_loss()):
         # compiled with no loss: its own `add_loss` is what trains, as in Keras's fit
-        return Task(None, None, metrics, own.get("weighted_metrics"), optimizer, BY_BUILDER,
-                    specs)
+        return Task(None, None, metrics, own.get("weighted_metrics"), optimizer, BY_BUILDER)
     return Task(build_losses(loss if loss is not None else config["loss"]),
                 own.get("loss_weights") if loss is not None else config["loss_weights"],
-                metrics, own.get("weighted_metrics"), optimizer, BY_BUILDER, specs)
+                metrics, own.get("weighted_metrics"), optimizer, BY_BUILDER)
 
 
 def _conflict(key: str, theirs: Any, ours: Any, named: bool) -> None:
