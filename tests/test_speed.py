@@ -34,6 +34,16 @@ def test_auto_steps_per_execution_says_why_it_is_one():
     assert plan.steps_per_execution == 1 and "no measured gain" in plan.reasons[2]
 
 
+def test_xla_on_several_cpu_replicas_is_one_line_in_both_loops():
+    """Each replica's whole step compiled by XLA (Keras's fit, and the custom loop that runs
+    the same step) fails at its first step on 2 logical CPUs; on GPUs, or one CPU, it runs."""
+    for loop in ("fit", "custom"):
+        with pytest.raises(ConfigError, match="^jit_compile=true cannot run on 2 CPU replicas"):
+            choose_speed("auto", True, "auto", "cpu", 2, loop)
+        assert choose_speed("auto", True, "auto", "cpu", 1, loop).jit_compile is True
+        assert choose_speed("auto", True, "auto", "gpu", 2, loop).jit_compile is True
+
+
 @pytest.mark.parametrize("args, message", [
     (("fp8", "auto", "auto"), "precision must be one of"),
     (("auto", "maybe", "auto"), "jit_compile must be auto, true or false"),
@@ -53,7 +63,7 @@ class Capture(keras.callbacks.Callback):
     ("fit", ["precision=mixed_bfloat16", "jit_compile=true", "steps_per_execution=3",
              "devices=1"]),
     pytest.param("custom", ["precision=mixed_float16", "jit_compile=true",
-                            "steps_per_execution=3", "devices=2"],
+                            "steps_per_execution=3", "devices=1"],
                  marks=pytest.mark.slow),  # a second XLA compile, on 2 replicas
 ])
 def test_options_are_applied_to_the_model(tiny_config, tmp_path, loop, overrides):

@@ -44,7 +44,7 @@ def choose_speed(precision: str, jit_compile: Any, steps_per_execution: Any, kin
         A `SpeedPlan`.
     """
     p, p_why = _precision(precision, kind, compute_capability)
-    j, j_why = _jit(jit_compile, kind)
+    j, j_why = _jit(jit_compile, kind, replicas)
     s, s_why = _steps(steps_per_execution, replicas, loop)
     return SpeedPlan(p, j, s, (p_why, j_why, s_why))
 
@@ -65,7 +65,13 @@ def _precision(value: str, kind: str, cc: tuple[int, int] | None) -> tuple[str, 
                        "throughput on this kind of CPU")
 
 
-def _jit(value: Any, kind: str) -> tuple[bool | str, str]:
+def _jit(value: Any, kind: str, replicas: int = 1) -> tuple[bool | str, str]:
+    if value is True and kind == "cpu" and replicas > 1:
+        raise ConfigError(f"jit_compile=true cannot run on {replicas} CPU replicas: XLA "
+                          "compiles each replica's step (as Keras's fit does) into one CPU "
+                          "device's cluster, which cannot update the variables mirrored on "
+                          "the others; use jit_compile=auto (off on CPUs, where XLA measured "
+                          "0.25x) or devices=1")
     if value in (True, False):
         return value, f"jit_compile={str(value).lower()}: asked for"
     if value != "auto":
