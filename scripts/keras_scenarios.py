@@ -74,6 +74,11 @@ def _dense(units: int, name: str | None = None, activation: str | None = None, s
                               **kwargs)
 
 
+def _ones(units: int):
+    """The Dense layer Keras's test models use: no bias, weights of ones."""
+    return _keras().layers.Dense(units, use_bias=False, kernel_initializer="ones")
+
+
 def _sgd():
     return _keras().optimizers.SGD(LR)
 
@@ -468,8 +473,7 @@ def _example_class():
         class ExampleModel(keras.Model):
             def __init__(self, units=3, **kwargs):
                 super().__init__(**kwargs)
-                self.dense = keras.layers.Dense(units, use_bias=False,
-                                                kernel_initializer="ones")
+                self.dense = _ones(units)
 
             def call(self, x):
                 return self.dense(x)
@@ -645,10 +649,8 @@ def list_inputs(**_):
         class ListInputModel(keras.Model):
             def __init__(self, units=2, **kwargs):
                 super().__init__(**kwargs)
-                self.dense_1 = keras.layers.Dense(units, use_bias=False,
-                                                  kernel_initializer="ones")
-                self.dense_2 = keras.layers.Dense(units, use_bias=False,
-                                                  kernel_initializer="ones")
+                self.dense_1 = _ones(units)
+                self.dense_2 = _ones(units)
 
             def call(self, x):
                 if not isinstance(x, (list, tuple)):
@@ -773,10 +775,8 @@ def struct_model(**_):
         class StructModel(keras.Model):
             def __init__(self, units=3, **kwargs):
                 super().__init__(**kwargs)
-                self.dense_1 = keras.layers.Dense(units, use_bias=False,
-                                                  kernel_initializer="ones")
-                self.dense_2 = keras.layers.Dense(units, use_bias=False,
-                                                  kernel_initializer="ones")
+                self.dense_1 = _ones(units)
+                self.dense_2 = _ones(units)
 
             def call(self, x):
                 return {"y_one": self.dense_1(x["x_one"]), "y_two": self.dense_2(x["x_two"])}
@@ -800,10 +800,8 @@ def list_output_model(**_):
         class ListOutputModel(keras.Model):
             def __init__(self, units=3, **kwargs):
                 super().__init__(**kwargs)
-                self.dense_1 = keras.layers.Dense(units, use_bias=False,
-                                                  kernel_initializer="ones")
-                self.dense_2 = keras.layers.Dense(units, use_bias=False,
-                                                  kernel_initializer="ones")
+                self.dense_1 = _ones(units)
+                self.dense_2 = _ones(units)
 
             def call(self, x):
                 return [self.dense_1(x), self.dense_2(x)]
