@@ -13,9 +13,10 @@ import pytest
 import tensorflow as tf
 
 from trainer.distribute.runtime import build_strategy
+from trainer.internals.keras_step import build_from_one_replica
 from trainer.run.accumulate import accumulating_train_step
 from trainer.run.loop import CustomLoop
-from trainer.run.step import build_from_one_replica, exact_test_step, exact_train_step
+from trainer.run.step import exact_test_step, exact_train_step
 
 GLOBAL_BATCH, EXAMPLES, FEATURES, CLASSES = 16, 64, 12, 5
 RTOL = 1e-5

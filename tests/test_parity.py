@@ -19,7 +19,8 @@ import tensorflow as tf
 from tests.test_loop import strategy_for
 from trainer.config.errors import ConfigError
 from trainer.data.pipeline import DataError, Source, build_training_epochs
-from trainer.run.step import build_from_one_replica, exact_train_step
+from trainer.internals.keras_step import build_from_one_replica
+from trainer.run.step import exact_train_step
 from trainer.run.train import train
 
 RTOL = 1e-5

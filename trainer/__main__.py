@@ -21,6 +21,7 @@ from omegaconf.errors import InterpolationResolutionError
 
 from trainer.config.compose import compose_from_args
 from trainer.config.schema import config_dir, register_configs
+from trainer.internals.hydra_app import args_parser
 from trainer.run import process
 from trainer.run.jobs import check_sweep_direction, dispatches_jobs, is_sweep_job, run_sweep_job
 from trainer.run.preflight import Checked, preflight
@@ -102,9 +103,7 @@ def _precheck(args: list[str]) -> bool:
     """
     if is_sweep_job():
         return False  # a sweep's job: it checks in its own Hydra job
-    from hydra._internal.utils import get_args_parser
-
-    if get_args_parser().parse_args(args).multirun:
+    if args_parser().parse_args(args).multirun:
         check_sweep_direction(args)
         return False
     cfg = compose_from_args(args)

@@ -28,6 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from trainer.config.errors import ConfigError
 from trainer.config.schema import config_dir
+from trainer.internals.hydra_app import args_parser, load_configuration, search_path
 
 # The version_base of the command line's @hydra.main (trainer.__main__).
 VERSION_BASE = "1.3"
@@ -43,11 +44,10 @@ def compose_from_args(args: list[str]) -> DictConfig | None:
     """The config (with its `hydra` node) these arguments would run, composed as Hydra
     composes it but without running anything or writing anything; None for commands that
     run no single job (`-m`, `--cfg`, `--help`, ...)."""
-    from hydra._internal.utils import create_config_search_path, get_args_parser
     from hydra.core.config_search_path import SearchPathQuery
     from hydra.types import RunMode
 
-    parsed = get_args_parser().parse_args(args)
+    parsed = args_parser().parse_args(args)
     if (parsed.cfg or parsed.help or parsed.hydra_help or parsed.info
             or parsed.shell_completion or parsed.experimental_rerun):
         return None
@@ -57,7 +57,7 @@ def compose_from_args(args: list[str]) -> DictConfig | None:
         # What every job shares: the sweep's own values are each job's to check.
         shared = OverridesParser.create().parse_overrides(parsed.overrides)
         parsed.overrides = [o.input_line for o in shared if not o.is_sweep_override()]
-    search = create_config_search_path(f"file://{config_dir()}")
+    search = search_path(f"file://{config_dir()}")
     if parsed.config_dir is not None:
         check_config_dir(parsed.config_dir)
         search.prepend(provider="command-line",
@@ -97,11 +97,10 @@ def compose_in(folder: str, config_name: str, overrides: list[str]) -> DictConfi
     """`hydra.compose(config_name, overrides)` over the configs in `folder` (as under
     `hydra.initialize_config_dir(folder)`), without its `hydra` node, and without touching
     `GlobalHydra` (a user's Hydra app around the call keeps its own)."""
-    from hydra._internal.utils import create_config_search_path
     from hydra.types import RunMode
     from omegaconf import open_dict
 
-    search = create_config_search_path(f"file://{os.path.abspath(folder)}")
+    search = search_path(f"file://{os.path.abspath(folder)}")
     cfg = _load(search, config_name, list(overrides), RunMode.RUN, from_shell=False,
                 job_name="app")
     with open_dict(cfg):
@@ -112,7 +111,6 @@ def compose_in(folder: str, config_name: str, overrides: list[str]) -> DictConfi
 def _load(search, config_name: str, overrides: list[str], run_mode,
           from_shell: bool = True, job_name: str = "trainer") -> DictConfig:
     """What `Hydra.compose_config` returns, by its config loader alone, one at a time."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra.core.utils import JobRuntime, setup_globals
     from hydra.version import VersionBase, setbase
 
@@ -125,9 +123,7 @@ def _load(search, config_name: str, overrides: list[str], run_mode,
         setbase(VERSION_BASE)
         runtime.set("name", job_name)
         try:
-            return ConfigLoaderImpl(config_search_path=search).load_configuration(
-                config_name=config_name, overrides=overrides, run_mode=run_mode,
-                from_shell=from_shell)
+            return load_configuration(search, config_name, overrides, run_mode, from_shell)
         except yaml.YAMLError as error:  # a file of the user's config dir, as Hydra read it
             raise yaml_error(error) from None
         finally:

@@ -8,13 +8,13 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
-from keras.src.trainers.data_adapters.tf_dataset_adapter import make_class_weight_map_fn
 
 from trainer.config.errors import ConfigError
 from trainer.data.augment import PRESETS, listed
 from trainer.data.augment import mixers as mixer_names
 from trainer.data.augmenters import batch_layers, batch_mixer, element_augmenter
 from trainer.data.fingerprint import of_arrays
+from trainer.internals.keras_data import class_weight_map_fn
 from trainer.plan.scaling import balanced_batch_sizes
 
 
@@ -283,7 +283,7 @@ def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_
     # an unseeded run still needs seeds for the stateless ops: one drawn for this run
     base = seed if seed is not None else int(np.random.default_rng().integers(1, 2**31 - 1))
 
-    weigh = make_class_weight_map_fn(class_weight) if class_weight else None  # Keras's rule
+    weigh = class_weight_map_fn(class_weight) if class_weight else None  # Keras's rule
 
     def one_epoch(epoch):
         epoch_seed = None if seed is None else seed * 7919 + epoch

@@ -10,10 +10,10 @@ import logging
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.python.framework import config as tf_config
 
 from trainer.distribute.cluster import Cluster, slurm_devices
 from trainer.distribute.device_plan import DeviceError, DevicePlan, memory_option, plan_devices
+from trainer.internals.tf_runtime import disable_op_determinism
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,8 @@ def set_determinism(on: bool) -> None:
     process (a notebook, a test session) gets what its own config says."""
     if on:
         tf.config.experimental.enable_op_determinism()
-    elif tf_config.is_op_determinism_enabled():
-        tf_config.disable_op_determinism()
+    else:
+        disable_op_determinism()
 
 
 def configure_devices(plan: DevicePlan, memory: tuple[str, int | None],

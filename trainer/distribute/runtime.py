@@ -12,11 +12,12 @@ from typing import Any
 
 import keras
 import tensorflow as tf
-from tensorflow.python.framework import kernels
 
 from trainer.config.errors import ConfigError
 from trainer.distribute.cluster import Cluster
 from trainer.distribute.strategy import KINDS
+from trainer.internals.keras_step import layers_within
+from trainer.internals.tf_runtime import has_kernel
 
 # Every MirroredStrategy numbers its collective groups from 1. A second strategy in the same
 # process over another device count then joins group 1 with a different size, and TensorFlow
@@ -30,7 +31,7 @@ _strategies_built = itertools.count(1)
 
 def nccl_available() -> bool:
     """Whether this TensorFlow build registers the NCCL all-reduce kernel (as TF itself checks)."""
-    return bool(kernels.get_registered_kernels_for_op("NcclAllReduce").kernel)
+    return has_kernel("NcclAllReduce")
 
 
 def build_cross_device_ops(name: str) -> Any:
@@ -128,8 +129,7 @@ def apply_precision(precision: str) -> None:
 
 def batch_norm_layers(model: Any) -> list:
     """Every `keras.layers.BatchNormalization` (or subclass) in `model`, nested ones too."""
-    # Keras's own walk over tracked layers: nested models and a layer's sublayers included.
-    return [layer for layer in model._flatten_layers(include_self=True, recursive=True)
+    return [layer for layer in layers_within(model)
             if isinstance(layer, keras.layers.BatchNormalization)]
 
 

@@ -19,13 +19,19 @@ from typing import Any
 
 import tensorflow as tf
 
+from trainer.internals.keras_step import (
+    compute_loss,
+    forward,
+    track_loss,
+    unpack,
+    unscaled_losses,
+)
 from trainer.run.step import (
     batch_size,
     count_output_losses,
     exact_weights,
     replicas_in_sync,
     tracked_loss,
-    unscaled_losses,
 )
 
 
@@ -86,12 +92,10 @@ def accumulating_train_step(model: Any, n: int) -> Callable[[Any], dict]:
     tracker and the compiled metrics see every micro-batch; the optimizer applies (and
     all-reduces) once.
     """
-    from keras.src.trainers.data_adapters import data_adapter_utils
-
     count = count_output_losses(model)
 
     def train_step(data):
-        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        x, y, sample_weight = unpack(data)
         variables = model.trainable_weights
         local = batch_size(x)
         total = tf.cast(local, tf.float32)
@@ -102,12 +106,10 @@ def accumulating_train_step(model: Any, n: int) -> Callable[[Any], dict]:
             mx, my, mw, ow = part
             part_share = tf.cast(count_of, tf.float32) / total
             with tf.GradientTape() as tape:
-                y_pred = model(mx, training=True) if model._call_has_training_arg else model(mx)
+                y_pred = forward(model, mx, training=True)
                 with count.counting(share, share / replicas * part_share), unscaled_losses():
-                    loss = model._compute_loss(x=mx, y=my, y_pred=y_pred, sample_weight=mw,
-                                               training=True)
-                model._loss_tracker.update_state(tracked_loss(model, loss, share),
-                                                 sample_weight=count_of)
+                    loss = compute_loss(model, mx, my, y_pred, mw, training=True)
+                track_loss(model, tracked_loss(model, loss, share), count_of)
                 scaled = model.optimizer.scale_loss(loss * part_share / replicas)
             gradients = tape.gradient(scaled, variables)
             model.compute_metrics(mx, my, y_pred, sample_weight=ow)

@@ -8,6 +8,7 @@ import time
 
 import keras
 
+from trainer.internals.keras_callbacks import CheckpointHooks, ProgbarAt
 from trainer.rundir.atomic import write_json
 from trainer.rundir.checksum import read_beside, write_beside, write_checksum
 
@@ -67,7 +68,7 @@ class Throughput(keras.callbacks.Callback):
         return examples / seconds if seconds > 0 and examples > 0 else None
 
 
-class RunProgress(keras.callbacks.ProgbarLogger):
+class RunProgress(ProgbarAt):
     """Keras's progress bar, numbered in the whole run.
 
     A run resumed mid-epoch trains that epoch's rest as a `fit` call of its own; Keras would
@@ -94,11 +95,11 @@ class RunProgress(keras.callbacks.ProgbarLogger):
         self.offset = self.start_step if epoch == self.start_epoch else 0
         super().on_epoch_begin(epoch, logs)
 
-    def _update_progbar(self, batch, logs=None):
-        super()._update_progbar(batch + self.offset, logs)
+    def shown_step(self, step: int) -> int:
+        return step + self.offset
 
 
-class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
+class AtomicModelCheckpoint(CheckpointHooks):
     """Keras's ModelCheckpoint, writing to a temporary name then renaming.
 
     A crash while saving leaves the previous checkpoint whole instead of a truncated file;
@@ -139,7 +140,7 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
         if self.at_end and self._ended is not None:
             epoch, logs_then = self._ended
             if not self._link_same(epoch):
-                self._save_model(epoch, None, logs_then)
+                self.save_checkpoint(epoch, None, logs_then)
             self._ended = None
         super().on_train_end(logs)
 
@@ -166,14 +167,13 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
         self.saved_epoch = epoch
         return True
 
-    def _get_file_path(self, epoch, batch, logs):
-        final = super()._get_file_path(epoch, batch, logs)
+    def writing_path(self, final: str) -> str:
         head, tail = os.path.split(final)
         # The temporary name keeps the suffix Keras dispatches on (.keras / .weights.h5).
         self._pending = (os.path.join(head, f".tmp-{tail}"), final)
         return self._pending[0]
 
-    def _save_model(self, epoch, batch, logs):
+    def save_checkpoint(self, epoch, batch, logs):
         began = time.perf_counter()
         try:
             self._write(epoch, batch, logs)
@@ -182,7 +182,7 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
 
     def _write(self, epoch, batch, logs):
         self._pending = None
-        super()._save_model(epoch, batch, logs)
+        self.keras_save(epoch, batch, logs)
         if self._pending and os.path.exists(self._pending[0]):
             os.replace(*self._pending)
             write_beside(self._pending[1])

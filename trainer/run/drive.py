@@ -16,6 +16,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from trainer.internals.keras_step import forget_train_function
 from trainer.run.assemble import Run
 from trainer.run.callbacks import RunProgress
 from trainer.run.loop import CustomLoop
@@ -112,7 +113,7 @@ class _Driver:
         if phase == self.phase:
             return
         if self.phase is not None:  # the trainable variables change: compile the step anew
-            self.run.model.train_function = None
+            forget_train_function(self.run.model)
             self.loop = self._new_loop() if self.loop is not None else None
         self.phase = phase
         apply_phase(self.run.model, phase, self.spec.finetune.unfreeze_layers)

@@ -6,10 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from trainer.config.errors import ConfigError
+from trainer.internals.keras_step import build_from_one_replica, evaluate_one_step_per_call
 from trainer.run.accumulate import accumulating_train_step
 from trainer.run.step import (
-    build_from_one_replica,
-    evaluate_one_step_per_call,
     exact_test_step,
     exact_train_step,
     keeps_own_step,

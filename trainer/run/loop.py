@@ -19,9 +19,13 @@ from typing import Any
 
 import keras
 import tensorflow as tf
-from keras.src.backend.tensorflow.trainer import reduce_per_replica
 
-from trainer.run.step import built
+from trainer.internals.keras_step import (
+    built,
+    metrics_result_or_logs,
+    reduce_logs,
+    symbolic_build,
+)
 
 # tf.distribute's input code reads dataset options in graph mode when a dataset is
 # distributed, which warns on every run; nothing for a user to act on.
@@ -84,8 +88,7 @@ class CustomLoop:
         mean; under MultiWorkerMirroredStrategy, whose mean Keras asks along an axis a
         scalar lacks, the first replica's)."""
         several = isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy)
-        logs = reduce_per_replica(outputs, self.strategy,
-                                  reduction="first" if several else "auto")
+        logs = reduce_logs(outputs, self.strategy, "first" if several else "auto")
         if not isinstance(logs, dict):
             return logs
         return {**logs, **{k: v for k, v in self.model.get_metrics_result().items()
@@ -93,11 +96,11 @@ class CustomLoop:
 
     def _build(self, dataset: tf.data.Dataset) -> None:
         """Creates the model's layers, compiled loss and metrics from the batches' shapes
-        before the first traced step, as `fit` does (`Trainer._symbolic_build`): state
+        before the first traced step, as `fit` does (Keras's symbolic build): state
         born inside a graph that runs several steps under a strategy fails at run time."""
         if not built(self.model):
             with self.strategy.scope():
-                self.model._symbolic_build(data_batch=dataset.element_spec)
+                symbolic_build(self.model, dataset.element_spec)
 
     def evaluate(self, dataset: tf.data.Dataset, callbacks: Any = None) -> dict[str, float]:
         """Loss and metrics over every example of `dataset` (batched by the global batch),
@@ -115,8 +118,8 @@ class CustomLoop:
 
     def _epoch_logs(self, logs: Any) -> dict[str, float]:
         """The metrics' results, or the last step's own logs where the model's step logs
-        other names (Keras's `_get_metrics_result_or_logs`)."""
-        found = self.model._get_metrics_result_or_logs(logs)
+        other names (Keras's own choice)."""
+        found = metrics_result_or_logs(self.model, logs)
         return {name: float(value) for name, value in found.items()}
 
     def fit(self, dataset: tf.data.Dataset, *, epochs: int, steps_per_epoch: int,

@@ -17,20 +17,35 @@ this step with the exact sample weights (exact where it passes them on, as a cal
 in both loops: its author decided what a step is, and how a replica's examples weigh (a
 call to `super().train_step` is Keras's per-replica mean).
 
-`_maybe_symbolic_build` (Keras 3.15) reduces the first batch of a `fit` or `evaluate` over
+Keras's symbolic build (Keras 3.15) reduces the first batch of a `fit` or `evaluate` over
 the replicas with MEAN to learn the input shapes, which fails on a batch split unevenly and
 on strings; `build_from_one_replica` gives it one replica's share instead (only shapes and
-dtypes are read).
+dtypes are read). Every private piece of Keras this step touches is in
+`trainer.internals.keras_step`.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import keras
 import tensorflow as tf
+
+from trainer.internals.keras_step import (
+    adds_forward_losses,
+    compute_loss,
+    forward,
+    keeps_own_test_step,
+    keeps_own_train_step,
+    replace_train_function,
+    track_loss,
+    unpack,
+    unscaled_losses,
+    wrap_output_loss_trackers,
+)
 
 
 def batch_size(data: Any) -> tf.Tensor:
@@ -41,9 +56,7 @@ def batch_size(data: Any) -> tf.Tensor:
 
 def keeps_own_step(model: keras.Model) -> bool:
     """Whether the model's class defines its own `train_step` (which trainer then runs)."""
-    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
-
-    return type(model).train_step is not TensorFlowTrainer.train_step
+    return keeps_own_train_step(model)
 
 
 def global_count(local: tf.Tensor) -> tf.Tensor:
@@ -89,27 +102,6 @@ def tracked_loss(model: keras.Model, loss: tf.Tensor, share: tf.Tensor) -> tf.Te
     return tf.math.divide_no_nan(loss - reg, share) + reg
 
 
-@contextmanager
-def unscaled_losses() -> Iterator[None]:
-    """Keras's losses as on one device while a step's loss is traced inside.
-
-    Under a strategy Keras 3.15 divides every loss by the replicas where it is computed
-    (`keras.src.losses.loss.scale_loss_for_distribution`, in `Loss.__call__` and for
-    `add_loss`) and multiplies the per-output values back for their trackers. A metric a
-    model updates inside its own `compute_loss` then records the loss divided by the
-    replicas (half of it on 2). Here the loss is computed unscaled, as on one device, and
-    the step divides it by the replicas itself before taking gradients (trace time only)."""
-    from keras.src.losses import loss as loss_module
-
-    saved = loss_module.scale_loss_for_distribution, loss_module.unscale_loss_for_distribution
-    loss_module.scale_loss_for_distribution = loss_module.unscale_loss_for_distribution = (
-        lambda value: value)
-    try:
-        yield
-    finally:
-        loss_module.scale_loss_for_distribution, loss_module.unscale_loss_for_distribution = saved
-
-
 def replicas_in_sync() -> int:
     """Replicas of the step being traced (1 outside a strategy)."""
     context = tf.distribute.get_replica_context()
@@ -147,45 +139,42 @@ def count_output_losses(model: keras.Model) -> StepCount:
     the number of replicas. Here each replica records its examples' mean (the value
     without the step's `share`) weighted by its part of the global step.
     """
-    count = getattr(model, "_trainer_step_count", None)
+    count = _step_counts.get(model)
     if count is not None:
         return count
-    count = StepCount()
-    compiled = getattr(model, "_compile_loss", None)
-    for tracker in (compiled.metrics if compiled is not None else []):
-        original = tracker.update_state
+    count = _step_counts[model] = StepCount()
 
-        def update_state(values, sample_weight=None, original=original):
+    def wrap(original):
+        def update_state(values, sample_weight=None):
             if count.divisor is None:
                 return original(values, sample_weight=sample_weight)
             values = tf.math.divide_no_nan(tf.cast(values, tf.float32),
                                            tf.cast(count.divisor, tf.float32))
             return original(values, sample_weight=tf.cast(count.weight, tf.float32))
 
-        tracker.update_state = update_state
-    model._trainer_step_count = count
+        return update_state
+
+    wrap_output_loss_trackers(model, wrap)
     return count
 
 
-def keeps_own_test_step(model: keras.Model) -> bool:
-    """Whether the model's class defines its own `test_step`."""
-    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
-
-    return type(model).test_step is not TensorFlowTrainer.test_step
+# Each model's `StepCount` (its trackers are wrapped once), and the models whose step met
+# losses added in the forward pass (`note_forward_losses`): trainer's own state, kept off
+# Keras's objects.
+_step_counts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_forward_losses: weakref.WeakSet = weakref.WeakSet()
 
 
 def exact_test_step(model: keras.Model) -> Any:
     """Keras's `test_step` with trainer's exact weighting: the loss through the model's
     `compute_loss` on the exact sample weights, unscaled (`unscaled_losses`), its trackers
     counting as on one device; a model's own `test_step` is kept, its trackers counting."""
-    from keras.src.trainers.data_adapters import data_adapter_utils
-
     count = count_output_losses(model)
     if keeps_own_test_step(model):
         original = model.test_step
 
         def own_test_step(data):
-            x, _, _ = data_adapter_utils.unpack_x_y_sample_weight(data)
+            x, _, _ = unpack(data)
             local = batch_size(x)
             with count.counting(1.0, tf.cast(local, tf.float32) / global_count(local)):
                 return original(data)
@@ -193,15 +182,13 @@ def exact_test_step(model: keras.Model) -> Any:
         return own_test_step
 
     def test_step(data):
-        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        x, y, sample_weight = unpack(data)
         local = batch_size(x)
         weighted, share = exact_weights(sample_weight, local)
-        y_pred = model(x, training=False) if model._call_has_training_arg else model(x)
+        y_pred = forward(model, x, training=False)
         with count.counting(share, share / replicas_in_sync()), unscaled_losses():
-            loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=weighted,
-                                       training=False)
-        model._loss_tracker.update_state(tracked_loss(model, loss, share),
-                                         sample_weight=local)
+            loss = compute_loss(model, x, y, y_pred, weighted, training=False)
+        track_loss(model, tracked_loss(model, loss, share), local)
         return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     return test_step
@@ -210,22 +197,18 @@ def exact_test_step(model: keras.Model) -> Any:
 def exact_train_step(model: keras.Model) -> Any:
     """Keras's TensorFlow `train_step`, with `exact_weights` on the loss (computed unscaled,
     then divided by the replicas: `unscaled_losses`)."""
-    from keras.src.trainers.data_adapters import data_adapter_utils
-
     count = count_output_losses(model)
 
     def train_step(data):
-        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        x, y, sample_weight = unpack(data)
         local = batch_size(x)
         weighted, share = exact_weights(sample_weight, local)
         replicas = replicas_in_sync()
         with tf.GradientTape() as tape:
-            y_pred = model(x, training=True) if model._call_has_training_arg else model(x)
+            y_pred = forward(model, x, training=True)
             with count.counting(share, share / replicas), unscaled_losses():
-                loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=weighted,
-                                           training=True)
-            model._loss_tracker.update_state(tracked_loss(model, loss, share),
-                                             sample_weight=local)
+                loss = compute_loss(model, x, y, y_pred, weighted, training=True)
+            track_loss(model, tracked_loss(model, loss, share), local)
             scaled = model.optimizer.scale_loss(loss / replicas)
         note_forward_losses(model)
         apply(model, tape, scaled)
@@ -239,8 +222,13 @@ def note_forward_losses(model: keras.Model) -> None:
     activity regulariser), for the summary: each replica's are of its own share of the
     batch, taken as Keras takes them under a strategy (summed over the replicas, divided by
     their number): a batch's mean is exact on even shares, a batch's sum counts 1/N."""
-    if len(model.losses) > len(model._get_regularization_losses()):
-        model._trainer_forward_losses = True
+    if adds_forward_losses(model):
+        _forward_losses.add(model)
+
+
+def has_forward_losses(model: keras.Model) -> bool:
+    """Whether a traced step of the model met losses added in its forward pass."""
+    return model in _forward_losses
 
 
 def apply(model: keras.Model, tape: tf.GradientTape, loss: tf.Tensor) -> None:
@@ -251,38 +239,6 @@ def apply(model: keras.Model, tape: tf.GradientTape, loss: tf.Tensor) -> None:
         return
     gradients = tape.gradient(loss, variables)
     model.optimizer.apply_gradients(zip(gradients, variables, strict=True))
-
-
-def built(model: keras.Model) -> bool:
-    """Whether the model's layers, compiled loss and compiled metrics all hold their state
-    (what Keras's symbolic build would otherwise create)."""
-    pieces = [*model._flatten_layers(), model._compile_loss, model._compile_metrics]
-    return all(piece is None or piece.built for piece in pieces)
-
-
-def build_from_one_replica(model: keras.Model) -> None:
-    """Makes Keras's symbolic build read one replica's share of the first batch instead of
-    reducing it over the replicas (which fails on uneven shares and on strings)."""
-    original = model._maybe_symbolic_build
-
-    def maybe_symbolic_build(iterator=None, data_batch=None):
-        if built(model):
-            return  # nothing to build: no batch is read (Keras would read one, then reset)
-        if iterator is not None and data_batch is None:
-            strategy = model.distribute_strategy
-
-            def first_replica(value):
-                if isinstance(value, tf.distribute.DistributedValues):
-                    return strategy.experimental_local_results(value)[0]
-                return value
-
-            for _, _, it in iterator:
-                data_batch = tf.nest.map_structure(first_replica, next(it))
-                break
-            iterator = None
-        return original(iterator=iterator, data_batch=data_batch)
-
-    model._maybe_symbolic_build = maybe_symbolic_build
 
 
 class ChunkStart(keras.callbacks.Callback):
@@ -327,26 +283,5 @@ def steps_in_chunks(model: keras.Model, steps_per_execution: int) -> ChunkStart:
         steps = max(1, min(steps_per_execution, total - start.begin))
         return run_steps(iterator, tf.constant(steps))
 
-    def make_train_function(force=False):
-        model.train_function = train_function
-        return train_function
-
-    model.make_train_function = make_train_function
+    replace_train_function(model, train_function)
     return start
-
-
-def evaluate_one_step_per_call(model: keras.Model) -> None:
-    """Keras's `evaluate` (and `fit`'s validation) with one step per graph call, whatever
-    the model's `steps_per_execution`: Keras's multi-step test function fails under
-    MirroredStrategy (see `steps_in_chunks`), and evaluation's length is the data's."""
-    original = model.evaluate
-
-    def evaluate(*args, _use_cached_eval_dataset=False, **kwargs):
-        saved = model.steps_per_execution
-        model.steps_per_execution = 1  # what the test function and its iterator are built for
-        try:
-            return original(*args, **kwargs)
-        finally:
-            model.steps_per_execution = saved
-
-    model.evaluate = evaluate

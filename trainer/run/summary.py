@@ -12,6 +12,7 @@ import tensorflow as tf
 from trainer.config.image_size import describe_choice
 from trainer.data.augment import describe
 from trainer.data.fingerprint import of_source
+from trainer.run.step import has_forward_losses
 from trainer.rundir.atomic import write_json
 from trainer.rundir.backup import BackupStore, tidy
 from trainer.rundir.layout import RunDir
@@ -136,7 +137,7 @@ def _what_ran(spec: Any, run: Any, plan: Any, callbacks: Any) -> dict[str, Any]:
         "compiled_by": run.compiled_by,
         "train_step": OWN_STEP if run.own_train_step else "trainer's exact step",
         "forward_losses": (FORWARD_LOSSES.format(n=run.strategy.num_replicas_in_sync)
-                           if getattr(run.model, "_trainer_forward_losses", False)
+                           if has_forward_losses(run.model)
                            and run.strategy.num_replicas_in_sync > 1 else None),
         "checkpoints_hold": ("the whole model" if run.weights_only is None
                              else f"weights only: {run.weights_only}"),

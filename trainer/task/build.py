@@ -23,6 +23,18 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from trainer.config.build import build_object, describe
 from trainer.config.errors import ConfigError
 from trainer.config.schema import Config, LrPlan, config_dir
+from trainer.internals.keras_compile import (
+    compile_arguments,
+    compiled_losses,
+    config_saves,
+    direction,
+    metric_for,
+    named_metrics,
+    save_weights_only,
+    wrapped_loss,
+)
+from trainer.internals.keras_compile import output_spec as output_spec_of
+from trainer.internals.keras_step import symbolic_build
 
 LOSS_EXAMPLES = ("sparse_categorical_crossentropy", "categorical_crossentropy",
                  "binary_crossentropy", "mean_squared_error", "mean_absolute_error", "huber")
@@ -58,12 +70,9 @@ def build_loss(spec: Any) -> keras.losses.Loss:
     if isinstance(loss, keras.losses.Loss):
         return loss
     if callable(loss):
-        # What Keras's compile wraps a loss function in (not exported under keras.losses).
-        from keras.src.losses import LossFunctionWrapper
-
         if isinstance(loss, functools.partial) and not loss.args:  # `_partial_: true`
-            return LossFunctionWrapper(serializable(loss.func), name=name, **loss.keywords)
-        return LossFunctionWrapper(serializable(loss), name=name)
+            return wrapped_loss(serializable(loss.func), name, **loss.keywords)
+        return wrapped_loss(serializable(loss), name)
     raise ConfigError(f"loss must build a Keras loss or a function; received: {loss!r}")
 
 
@@ -97,9 +106,7 @@ def serializable(function: Callable) -> Callable:
     module = getattr(inner, "__module__", None) or ""
     if not inspect.isfunction(inner) or module.split(".")[0] == "keras":
         return function
-    from keras.src.saving import object_registration
-
-    if object_registration.get_registered_name(inner) == inner.__name__:
+    if keras.saving.get_registered_name(inner) == inner.__name__:
         keras.saving.register_keras_serializable(package=module)(inner)
     return function
 
@@ -116,15 +123,13 @@ def build_metrics(specs: Sequence[Any], label_shape: Sequence[int | None],
     Returns:
         One `keras.metrics.Metric` per spec, named as Keras's `compile` names it.
     """
-    from keras.src.trainers.compile_utils import get_metric
-
     y_true = keras.KerasTensor(tuple(label_shape))
     y_pred = keras.KerasTensor(tuple(output_shape))
     metrics = []
     for spec in specs:
         if isinstance(spec, str):
             try:
-                metrics.append(get_metric(spec, y_true, y_pred))
+                metrics.append(metric_for(spec, y_true, y_pred))
             except (ValueError, TypeError):
                 raise ConfigError(f"unknown metric {spec!r}; valid: a Keras metric name such "
                                   f"as {', '.join(METRIC_EXAMPLES)}, or a node with "
@@ -192,12 +197,10 @@ def several_losses(loss: Any) -> bool:
 def symbolic_batch(element_spec: Any) -> Any:
     """A batch of `keras.KerasTensor`s shaped as a batched dataset's elements (the batch axis
     unknown): what Keras's symbolic build reads instead of a real batch."""
-    from keras.src.backend import standardize_dtype
-
     def symbolic(spec: Any) -> Any:
         if not hasattr(spec, "shape"):  # an optional input given as None (NoneTensorSpec)
             return None
-        return keras.KerasTensor(tuple(spec.shape), standardize_dtype(spec.dtype))
+        return keras.KerasTensor(tuple(spec.shape), keras.backend.standardize_dtype(spec.dtype))
 
     return tf.nest.map_structure(symbolic, element_spec)
 
@@ -206,10 +209,8 @@ def output_spec(model: keras.Model, x: Any) -> Any:
     """The model's outputs for symbolic inputs `x`, building its variables as Keras's fit
     does on its first batch (a subclassed model has none until then). Call inside the
     strategy's scope."""
-    from keras.src import backend
-
     try:
-        return backend.compute_output_spec(model, x, training=False)
+        return output_spec_of(model, x)
     except Exception as error:  # noqa: BLE001 - a model that cannot take the data
         raise ConfigError(f"model {type(model).__name__} cannot take this dataset's inputs "
                           f"{_structure(x)}: {describe(error)}") from None
@@ -261,17 +262,13 @@ def logged_metrics(model: keras.Model) -> tuple[list[str], dict[str, str]]:
 
     Keras's logs are a mapping: two losses on one output (`{"b": ["mse", "bce"]}`) log one
     `b_loss`, the last one's, and so does this list."""
-    from keras.src.trainers.compile_utils import CompileMetrics
-
     names, ways = [], {}
     for metric in model.metrics:
-        pairs = (list(zip(metric.result(), metric.metrics, strict=True))
-                 if isinstance(metric, CompileMetrics) else [(metric.name, metric)])
-        for name, item in pairs:
+        for name, item in named_metrics(metric):
             if name != "loss" and name not in names:
                 names.append(name)
-            if getattr(item, "_direction", None):
-                ways[name] = item._direction
+            if direction(item):
+                ways[name] = direction(item)
     return names, ways
 
 
@@ -321,7 +318,7 @@ def choose_task(model: keras.Model, config: Mapping[str, Any], classes: bool,
         named = default_metrics(config["metrics"], classes, outputs)
         return Task(build_losses(config["loss"]), config["loss_weights"],
                     compiled_metrics(named))
-    own = dict(model._compile_config.config)
+    own = compile_arguments(model)
     loss = own.get("loss")
     _conflict("loss", loss, config["loss"], config.get("loss_named",
                                                    config["loss"] != default_loss()))
@@ -444,7 +441,7 @@ def build_compiled(model: keras.Model, x: Any, y: Any) -> None:
     Keras's fit does from its first batch (call inside the strategy's scope); a loss or
     metrics that do not fit the outputs and targets is one line."""
     try:
-        model._symbolic_build(data_batch=(x, y))
+        symbolic_build(model, (x, y))
     except (ValueError, TypeError, KeyError) as error:
         raise ConfigError(f"the loss and metrics do not fit the model's outputs "
                           f"{_structure(output_spec(model, x))} and the targets "
@@ -463,11 +460,8 @@ def make_saveable(model: keras.Model) -> str | None:
 def weights_only_reason(model: keras.Model) -> str | None:
     """Why a `.keras` file cannot hold this model's config (a subclassed model without
     `get_config`, an argument Keras cannot serialize), or None where it can."""
-    from keras.src.saving.serialization_lib import ObjectSharingScope, serialize_keras_object
-
     try:
-        with ObjectSharingScope():
-            serialize_keras_object(model)
+        config_saves(model)
     except NotImplementedError:
         return (f"{type(model).__name__} does not implement get_config (load it with "
                 "trainer.evaluate / trainer.predict, which rebuild it)")
@@ -486,13 +480,11 @@ def save_weights_in_keras_files(model: keras.Model, reason: str) -> None:
     import tempfile
     import zipfile
 
-    from keras.src.saving import saving_lib
-
     def save(filepath, overwrite=True, **_):
         del overwrite  # checkpoints write to a fresh temporary name
         with tempfile.TemporaryDirectory(dir=Path(filepath).parent) as tmp:
             weights = Path(tmp) / "model.weights.h5"
-            saving_lib.save_weights_only(model, str(weights))
+            save_weights_only(model, str(weights))
             cls = type(model)
             with zipfile.ZipFile(filepath, "w") as archive:
                 archive.writestr("metadata.json", json.dumps({
@@ -509,11 +501,11 @@ def save_weights_in_keras_files(model: keras.Model, reason: str) -> None:
 def check_class_losses(model: keras.Model, y_true: Any) -> None:
     """Refuses a loss over class indices (sparse categorical cross-entropy) on a float
     target: a regression target, read as classes, would train without an error."""
-    compiled = getattr(model, "_compile_loss", None)
-    if compiled is None or not compiled.built:
+    entries = compiled_losses(model)
+    if entries is None:
         return
     flat = tf.nest.flatten(y_true)
-    for index, entry in enumerate(compiled._flat_losses):
+    for index, entry in enumerate(entries):
         if getattr(entry.loss, "fn", None) is not keras.losses.sparse_categorical_crossentropy:
             continue
         try:
@@ -530,7 +522,7 @@ def check_class_losses(model: keras.Model, y_true: Any) -> None:
 
 def directions(metrics: Sequence[keras.metrics.Metric]) -> dict[str, str]:
     """Which way each metric improves (`up`/`down`), where the metric says it."""
-    return {m.name: m._direction for m in metrics if getattr(m, "_direction", None)}
+    return {m.name: direction(m) for m in metrics if direction(m)}
 
 
 def build_optimizer(node: Mapping, learning_rate: Any) -> keras.optimizers.Optimizer:

@@ -27,6 +27,7 @@ from omegaconf import DictConfig
 
 from trainer.config.errors import EXIT_CONFIG, EXIT_INTERRUPTED, ConfigError
 from trainer.config.metrics import sweep_mode
+from trainer.internals.hydra_app import args_parser
 from trainer.rundir.atomic import write_json
 from trainer.rundir.layout import RunDir
 
@@ -312,9 +313,7 @@ def _report_trial(hc: Any, out: Path, code: int, last: str, metric: str,
 
 def config_options() -> list[str]:
     """The sweep's own --config-name / --config-dir / --config-path, for each job."""
-    from hydra._internal.utils import get_args_parser
-
-    parsed, _ = get_args_parser().parse_known_args(sys.argv[1:])
+    parsed, _ = args_parser().parse_known_args(sys.argv[1:])
     options = []
     for flag, value in (("--config-name", parsed.config_name), ("--config-dir",
                         parsed.config_dir), ("--config-path", parsed.config_path)):

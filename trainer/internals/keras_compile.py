@@ -1,0 +1,77 @@
+"""Keras 3.15's compile and saving internals that trainer's task building reads: the
+wrapper `compile` puts around a loss function, the metric `compile` resolves a name to, the
+compiled loss's entries, a compiled model's own `compile` arguments, and saving a model's
+weights into a `.keras` archive of trainer's."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import keras
+from keras.src import backend
+from keras.src.losses import LossFunctionWrapper
+from keras.src.saving import saving_lib
+from keras.src.saving.serialization_lib import ObjectSharingScope
+from keras.src.trainers.compile_utils import CompileMetrics, get_metric
+
+from trainer.internals import check_version
+
+check_version("keras", keras.__version__)
+
+
+def wrapped_loss(function: Callable, name: str | None, **keywords: Any) -> keras.losses.Loss:
+    """A loss function as Keras's `compile` wraps it (`LossFunctionWrapper`, which Keras does
+    not export)."""
+    return LossFunctionWrapper(function, name=name, **keywords)
+
+
+def metric_for(name: str, y_true: Any, y_pred: Any) -> keras.metrics.Metric:
+    """The metric Keras's `compile` makes of a name for these targets and outputs
+    (`accuracy` becomes sparse or categorical by their shapes)."""
+    return get_metric(name, y_true, y_pred)
+
+
+def output_spec(model: keras.Model, x: Any) -> Any:
+    """The model's outputs for symbolic inputs, building its variables as `fit` does."""
+    return backend.compute_output_spec(model, x, training=False)
+
+
+def named_metrics(metric: keras.metrics.Metric) -> list[tuple[str, keras.metrics.Metric]]:
+    """`(logged name, metric)` pairs of one of `model.metrics`: each compiled metric by the
+    name Keras logs it under, any other metric by its own name."""
+    if isinstance(metric, CompileMetrics):
+        return list(zip(metric.result(), metric.metrics, strict=True))
+    return [(metric.name, metric)]
+
+
+def direction(metric: Any) -> str | None:
+    """Which way a Keras metric says it improves (`up`/`down`), or None."""
+    return getattr(metric, "_direction", None)
+
+
+def compile_arguments(model: keras.Model) -> dict[str, Any]:
+    """What a compiled model's `compile` was called with (loss, metrics, optimizer, ...)."""
+    return dict(model._compile_config.config)
+
+
+def compiled_losses(model: keras.Model) -> list | None:
+    """The compiled loss's entries, one per output with a loss (each has `loss`, `name`
+    and `path`), or None where the loss is not compiled or built."""
+    compiled = getattr(model, "_compile_loss", None)
+    if compiled is None or not compiled.built:
+        return None
+    return list(compiled._flat_losses)
+
+
+def config_saves(model: keras.Model) -> None:
+    """Serializes the model's config as `model.save` does (objects shared between layers
+    once), raising what saving would raise."""
+    with ObjectSharingScope():
+        keras.saving.serialize_keras_object(model)
+
+
+def save_weights_only(model: keras.Model, path: str) -> None:
+    """Writes the model's weights (and optimizer state) as a `.weights.h5` file, as a
+    `.keras` archive holds them."""
+    saving_lib.save_weights_only(model, path)

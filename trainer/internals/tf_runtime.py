@@ -1,0 +1,24 @@
+"""TensorFlow 2.21's runtime switches that its public API does not export: turning op
+determinism off again, and asking which kernels this build registers."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+from tensorflow.python.framework import config as tf_config
+from tensorflow.python.framework import kernels
+
+from trainer.internals import check_version
+
+check_version("tensorflow", tf.__version__)
+
+
+def disable_op_determinism() -> None:
+    """Turns TensorFlow's process-wide op determinism off where it is on
+    (`tf.config.experimental.enable_op_determinism` has no public inverse)."""
+    if tf_config.is_op_determinism_enabled():
+        tf_config.disable_op_determinism()
+
+
+def has_kernel(op: str) -> bool:
+    """Whether this TensorFlow build registers a kernel for `op` (e.g. `NcclAllReduce`)."""
+    return bool(kernels.get_registered_kernels_for_op(op).kernel)
