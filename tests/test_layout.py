@@ -12,7 +12,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "trainer"
 # The floor of each subpackage; the entry points (`__main__`, `evaluate`, `launch`) sit on top.
-FLOORS = {"config": 0, "plan": 1, "rundir": 2, "distribute": 3, "data": 4, "models": 5,
+FLOORS = {"internals": -1, "config": 0, "plan": 1, "rundir": 2, "distribute": 3, "data": 4, "models": 5,
           "task": 6, "track": 7, "run": 8}
 TOP = 9
 
@@ -102,9 +102,13 @@ def test_imports_run_downward():
 
 
 def test_config_imports_nothing_of_ours_and_nothing_imports_main():
+    """Below it only the internals room, and of that only Hydra's side (no TensorFlow)."""
     graph = _graph()
     assert [f"{a} -> {b}" for a, targets in graph.items() if a.startswith("trainer.config")
-            for b in targets if not b.startswith("trainer.config")] == []
+            for b in targets if not b.startswith("trainer.config")
+            and b not in ("trainer.internals", "trainer.internals.hydra_app")] == []
+    assert [f"{a} -> {b}" for a, targets in graph.items() if a.startswith("trainer.internals")
+            for b in targets if not b.startswith("trainer.internals")] == []
     assert [a for a, targets in graph.items() if "trainer.__main__" in targets] == []
 
 
@@ -208,7 +212,8 @@ def test_decide_modules_import_no_tensorflow_at_any_level():
             "trainer.distribute.strategy", "trainer.distribute.device_plan",
             "trainer.data.augment", "trainer.models.formats", "trainer.task.finetune",
             "trainer.run.inputs", "trainer.run.reopen",
-            "trainer.plan.speed"}.isdisjoint(build)
+            "trainer.plan.speed", "trainer.internals",
+            "trainer.internals.hydra_app"}.isdisjoint(build)
 
 
 def test_only_the_entry_points_import_our_modules_inside_functions():
@@ -266,3 +271,79 @@ def test_the_entry_points_go_through_the_run():
             for t in _under(targets, "distribute")] == []
     assert [f"{a} -> {t}" for a, targets in graph.items() if a.startswith("trainer.models")
             for t in _under(targets, "plan")] == []
+
+
+# What only `trainer/internals/` may name: the private modules of Keras, TensorFlow and
+# Hydra, and the private attributes and replaced methods the room lists.
+ROOM = "trainer.internals"
+
+
+def _private_names() -> tuple[tuple[str, ...], set[str]]:
+    """(module prefixes, attribute names) from the room's own list."""
+    tree = ast.parse((PACKAGE / "internals" / "__init__.py").read_text())
+    listed = next(node.value for node in tree.body if isinstance(node, ast.Assign)
+                  and getattr(node.targets[0], "id", "") == "PRIVATE_NAMES")
+    names = [ast.literal_eval(item) for item in listed.elts]
+    return tuple(n for n in names if "." in n), {n for n in names if "." not in n}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring nodes of a module, its classes and functions."""
+    found = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)):
+            found.add(id(body[0].value))
+    return found
+
+
+def _private_contacts(source: str, where: str) -> list[str]:
+    """Every place in `source` that names one of the room's private names."""
+    prefixes, attributes = _private_names()
+    tree = ast.parse(source)
+    docs, found = _docstrings(tree), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            named = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            named = [node.module or ""]
+        elif isinstance(node, ast.Attribute):
+            named = [node.attr]
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and id(node) not in docs):
+            named = [node.value] if node.value in attributes else [
+                p for p in prefixes if p in node.value]
+        else:
+            continue
+        found += [f"{where}:{node.lineno} {name}" for name in named
+                  if name in attributes or name.startswith(prefixes)]
+    return found
+
+
+def test_only_the_internals_room_names_private_keras_tensorflow_and_hydra():
+    """An upgrade of Keras, TensorFlow or Hydra that moves a private name breaks one module
+    of `trainer/internals/`, which the version check names; nowhere else names one."""
+    outside = []
+    for name, path in _modules().items():
+        if name != ROOM and not name.startswith(f"{ROOM}."):
+            outside += _private_contacts(path.read_text(), name)
+    assert outside == []
+
+
+PLANTED = '''from keras.src.losses import loss
+import tensorflow.python.framework
+model._compute_loss(x)
+getattr(metric, "_direction", None)
+def f():
+    """keras.src named in a docstring is prose."""
+'''
+
+
+def test_the_private_names_check_sees_each_kind_of_contact_and_the_list_is_used():
+    assert [line.split(" ")[1] for line in _private_contacts(PLANTED, "planted")] == [
+        "keras.src.losses", "tensorflow.python.framework", "_compute_loss", "_direction"]
+    room = "\n".join(path.read_text() for name, path in _modules().items()
+                     if name.startswith(f"{ROOM}."))
+    prefixes, attributes = _private_names()
+    assert [n for n in (*prefixes, *attributes) if n not in room] == []
