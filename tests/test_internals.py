@@ -55,4 +55,6 @@ def test_importing_the_room_under_an_untested_keras_warns_once():
                                                      "TF_CPP_MIN_LOG_LEVEL": "3"})
     assert out.returncode == 0, out.stderr
     warned = [line for line in out.stderr.splitlines() if line.startswith("warning:")]
-    assert warned == [internals.untested("keras", keras.__version__)]
+    assert len(warned) == 1
+    assert warned[0].startswith(f"warning: keras {keras.__version__} is not a version trainer "
+                                "was tested with (3.0.x)")
