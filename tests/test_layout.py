@@ -12,8 +12,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "trainer"
 # The floor of each subpackage; the entry points (`__main__`, `evaluate`, `launch`) sit on top.
-FLOORS = {"internals": -1, "config": 0, "plan": 1, "rundir": 2, "distribute": 3, "data": 4, "models": 5,
-          "task": 6, "track": 7, "run": 8}
+FLOORS = {"internals": -1, "config": 0, "plan": 1, "rundir": 2, "distribute": 3, "data": 4,
+          "models": 5, "task": 6, "track": 7, "run": 8}
 TOP = 9
 
 
