@@ -24,7 +24,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from trainer.config.errors import ConfigError, NothingToDo
-from trainer.config.validate import export_formats, validate
+from trainer.config.validate import Parsed, validate
 from trainer.data.augment import check as check_augment
 from trainer.distribute.cluster import Cluster, resolve_cluster
 from trainer.models.formats import check_converters
@@ -99,7 +99,7 @@ class Checked:
             self.lock.release()
 
 
-def check_config(cfg: DictConfig, reach: bool = False) -> None:
+def check_config(cfg: DictConfig, reach: bool = False) -> Parsed | None:
     """Checks every value of a composed config before anything is built or written.
 
     Args:
@@ -107,17 +107,21 @@ def check_config(cfg: DictConfig, reach: bool = False) -> None:
         reach: also connect to the servers the config names (an MLflow tracking server),
             instead of the other checks (the chief's, once the directory is locked).
 
+    Returns:
+        The values parsed on the way, for `resolve` (None with `reach`).
+
     Raises:
         ConfigError: naming the bad value and what would be valid.
     """
     if reach:
         check_loggers(cfg.logger, reach=True)
-        return
-    validate(cfg)
+        return None
+    parsed = validate(cfg)
     check_loggers(cfg.logger)
     check_augment(cfg.augment)
     check_finetune(cfg.finetune, str(cfg.optimizer.get("_target_", "")))
-    check_converters(export_formats(cfg.export))
+    check_converters(parsed.export)
+    return parsed
 
 
 def preflight(cfg: DictConfig, logs: str | Path | None = None,
@@ -144,8 +148,7 @@ def preflight(cfg: DictConfig, logs: str | Path | None = None,
     if logs is not None:
         check_name(logs)  # the string: an empty one would be '.' as a Path
         check_writable(Path(logs))
-    check_config(cfg)
-    spec = resolve(cfg, choices)
+    spec = resolve(cfg, choices, check_config(cfg))
     cluster = resolve_cluster(list(spec.cluster.workers), spec.cluster.task_index,
                               environ.get("TF_CONFIG"), environ, spec.cluster.port_base)
     if cluster is not None and not cluster.is_chief:
