@@ -27,6 +27,7 @@ from trainer.config.schema import (
     Config,
     LrPlan,
 )
+from trainer.config.strategies import is_own
 
 
 def _require(ok: bool, message: str) -> None:
@@ -299,7 +300,10 @@ def validate(cfg: DictConfig) -> Parsed:
 
 
 def _validate_strategy(strategy: DictConfig) -> None:
-    _one_of("strategy.name", strategy.name, STRATEGIES)
+    if is_own(strategy.name):  # a StrategyKind of the user's, imported once TensorFlow runs
+        _importable("strategy.name", strategy.name)
+    else:
+        _one_of("strategy.name", strategy.name, STRATEGIES)
     _one_of("strategy.cross_device_ops", strategy.cross_device_ops, CROSS_DEVICE_OPS)
     timeout = strategy.timeout_s
     _require(timeout is None or timeout > 0, "strategy.timeout_s must be a positive number of "
@@ -428,8 +432,8 @@ def _is_metrics(metrics: Any) -> bool:
 
 
 def _importable(key: str, target: Any) -> None:
-    """A `_target_` whose top-level package is nowhere is refused before anything starts
-    (found without importing it: importing could start TensorFlow)."""
+    """A dotted name (a `_target_`) whose top-level package is nowhere is refused before
+    anything starts (found without importing it: importing could start TensorFlow)."""
     import importlib.util
 
     top = str(target).split(".")[0]
@@ -437,7 +441,7 @@ def _importable(key: str, target: Any) -> None:
         found = bool(top) and importlib.util.find_spec(top) is not None
     except (ImportError, ValueError):
         found = False
-    _require(found, f"{key}._target_={target!r}: no module named {top!r} (is it installed, "
+    _require(found, f"{key}={target!r}: no module named {top!r} (is it installed, "
              "or in the working directory?)")
 
 
@@ -459,11 +463,11 @@ def _validate_task(cfg: DictConfig) -> None:
                  f"callbacks.{name} must be a node with _target_ (or null to disable it); "
                  f"received: {node!r}")
         if node is not None:
-            _importable(f"callbacks.{name}", node._target_)
+            _importable(f"callbacks.{name}._target_", node._target_)
     for key in ("model", "dataset", "optimizer"):
         node = cfg.get(key)
         if isinstance(node, DictConfig) and isinstance(node.get("_target_"), str):
-            _importable(key, node._target_)
+            _importable(f"{key}._target_", node._target_)
     loggers = cfg.logger or {}
     if "csv" in loggers:
         file = (loggers.get("csv") or {}).get("filename", "metrics.csv")
