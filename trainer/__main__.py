@@ -1,7 +1,8 @@
 """`python -m trainer [overrides...]`: compose the config with Hydra, check it, then train.
 
 The pre-flight (`trainer.run.preflight`) runs before Hydra writes anything into the run
-directory; the Hydra job then runs the run it checked. Known errors (a bad config, a missing
+directory; the Hydra job then launches the run it checked (`trainer.run.startup`, the
+start-up sequence `trainer.fit` and `train(cfg)` share). Known errors (a bad config, a missing
 device) become one line on stderr and their exit code (`trainer.run.process`);
 `HYDRA_FULL_ERROR=1` shows the whole traceback instead.
 """
