@@ -403,12 +403,33 @@ def test_an_empty_run_directory_is_one_line_and_writes_nothing(tmp_path, empty):
     assert list(tmp_path.iterdir()) == []
 
 
-# Every check a command-line run makes of its config, its run directory and its data.
+# Every check a command-line run makes of its config, its run directory and its data, and
+# the parsers of config values (each value is parsed once, into the run's `Spec`).
 CHECKS = ("check_name", "check_writable", "validate", "check_loggers", "check", "check_finetune",
           "check_converters", "resolve", "resolve_cluster", "check_resume_target",
           "nothing_to_add", "refuse_finished_run", "check_backups_kept", "latest_state",
           "check_resume", "check_same_data", "check_global_batch", "check_metric_name",
-          "check_inputs", "check_class_weight", "check_free_space")
+          "check_inputs", "check_class_weight", "check_free_space", "parse_devices",
+          "export_formats")
+# What one new run checks and parses once each, the command line's and trainer.fit's alike.
+ONCE = {("trainer.config.validate", "validate", False),
+        ("trainer.config.validate", "parse_devices", False),
+        ("trainer.config.validate", "export_formats", False),
+        ("trainer.track.loggers", "check_loggers", False),
+        ("trainer.track.loggers", "check_loggers", True),
+        ("trainer.data.augment", "check", False),
+        ("trainer.task.finetune", "check", False),
+        ("trainer.models.formats", "check_converters", False),
+        ("trainer.run.resolve", "resolve", False),
+        ("trainer.rundir.names", "check_name", False),
+        ("trainer.rundir.lock", "check_writable", False),
+        ("trainer.rundir.resume", "refuse_finished_run", False),
+        ("trainer.rundir.resume", "check_backups_kept", False),
+        ("trainer.rundir.resume", "latest_state", False),
+        ("trainer.data.fingerprint", "check_same_data", False),
+        ("trainer.rundir.resume", "check_global_batch", False),
+        ("trainer.track.sweep", "check_metric_name", False),
+        ("trainer.rundir.space", "check_free_space", False)}
 
 
 def _count_checks(monkeypatch) -> dict:
@@ -451,24 +472,8 @@ def test_one_command_line_run_makes_every_check_once(tmp_path, monkeypatch):
     run = tmp_path / "run"
     out = run_main(*TINY, "model=small", f"hydra.run.dir={run}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    once = {("trainer.config.validate", "validate", False),
-            ("trainer.track.loggers", "check_loggers", False),
-            ("trainer.track.loggers", "check_loggers", True),
-            ("trainer.data.augment", "check", False),
-            ("trainer.task.finetune", "check", False),
-            ("trainer.models.formats", "check_converters", False),
-            ("trainer.run.resolve", "resolve", False),
-            ("trainer.rundir.names", "check_name", False),
-            ("trainer.rundir.lock", "check_writable", False),
-            ("trainer.rundir.resume", "refuse_finished_run", False),
-            ("trainer.rundir.resume", "check_backups_kept", False),
-            ("trainer.rundir.resume", "latest_state", False),
-            ("trainer.data.fingerprint", "check_same_data", False),
-            ("trainer.rundir.resume", "check_global_batch", False),
-            ("trainer.track.sweep", "check_metric_name", False),
-            ("trainer.rundir.space", "check_free_space", False)}
     assert {k: v for k, v in calls.items() if v != 1} == {}
-    assert once <= set(calls), once - set(calls)
+    assert ONCE <= set(calls), ONCE - set(calls)
     calls.clear()
     out = run_main(*TINY, "model=small", "epochs=2", f"resume={run}", f"hydra.run.dir={run}",
                    cwd=tmp_path)
@@ -477,6 +482,18 @@ def test_one_command_line_run_makes_every_check_once(tmp_path, monkeypatch):
     assert {("trainer.rundir.resume", "check_resume", False),
             ("trainer.rundir.resume", "nothing_to_add", False),
             ("trainer.rundir.resume", "check_resume_target", False)} <= set(calls)
+
+
+def test_one_fit_run_makes_every_check_and_parses_every_value_once(tmp_path, monkeypatch):
+    """`trainer.fit`, as the command line: `devices` and `export` parsed once (into the
+    run's `Spec`), every check once."""
+    import trainer
+
+    calls = _count_checks(monkeypatch)
+    trainer.fit([*TINY, "model=small", "accelerator=cpu", "devices=[0,1]", "export=false"],
+                run_dir=tmp_path / "run")
+    assert {k: v for k, v in calls.items() if v != 1} == {}
+    assert ONCE <= set(calls), ONCE - set(calls)
 
 
 def test_a_default_run_imports_no_tracker_sweeper_or_zoo(tmp_path):

@@ -246,3 +246,38 @@ def test_a_lock_that_is_a_directory_is_one_line_from_the_command_line(tmp_path):
         f"error: run directory {run_dir} has a directory .lock where its lock file goes; "
         f"remove {run_dir / '.lock'} (a run never makes it), or choose another hydra.run.dir"]
     assert [p.name for p in run_dir.iterdir()] == [".lock"]
+
+
+def failing_tracker(run_dir, params, chief):
+    """A logger builder of the test's own that cannot start: a run failing once TensorFlow
+    runs, its run directory made."""
+    raise RuntimeError("no tracking today")
+
+
+def test_the_runs_owner_releases_its_lock_exactly_once(tmp_path, monkeypatch):
+    """One stack of guards (`trainer.run.owner`): a command-line run, a `trainer.fit` run
+    and a command-line run failing once TensorFlow runs each release their lock once (the
+    command line released it twice: in the run and again at its end), and the failed one
+    leaves no directory and one line."""
+    import trainer
+    from tests.conftest import error_lines, run_main
+
+    released: dict[Path, int] = {}
+    real = lock.RunLock.release
+
+    def counted(self):
+        released[self.run_dir] = released.get(self.run_dir, 0) + 1
+        return real(self)
+
+    monkeypatch.setattr(lock.RunLock, "release", counted)
+    cli, fit, failed = tmp_path / "cli", tmp_path / "fit", tmp_path / "failed"
+    assert run_main(*TINY, f"hydra.run.dir={cli}", cwd=tmp_path).returncode == 0
+    trainer.fit(TINY, run_dir=fit)
+    out = run_main(*TINY, "+logger.mine._target_=test_run_lock.failing_tracker",
+                   f"hydra.run.dir={failed}", cwd=tmp_path)
+    assert out.returncode == 2
+    assert error_lines(out.stderr) == ["error: logger mine could not start (no tracking "
+                                       "today); fix its logger.mine options, or drop it: "
+                                       "logger=[]"]
+    assert not failed.exists()
+    assert released == {cli: 1, fit: 1, failed: 1}

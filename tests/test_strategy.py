@@ -125,3 +125,21 @@ def test_one_record_per_strategy_kind_says_what_differs():
     for name in ("default", "one_device", "mirrored"):
         kind = KINDS[name]
         assert kind.fit_works and not kind.needs_seed and kind.evaluate_as == name
+
+
+def test_each_built_in_kind_is_its_record_its_builder_and_its_yaml():
+    """docs/architecture.md's 3 files of a built-in kind: the record (`KINDS`), the builder
+    it names (in `trainer.distribute.runtime`), and `conf/strategy/NAME.yaml` naming it;
+    `strategy=auto` picks each situation's kind, one each."""
+    from omegaconf import OmegaConf
+
+    import trainer.distribute.runtime as runtime
+    from trainer.config.schema import config_dir
+    from trainer.config.strategies import KINDS, situation
+
+    for name, kind in KINDS.items():
+        module, _, builder = kind.build.rpartition(".")
+        assert module == runtime.__name__ and callable(getattr(runtime, builder)), name
+        assert OmegaConf.load(config_dir() / "strategy" / f"{name}.yaml").name == name
+    situations = {situation(r, w, d) for r in (1, 2) for w in (1, 2) for d in ("cpu", "gpu")}
+    assert sorted(kind.auto for kind in KINDS.values()) == sorted(situations)

@@ -1,7 +1,8 @@
 """`python -m trainer [overrides...]`: compose the config with Hydra, check it, then train.
 
 The pre-flight (`trainer.run.preflight`) runs before Hydra writes anything into the run
-directory; the Hydra job then runs the run it checked. Known errors (a bad config, a missing
+directory; the Hydra job then launches the run it checked (`trainer.run.startup`, the
+start-up sequence `trainer.fit` and `train(cfg)` share). Known errors (a bad config, a missing
 device) become one line on stderr and their exit code (`trainer.run.process`);
 `HYDRA_FULL_ERROR=1` shows the whole traceback instead.
 """
@@ -10,22 +11,22 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import replace
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from trainer.config.compose import compose_from_args
+from trainer.config.compose import composed
 from trainer.config.schema import config_dir, register_configs
 from trainer.internals.hydra_app import args_parser
 from trainer.run import process
 from trainer.run.jobs import check_sweep_direction, dispatches_jobs, is_sweep_job, run_sweep_job
 from trainer.run.preflight import Checked, preflight
-from trainer.rundir.layout import RunDir
+from trainer.run.startup import Finished, begin, launch
 
 process.quiet_logs()
 register_configs()
@@ -47,19 +48,13 @@ def _hydra_main(cfg: DictConfig) -> Any:
         return run_sweep_job(cfg, process.USER_FULL_ERROR)
     # Handled here, not after Hydra returns: Hydra would add its own "Error executing job" line.
     try:
-        if not _checked:
-            from hydra.core.hydra_config import HydraConfig
+        if _checked:  # checked before Hydra started its job (`main`)
+            record = partial(_record, cfg) if _later else None
+            return launch(_checked[0], process.start_run, record)
+        from hydra.core.hydra_config import HydraConfig
 
-            _checked.append(preflight(cfg, logs=HydraConfig.get().runtime.output_dir))
-        checked = _checked[0]
-        if _later:
-            checked = replace(checked, record=partial(_record, cfg))
-        with checked.owned():
-            process.start_tensorflow()
-            # an entry point: the run imports TensorFlow, started quietly by now
-            from trainer.run.train import start
-
-            return start(checked)
+        found = begin(cfg, HydraConfig.get().runtime.output_dir, process.start_run)
+        return None if isinstance(found, Finished) else found
     except process.FAILURES as error:
         process.exit_with(error)
 
@@ -81,16 +76,14 @@ def main() -> None:
                     a.startswith("hydra.output_subdir=") for a in sys.argv[1:]):
                 _later.append(True)
                 sys.argv.append(LATER)
-            _hydra_main()
+            # The checked run's owner is held around Hydra's job too: a start that ends
+            # before the job runs its run (a signal, Hydra's own refusal) is ended here.
+            with _checked[0].owned() if _checked else nullcontext():
+                _hydra_main()
         except process.STOPS as error:
-            for checked in _checked:  # nothing left behind by a start that ends here
-                checked.abandon()
             process.exit_with(error)
         finally:
             sys.argv[:] = argv
-            for checked in _checked:  # a job that never ran, or a failure before it
-                if checked.lock is not None:
-                    checked.lock.release()
 
 
 def _precheck(args: list[str]) -> bool:
@@ -106,19 +99,14 @@ def _precheck(args: list[str]) -> bool:
     if args_parser().parse_args(args).multirun:
         check_sweep_direction(args)
         return False
-    cfg = compose_from_args(args)
-    if cfg is None:
+    run = composed(args)
+    if run is None:
         return False
-    logs = OmegaConf.select(cfg, "hydra.run.dir")
-    choices = dict(OmegaConf.select(cfg, "hydra.runtime.choices") or {})
-    with open_dict(cfg):
-        del cfg["hydra"]
     try:
-        _checked.append(preflight(cfg, logs, choices=choices))
+        _checked.append(preflight(run.cfg, run.logs, choices=run.choices))
     except InterpolationResolutionError:
         return False  # it needs a running job (`${hydra:...}`): the job checks it
-    place = _checked[0].run_dir
-    return place is not None and place == Path(logs) and RunDir(place).config.is_file()
+    return _checked[0].recorded and _checked[0].run_dir == Path(run.logs)
 
 
 def _record(cfg: DictConfig) -> None:

@@ -2,7 +2,8 @@
 
 `fit(overrides)` is the command line in one call: the config is composed by Hydra's compose
 API from the same schema and search path (`config_dir` in front, as `--config-dir`), the same
-pre-flight checks run (the directory's lock taken first), TensorFlow starts as quietly, and
+pre-flight checks run (the directory's lock taken first), the same start-up sequence follows
+(`trainer.run.startup`: the run's owner and its guards, TensorFlow started as quietly), and
 the run writes the same run directory (`.hydra/config.yaml` too, so `trainer.evaluate` and
 `trainer.predict` work on it). Every failure raises `TrainerError`, whose message is the
 line the command line prints after `error: `, and whose `exit_code` is the command line's.
@@ -15,19 +16,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf, open_dict
+from omegaconf import OmegaConf
 
-from trainer.config.compose import compose_from_args
-from trainer.config.errors import ConfigError, NothingToDo
+from trainer.config.compose import composed
+from trainer.config.errors import ConfigError
 from trainer.config.outcome import as_overrides, one_error
 from trainer.config.schema import register_configs
 from trainer.run import process
-from trainer.run.preflight import preflight
+from trainer.run.startup import Finished, begin
 from trainer.rundir.layout import RunDir
 
 
@@ -88,35 +89,19 @@ def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
             raise ConfigError("trainer.fit runs one config; a sweep (-m) is the command "
                               "line's: call fit in a loop, or run python -m trainer -m ...")
         register_configs()
-        cfg = compose_from_args(args)
-        if cfg is None:
+        run = composed(args)
+        if run is None:
             raise ConfigError(f"trainer.fit trains one config; {' '.join(given)} is a command "
                               f"of the command line's: python -m trainer {' '.join(given)}")
-        logs = OmegaConf.select(cfg, "hydra.run.dir")
-        overrides_seen = list(OmegaConf.select(cfg, "hydra.overrides.task") or [])
-        choices = dict(OmegaConf.select(cfg, "hydra.runtime.choices") or {})
-        with open_dict(cfg):
-            del cfg["hydra"]
-        try:
-            checked = preflight(cfg, logs, choices=choices)
-        except NothingToDo as done:
-            print(f"finished: {done}", flush=True)
-            return _result(Path(cfg.resume))
-        with checked.owned():
-            # `.hydra/` once the run's data is checked too: a refused rerun leaves it as it was
-            record = partial(_save_config, Path(logs), cfg, overrides_seen)
-            if checked.chief:
-                checked = replace(checked, record=record)
-            else:
-                record()
-            process.start_tensorflow()
-            # an entry point: the run imports TensorFlow, started quietly by now
-            from trainer.run.train import start
-
-            found = start(checked)
-        if checked.spec.tune is not None:
+        # `.hydra/` once the run's data is checked too: a refused rerun leaves it as it was
+        record = partial(_save_config, Path(run.logs), run.cfg, run.overrides)
+        found = begin(run.cfg, run.logs, process.start_run, choices=run.choices,
+                      record=record)
+        if isinstance(found, Finished):
+            return _result(found.run_dir)
+        if run.cfg.get("tune") is not None:
             return found  # what the tuner found (trainer.tune)
-        return _result(checked.run_dir or Path(cfg.get("resume") or logs))
+        return _result(Path(run.cfg.get("resume") or run.logs))
 
 
 def tune(overrides: Sequence[str] = (), what: str = "lr",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import dataclass
 
 import yaml
 from hydra.errors import (
@@ -23,7 +24,7 @@ from hydra.errors import (
     OverrideParseException,
     SearchPathException,
 )
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from trainer.config.errors import ConfigError
@@ -74,6 +75,38 @@ def compose_from_args(args: list[str]) -> DictConfig | None:
                           "e.g. epochs=3)") from None
 
 
+@dataclass(frozen=True)
+class Composed:
+    """A config as the command line would run it, with what Hydra's node said of it.
+
+    Attributes:
+        cfg: the config, without its `hydra` node (what the pre-flight checks).
+        logs: `hydra.run.dir`: where the run's `.hydra/` and log go.
+        overrides: the task's overrides, as `.hydra/overrides.yaml` keeps them.
+        choices: the config groups' choices (`{"model": "cnn", ...}`).
+    """
+
+    cfg: DictConfig
+    logs: str
+    overrides: list[str]
+    choices: dict[str, str]
+
+
+def composed(args: list[str]) -> Composed | None:
+    """The one run these arguments describe (`compose_from_args`), Hydra's node taken out;
+    None for commands that run no single job. The command line's pre-flight and
+    `trainer.fit` read a config this way alike."""
+    cfg = compose_from_args(args)
+    if cfg is None:
+        return None
+    found = Composed(cfg, OmegaConf.select(cfg, "hydra.run.dir"),
+                     list(OmegaConf.select(cfg, "hydra.overrides.task") or []),
+                     dict(OmegaConf.select(cfg, "hydra.runtime.choices") or {}))
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return found
+
+
 def check_config_dir(folder: str) -> None:
     """Refuses a `--config-dir` (`trainer.fit(config_dir=...)`) that is not a folder, before
     anything is written (Hydra's own refusal came after the run directory's lock)."""
@@ -98,7 +131,6 @@ def compose_in(folder: str, config_name: str, overrides: list[str]) -> DictConfi
     `hydra.initialize_config_dir(folder)`), without its `hydra` node, and without touching
     `GlobalHydra` (a user's Hydra app around the call keeps its own)."""
     from hydra.types import RunMode
-    from omegaconf import open_dict
 
     search = search_path(f"file://{os.path.abspath(folder)}")
     cfg = _load(search, config_name, list(overrides), RunMode.RUN, from_shell=False,

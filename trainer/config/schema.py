@@ -13,9 +13,11 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from trainer.config.image_size import register_resolver
+from trainer.config.strategies import KINDS
 
 ACCELERATORS = ("auto", "gpu", "cpu")
-STRATEGIES = ("auto", "mirrored", "one_device", "multi_worker", "default")
+# The built-in kinds of strategy (`trainer.config.strategies`), and auto: one of them.
+STRATEGIES = ("auto", *KINDS)
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduction_to_one_device", "collective")
 LR_SCALING = ("linear", "sqrt", "none")
 LOOPS = ("fit", "custom")

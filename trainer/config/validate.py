@@ -7,7 +7,7 @@ fine-tuning options) live with that part and are run beside these by the pre-fli
 
 from __future__ import annotations
 
-from dataclasses import fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -27,6 +27,7 @@ from trainer.config.schema import (
     Config,
     LrPlan,
 )
+from trainer.config.strategies import is_own
 
 
 def _require(ok: bool, message: str) -> None:
@@ -225,11 +226,28 @@ def _validate_tune(cfg: DictConfig) -> None:
              f"tuner.batch_min; received: {tuner.batch_max} < {tuner.batch_min}")
 
 
-def validate(cfg: DictConfig) -> None:
+@dataclass(frozen=True)
+class Parsed:
+    """The values `validate` parses on its way, each once: the run's `Spec`
+    (`trainer.run.resolve`) takes them from here, and later code reads the `Spec`.
+
+    Attributes:
+        devices: `devices` as `parse_devices` returns it.
+        export: `export` as `export_formats` returns it.
+    """
+
+    devices: str | int | tuple[int, ...]
+    export: tuple[str, ...]
+
+
+def validate(cfg: DictConfig) -> Parsed:
     """Checks the values the schema cannot express, before TensorFlow is imported.
 
     Args:
         cfg: the composed config.
+
+    Returns:
+        The values parsed on the way (`devices`, `export`), for the run's `Spec`.
 
     Raises:
         ConfigError: naming the bad value and what would be valid.
@@ -240,7 +258,7 @@ def validate(cfg: DictConfig) -> None:
     unknown_keys(cfg)
     _positive_int("epochs", cfg.epochs)
     _validate_profile(cfg.profile)
-    export_formats(cfg.export)
+    export = export_formats(cfg.export)
     _validate_weights(cfg)
     _one_of("checkpoint.test_with", cfg.checkpoint.test_with, ("best", "last"))
     metric = cfg.optimized_metric
@@ -248,15 +266,11 @@ def validate(cfg: DictConfig) -> None:
              f"a metric name such as val_accuracy, or null; received: {metric!r}")
     _one_of("loop", cfg.loop, LOOPS)
     _validate_tune(cfg)
-    _validate_speed(cfg)
+    _validate_speed(cfg, export)
     _validate_verbose(cfg.verbose)
     _one_of("accelerator", cfg.accelerator, ACCELERATORS)
-    parse_devices(cfg.devices)
-    _one_of("strategy.name", cfg.strategy.name, STRATEGIES)
-    _one_of("strategy.cross_device_ops", cfg.strategy.cross_device_ops, CROSS_DEVICE_OPS)
-    timeout = cfg.strategy.timeout_s
-    _require(timeout is None or timeout > 0, "strategy.timeout_s must be a positive number of "
-             f"seconds, or null for no timeout; received: {timeout!r}")
+    devices = parse_devices(cfg.devices)
+    _validate_strategy(cfg.strategy)
     per_replica, global_size = cfg.batch.per_replica, cfg.batch.global_size
     _require((per_replica is None) != (global_size is None),
              "set exactly one of batch.per_replica and batch.global_size; received: "
@@ -282,14 +296,26 @@ def validate(cfg: DictConfig) -> None:
                  f"{group} must name a builder with _target_; received: {node!r}")
     _validate_builders(cfg.model, cfg.dataset)
     check_image_size(cfg)
+    return Parsed(devices, export)
 
 
-def _validate_speed(cfg: DictConfig) -> None:
+def _validate_strategy(strategy: DictConfig) -> None:
+    if is_own(strategy.name):  # a StrategyKind of the user's, imported once TensorFlow runs
+        _importable("strategy.name", strategy.name)
+    else:
+        _one_of("strategy.name", strategy.name, STRATEGIES)
+    _one_of("strategy.cross_device_ops", strategy.cross_device_ops, CROSS_DEVICE_OPS)
+    timeout = strategy.timeout_s
+    _require(timeout is None or timeout > 0, "strategy.timeout_s must be a positive number of "
+             f"seconds, or null for no timeout; received: {timeout!r}")
+
+
+def _validate_speed(cfg: DictConfig, export: tuple[str, ...]) -> None:
     _one_of("precision", cfg.precision, PRECISIONS)
-    if cfg.precision.startswith("mixed_") and "tflite" in export_formats(cfg.export):
+    if cfg.precision.startswith("mixed_") and "tflite" in export:
         # Measured: the converted file holds Flex ops (FlexConv2D) that TFLite's interpreter
         # cannot run, so the export's check failed after the whole training.
-        rest = ",".join(f for f in export_formats(cfg.export) if f != "tflite")
+        rest = ",".join(f for f in export if f != "tflite")
         raise ConfigError(f"export=[tflite] cannot hold a precision={cfg.precision} model: "
                           f"TFLite has no {cfg.precision[6:]} kernels for its layers (the file "
                           "would need TensorFlow's Flex ops, which TFLite's interpreter does "
@@ -406,8 +432,8 @@ def _is_metrics(metrics: Any) -> bool:
 
 
 def _importable(key: str, target: Any) -> None:
-    """A `_target_` whose top-level package is nowhere is refused before anything starts
-    (found without importing it: importing could start TensorFlow)."""
+    """A dotted name (a `_target_`) whose top-level package is nowhere is refused before
+    anything starts (found without importing it: importing could start TensorFlow)."""
     import importlib.util
 
     top = str(target).split(".")[0]
@@ -415,7 +441,7 @@ def _importable(key: str, target: Any) -> None:
         found = bool(top) and importlib.util.find_spec(top) is not None
     except (ImportError, ValueError):
         found = False
-    _require(found, f"{key}._target_={target!r}: no module named {top!r} (is it installed, "
+    _require(found, f"{key}={target!r}: no module named {top!r} (is it installed, "
              "or in the working directory?)")
 
 
@@ -437,11 +463,11 @@ def _validate_task(cfg: DictConfig) -> None:
                  f"callbacks.{name} must be a node with _target_ (or null to disable it); "
                  f"received: {node!r}")
         if node is not None:
-            _importable(f"callbacks.{name}", node._target_)
+            _importable(f"callbacks.{name}._target_", node._target_)
     for key in ("model", "dataset", "optimizer"):
         node = cfg.get(key)
         if isinstance(node, DictConfig) and isinstance(node.get("_target_"), str):
-            _importable(key, node._target_)
+            _importable(f"{key}._target_", node._target_)
     loggers = cfg.logger or {}
     if "csv" in loggers:
         file = (loggers.get("csv") or {}).get("filename", "metrics.csv")

@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from trainer.config.errors import ConfigError
-from trainer.config.validate import parse_devices
 
 log = logging.getLogger(__name__)
 
@@ -50,15 +49,16 @@ def plan_devices(accelerator: str, devices: Any, num_gpus: int,
 
     Args:
         accelerator: `"auto"`, `"gpu"` or `"cpu"`.
-        devices: `"auto"`, a count N, or a list of indices (see
-            `trainer.config.validate.parse_devices`).
+        devices: `"auto"`, a count N, or a sequence of indices, as the config's check
+            parsed it (`trainer.config.validate.parse_devices`, once, into the run's
+            `Spec`); a SLURM task's share of a node's GPUs is a list.
         num_gpus: physical GPUs TensorFlow sees (after `CUDA_VISIBLE_DEVICES`).
         soft_placement: use what exists, with a warning, instead of failing.
 
     Returns:
         A `DevicePlan`.
     """
-    spec = parse_devices(devices)
+    spec = devices if isinstance(devices, (str, int)) else tuple(devices)
     kind = accelerator if accelerator != "auto" else ("gpu" if num_gpus else "cpu")
     if kind == "gpu" and not num_gpus:
         if not soft_placement:

@@ -14,8 +14,9 @@ import keras
 import tensorflow as tf
 
 from trainer.config.errors import ConfigError
+from trainer.config.strategies import located
 from trainer.distribute.cluster import Cluster
-from trainer.distribute.strategy import KINDS
+from trainer.distribute.strategy import strategy_kind
 from trainer.internals.keras_step import layers_within
 from trainer.internals.tf_runtime import has_kernel
 
@@ -47,7 +48,7 @@ def build_cross_device_ops(name: str) -> Any:
 
 def build_strategy(name: str, devices: tuple[str, ...], cross_device_ops: str,
                    cluster: Cluster | None = None, communication: str = "auto") -> Any:
-    """Creates the strategy.
+    """Creates the strategy with the builder its kind's record names.
 
     Args:
         name: a resolved strategy name (see `choose_strategy`).
@@ -59,13 +60,33 @@ def build_strategy(name: str, devices: tuple[str, ...], cross_device_ops: str,
     Returns:
         A `tf.distribute.Strategy`.
     """
-    if KINDS[name].several_workers:
-        return _multi_worker(tf, devices, cluster, communication)
-    if name == "mirrored":
-        return _mirrored(tf, list(devices), build_cross_device_ops(cross_device_ops))
-    if name == "one_device":
-        return tf.distribute.OneDeviceStrategy(devices[0])
+    build = located(strategy_kind(name).build, f"the builder of strategy {name}")
+    return build(devices=tuple(devices), cross_device_ops=cross_device_ops, cluster=cluster,
+                 communication=communication)
+
+
+# The built-in kinds' builders (`trainer.config.strategies.KINDS` names them).
+
+
+def build_mirrored(devices: tuple[str, ...], cross_device_ops: str, **_: Any) -> Any:
+    """`strategy=mirrored`: a MirroredStrategy over the devices."""
+    return _mirrored(tf, list(devices), build_cross_device_ops(cross_device_ops))
+
+
+def build_one_device(devices: tuple[str, ...], **_: Any) -> Any:
+    """`strategy=one_device`: everything on the one device."""
+    return tf.distribute.OneDeviceStrategy(devices[0])
+
+
+def build_default(**_: Any) -> Any:
+    """`strategy=default`: no distribution, TensorFlow's default strategy."""
     return tf.distribute.get_strategy()
+
+
+def build_multi_worker(devices: tuple[str, ...], cluster: Cluster | None = None,
+                       communication: str = "auto", **_: Any) -> Any:
+    """`strategy=multi_worker`: a MultiWorkerMirroredStrategy over the cluster."""
+    return _multi_worker(tf, devices, cluster, communication)
 
 
 def _multi_worker(tf: Any, devices: tuple[str, ...], cluster: Cluster | None,

@@ -1,77 +1,37 @@
 """Strategy: which tf.distribute strategy, and which cross-device ops, for the chosen devices.
 
-A decide module (no TensorFlow); `trainer.distribute.runtime.build_strategy` creates them.
+Each kind of strategy is one record (`StrategyKind`, in `trainer.config.strategies`, where
+the config's check reads their names): when `strategy=auto` picks it, what it refuses, how
+it trains, and its builder's dotted name. A decide module (no TensorFlow);
+`trainer.distribute.runtime.build_strategy` creates them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from trainer.config.errors import ConfigError
+from trainer.config.strategies import KINDS, StrategyKind, situation, strategy_kind
 
-
-@dataclass(frozen=True)
-class StrategyKind:
-    """What differs between the kinds of strategy, in one record per kind.
-
-    Attributes:
-        name: the config's name for it.
-        several_workers: it spans worker processes (a cluster); one machine otherwise.
-        fit_works: Keras 3.15's `fit` trains under it (under MultiWorkerMirroredStrategy it
-            fails: keras-team/keras#20585; the custom loop runs instead).
-        needs_seed: every worker must shuffle alike, so a run needs a seed.
-        resume_from_chief: only the chief keeps backups; every worker continues from its.
-        evaluate_as: the kind evaluation uses on one machine.
-    """
-
-    name: str
-    several_workers: bool = False
-    fit_works: bool = True
-    needs_seed: bool = False
-    resume_from_chief: bool = False
-    evaluate_as: str = "auto"
-
-
-KINDS = {kind.name: kind for kind in (
-    StrategyKind("default", evaluate_as="default"),
-    StrategyKind("one_device", evaluate_as="one_device"),
-    StrategyKind("mirrored", evaluate_as="mirrored"),
-    StrategyKind("multi_worker", several_workers=True, fit_works=False, needs_seed=True,
-                 resume_from_chief=True),
-)}
+__all__ = ["KINDS", "StrategyKind", "choose_cross_device_ops", "choose_strategy",
+           "strategy_kind"]
 
 
 def choose_strategy(name: str, replicas: int, workers: int = 1, kind: str = "cpu") -> str:
     """Resolves `strategy=auto` and checks the choice fits the devices and the cluster.
 
     Args:
-        name: `auto`, `mirrored`, `one_device`, `multi_worker` or `default`.
+        name: `auto`, a kind's name (`mirrored`, `one_device`, `multi_worker`, `default`),
+            or the dotted name of a `StrategyKind` of your own.
         replicas: the number of devices chosen on this machine.
         workers: the number of workers in the cluster (1 without one).
         kind: `gpu` or `cpu`.
 
     Returns:
-        `mirrored`, `one_device`, `multi_worker` or `default`.
+        The kind's name (`auto` resolved): its record is `strategy_kind(name)`.
     """
     if name == "auto":
-        if workers == 1 and replicas == 1:
-            # One CPU replica: Keras's default strategy. OneDeviceStrategy copies every batch
-            # "to the device" (the host, again): measured on the default run, 380,000 page
-            # faults and 1.3 s of system time per epoch, the epoch twice as long.
-            return "default" if kind == "cpu" else "one_device"
-        if workers == 1:
-            return "mirrored"
-        name = "multi_worker"
-    if workers > 1 and name != "multi_worker":
-        raise ConfigError(f"strategy={name} runs on one machine but the cluster has {workers} "
-                          "workers; use strategy=multi_worker (or auto)")
-    if name == "multi_worker" and kind == "cpu" and replicas > 1:
-        raise ConfigError(f"strategy=multi_worker runs one replica per CPU worker, but {replicas} "
-                          "CPU devices were chosen; use devices=auto (or 1), and one worker per "
-                          "replica (python -m trainer.launch --workers N)")
-    if name in ("one_device", "default") and replicas > 1:
-        raise ConfigError(f"strategy={name} runs on one device but {replicas} devices were "
-                          "chosen; use strategy=mirrored (or auto), or devices=1")
+        now = situation(replicas, workers, kind)
+        name = next(k.name for k in KINDS.values() if k.auto == now)
+    strategy_kind(name).check(replicas, workers, kind)
     return name
 
 

@@ -28,7 +28,7 @@ from trainer.distribute.runtime import (
     nccl_available,
     synchronize_batch_norm,
 )
-from trainer.distribute.strategy import KINDS, choose_cross_device_ops, choose_strategy
+from trainer.distribute.strategy import choose_cross_device_ops, choose_strategy, strategy_kind
 from trainer.plan.scaling import BatchPlan, plan_batch, steps_per_epoch
 from trainer.plan.schedule import LearningRate, learning_rate
 from trainer.plan.speed import SpeedPlan, choose_speed
@@ -152,14 +152,14 @@ def _strategy(spec: Spec, plan: Any, cluster: Cluster | None) -> tuple:
     replicas = len(plan.names)
     workers = cluster.num_workers if cluster is not None else 1
     strategy_name = choose_strategy(spec.strategy.name, replicas, workers, plan.kind)
-    kind = KINDS[strategy_name]
+    kind = strategy_kind(strategy_name)
     if kind.needs_seed and spec.seed is None:
         raise ConfigError(f"strategy={strategy_name} needs a seed: every worker shuffles the "
                           "data alike and takes its share of the same global batches; "
                           "received: seed=null (set seed=N)")
     loop = spec.loop if kind.fit_works else "custom"
     if kind.several_workers:  # created before any other TensorFlow op
-        strategy, cross = _multi_worker_strategy(spec, plan, cluster)
+        strategy, cross = _multi_worker_strategy(strategy_name, spec, plan, cluster)
     speed = choose_speed(spec.precision, spec.jit_compile, spec.steps_per_execution, plan.kind,
                          replicas * workers, loop,
                          compute_capability() if plan.kind == "gpu" else None)
@@ -231,14 +231,14 @@ ACCUMULATE_JIT = ("jit_compile=false: with batch.accumulate>1 the step loops ove
                   "micro-batches, which XLA cannot compile whole")
 
 
-def _multi_worker_strategy(spec: Spec, plan: Any, cluster: Cluster):
+def _multi_worker_strategy(name: str, spec: Spec, plan: Any, cluster: Cluster):
     # tf.distribute's multi-worker input code reads dataset options in graph mode, which
     # warns on every run; nothing for a user to act on.
     warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data")
     # MultiWorkerMirroredStrategy must exist before any other TensorFlow op runs.
     communication = choose_communication(spec.strategy.communication, plan.kind)
     cross = f"collective ({communication})"
-    return build_strategy("multi_worker", plan.names, cross, cluster, communication), cross
+    return build_strategy(name, plan.names, cross, cluster, communication), cross
 
 
 def _nccl_available(kind: str) -> bool:

@@ -5,8 +5,9 @@ tracker's package and server, an augmentation preset, fine-tuning options, an ex
 format's converter) and those of the run directory (its name, its lock, a finished run, a
 `resume=` target, removed backups, a changed config) run here in that order, each once.
 What they found (the resolved `Spec`, the run directory, the cluster, the newest backup's
-state and the config changes a resume accepted) is a `Checked`: the run takes one, so a run
-cannot start unchecked and nothing after this module checks the config again.
+state and the config changes a resume accepted) is a `Checked`, whose `Owner` holds the
+directory's lock (`trainer.run.owner`): the run takes one, so a run cannot start unchecked
+and nothing after this module checks the config again.
 
 This is a decide module: no TensorFlow or Keras import, so the command line runs it before
 Hydra writes anything and before TensorFlow starts.
@@ -15,8 +16,7 @@ Hydra writes anything and before TensorFlow starts.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,18 +24,19 @@ from typing import Any
 from omegaconf import DictConfig
 
 from trainer.config.errors import ConfigError, NothingToDo
-from trainer.config.validate import export_formats, validate
+from trainer.config.validate import Parsed, validate
 from trainer.data.augment import check as check_augment
 from trainer.distribute.cluster import Cluster, resolve_cluster
 from trainer.models.formats import check_converters
+from trainer.run.owner import Owner
 from trainer.run.resolve import Spec, resolve
-from trainer.rundir.fresh import remove_fresh, removed_on_failure
-from trainer.rundir.lock import RunLock, acquire, check_writable
+from trainer.rundir.lock import acquire, check_writable
 from trainer.rundir.names import check_name
 from trainer.rundir.resume import (
     check_backups_kept,
     check_resume,
     check_resume_target,
+    has_config,
     is_run_dir,
     latest_state,
     nothing_to_add,
@@ -47,7 +48,7 @@ from trainer.track.loggers import check_loggers
 
 @dataclass(frozen=True)
 class Checked:
-    """A run that passed every check, with the lock on its directory held.
+    """A run that passed every check, with the lock on its directory held by its owner.
 
     Attributes:
         spec: the config resolved once.
@@ -56,9 +57,8 @@ class Checked:
         cluster: the multi-worker cluster, or None on one machine.
         state: the newest backup's `state.json` (None: a new run).
         changes: the config keys a resume changed and the resume accepts, `{key: [old, new]}`.
-        fresh: `(directory, topmost directory created)` for each directory this start
-            created, removed again if the run fails before it holds a run.
-        lock: the run directory's lock, this run's alone (None: another worker's).
+        owner: the run's one stack of guards (`trainer.run.owner.Owner`): its lock, the
+            directories this start created, and the session's guards once it has one.
         record: writes the run's `.hydra/` (its config, as Hydra would) once the run passed
             the checks that need its data too (a resume's data fingerprint): a rerun that
             is refused leaves the `.hydra/` it found byte for byte; None where it is
@@ -70,8 +70,7 @@ class Checked:
     cluster: Cluster | None = None
     state: dict[str, Any] | None = None
     changes: dict[str, list] = field(default_factory=dict)
-    fresh: tuple = ()
-    lock: RunLock | None = None
+    owner: Owner = field(default_factory=Owner)
     record: Callable[[], None] | None = None
 
     @property
@@ -79,27 +78,18 @@ class Checked:
         """Whether this process writes the run directory."""
         return self.cluster is None or self.cluster.is_chief
 
-    @contextmanager
-    def owned(self) -> Iterator[Checked]:
-        """The run's own while the block runs: on a failure the directories this start
-        created are removed where they hold no run; at the end its lock is released (and
-        no other run's)."""
-        try:
-            with removed_on_failure(self.fresh):
-                yield self
-        finally:
-            if self.lock is not None:
-                self.lock.release()
+    @property
+    def recorded(self) -> bool:
+        """Whether its run directory holds a run's recorded config (`.hydra/`): a rerun."""
+        return self.run_dir is not None and has_config(self.run_dir)
 
-    def abandon(self) -> None:
-        """A start that ends before its run does (a signal at start-up, an error outside
-        `owned`): what it created that holds no run is removed, its lock released."""
-        remove_fresh(self.fresh)
-        if self.lock is not None:
-            self.lock.release()
+    def owned(self) -> Owner:
+        """The run's owner, to hold while it runs (`with checked.owned(): ...`): at its end,
+        the one stack of guards unwinds once (`trainer.run.owner`)."""
+        return self.owner
 
 
-def check_config(cfg: DictConfig, reach: bool = False) -> None:
+def check_config(cfg: DictConfig, reach: bool = False) -> Parsed | None:
     """Checks every value of a composed config before anything is built or written.
 
     Args:
@@ -107,17 +97,21 @@ def check_config(cfg: DictConfig, reach: bool = False) -> None:
         reach: also connect to the servers the config names (an MLflow tracking server),
             instead of the other checks (the chief's, once the directory is locked).
 
+    Returns:
+        The values parsed on the way, for `resolve` (None with `reach`).
+
     Raises:
         ConfigError: naming the bad value and what would be valid.
     """
     if reach:
         check_loggers(cfg.logger, reach=True)
-        return
-    validate(cfg)
+        return None
+    parsed = validate(cfg)
     check_loggers(cfg.logger)
     check_augment(cfg.augment)
     check_finetune(cfg.finetune, str(cfg.optimizer.get("_target_", "")))
-    check_converters(export_formats(cfg.export))
+    check_converters(parsed.export)
+    return parsed
 
 
 def preflight(cfg: DictConfig, logs: str | Path | None = None,
@@ -144,8 +138,7 @@ def preflight(cfg: DictConfig, logs: str | Path | None = None,
     if logs is not None:
         check_name(logs)  # the string: an empty one would be '.' as a Path
         check_writable(Path(logs))
-    check_config(cfg)
-    spec = resolve(cfg, choices)
+    spec = resolve(cfg, choices, check_config(cfg))
     cluster = resolve_cluster(list(spec.cluster.workers), spec.cluster.task_index,
                               environ.get("TF_CONFIG"), environ, spec.cluster.port_base)
     if cluster is not None and not cluster.is_chief:
@@ -161,20 +154,22 @@ def preflight(cfg: DictConfig, logs: str | Path | None = None,
     lock = acquire(place)
     if lock.created is not None:
         fresh.append((place, lock.created))
+    owner = Owner(lock, fresh)
     try:
-        with removed_on_failure(fresh[-1:] if lock.created is not None else ()):
-            refuse_finished_run(place, resume=spec.resume is not None)
-            if spec.tune is not None and is_run_dir(place):
-                raise ConfigError(f"tune={spec.tune} writes nothing into a run's directory; "
-                                  f"{place} holds one: choose a new hydra.run.dir")
-            check_config(cfg, reach=True)
-            check_backups_kept(place)
-            state = latest_state(place)
-            changes = check_resume(place, state, spec.record) if state is not None else {}
-    except BaseException:
-        lock.release()
+        refuse_finished_run(place, resume=spec.resume is not None)
+        if spec.tune is not None and is_run_dir(place):
+            raise ConfigError(f"tune={spec.tune} writes nothing into a run's directory; "
+                              f"{place} holds one: choose a new hydra.run.dir")
+        check_config(cfg, reach=True)
+        check_backups_kept(place)
+        state = latest_state(place)
+        changes = check_resume(place, state, spec.record) if state is not None else {}
+    except BaseException as error:
+        # Refused: the directory the lock created removed again (Hydra's `.hydra/` and log
+        # are not there yet), the lock released; the one stack of guards, ended early.
+        owner.end(error)
         raise
-    return Checked(spec, place, cluster, state, changes or {}, tuple(fresh), lock)
+    return Checked(spec, place, cluster, state, changes or {}, owner)
 
 
 def _place(spec: Spec, logs: str | Path | None, run_dir: str | Path | None) -> Path:

@@ -1,4 +1,5 @@
-"""The process's owner: TensorFlow's log policy and quiet start, signals at start-up, and
+"""The process's owner: TensorFlow's log policy and quiet start (then an entry point's
+checked run: `start_run`), signals at start-up, and
 the exit codes (2 bad input, 3 diverged, 4 a worker lost, 75 interrupted, 130 Ctrl-C) with the
 one line each prints. The entry points (`python -m trainer`, `.evaluate`, `.predict`, the
 Python API) parse, dispatch to this module and to the run, and print one line.
@@ -22,7 +23,7 @@ import re
 import signal
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
@@ -148,6 +149,20 @@ def start_tensorflow() -> None:
     """Starts TensorFlow quietly, then raises a signal that came during its start-up."""
     tensorflow_started()
     raise_if_signalled()
+
+
+def start_run(checked: Any, callbacks: Sequence[Any] = ()) -> Any:
+    """Starts a checked run from an entry point (`trainer.run.startup`'s `start`):
+    TensorFlow first, quietly, then the run (`trainer.run.train.start`).
+
+    Returns:
+        The run's summary, or what a tuner found.
+    """
+    start_tensorflow()
+    # an entry point's import: the run imports TensorFlow, started quietly by now
+    from trainer.run.train import start
+
+    return start(checked, callbacks)
 
 
 def exit_code(error: BaseException) -> tuple[str, int] | None:

@@ -54,8 +54,8 @@ def reopen(run_dir: str | Path, overrides: list[str]) -> Reopened:
     """
     run_dir = Path(run_dir)
     cfg, which = compose_run_config(run_dir, overrides)
-    return Reopened(run_dir, resolve(cfg), checkpoint_of(run_dir, which), which,
-                    kept_inputs(run_dir))
+    return Reopened(run_dir, resolve(cfg, parsed=check_config(cfg)),
+                    checkpoint_of(run_dir, which), which, kept_inputs(run_dir))
 
 
 def unfinished(opened: Reopened) -> str | None:
@@ -130,7 +130,8 @@ def take_choice(key: str, valid: tuple[str, ...], overrides: list[str]) -> tuple
 
 
 def compose_run_config(run_dir: Path, overrides: list[str]) -> tuple[DictConfig, str]:
-    """The run's saved config, composed again by Hydra over the schema with `overrides`.
+    """The run's saved config, composed again by Hydra over the schema with `overrides`
+    (checked by the caller: `reopen`).
 
     Returns:
         The config and which checkpoint (`best` or `last`) to load.
@@ -170,7 +171,6 @@ def compose_run_config(run_dir: Path, overrides: list[str]) -> tuple[DictConfig,
     with tempfile.TemporaryDirectory(prefix="trainer-evaluate-") as folder:
         OmegaConf.save(primary, Path(folder) / "run.yaml")
         cfg = compose_in(folder, "run", rest)
-    check_config(cfg)
     return cfg, which
 
 

@@ -3,8 +3,9 @@
 `resolve` is the only reader of the composed config in a run: it runs after the pre-flight
 (`check_config`), and everything after it (assembling, the loops, callbacks, the summary,
 evaluation) reads the `Spec`. Its sections are the schema's own dataclasses (Hydra's
-`OmegaConf.to_object`), plus what is derived from them once: the parsed `devices`, the
-runtime seed and the learning-rate plan. The open nodes (`model`, `dataset`, `optimizer`,
+`OmegaConf.to_object`), plus what is derived from them once: `devices` and `export` as the
+config's check parsed them (`trainer.config.validate.Parsed`), the runtime seed and the
+learning-rate plan. The open nodes (`model`, `dataset`, `optimizer`,
 `callbacks`, `logger`), whose keys are their builders' arguments, are plain dicts.
 """
 
@@ -25,7 +26,7 @@ from trainer.config.schema import (
     StrategyConfig,
     TunerConfig,
 )
-from trainer.config.validate import export_formats, parse_devices, runtime_seed
+from trainer.config.validate import Parsed, runtime_seed, validate
 from trainer.data.augment import listed
 
 
@@ -110,27 +111,28 @@ def hydra_choices() -> dict[str, str]:
     return {g: str(chosen[g]) for g in NAMED_GROUPS if chosen.get(g) is not None}
 
 
-def resolve(cfg: DictConfig, choices: dict[str, str] | None = None) -> Spec:
+def resolve(cfg: DictConfig, choices: dict[str, str] | None = None,
+            parsed: Parsed | None = None) -> Spec:
     """Turns a composed, checked config into a `Spec`.
 
     Args:
         cfg: the composed config, already through `trainer.run.preflight.check_config`.
         choices: the config groups' choices where no Hydra job runs (`trainer.fit`
             composes without one); None reads the running job's.
+        parsed: what the config's check parsed (`devices`, `export`): each value is parsed
+            once, there; None checks the config here (a config no check has seen).
 
     Returns:
         The run's `Spec`.
     """
+    parsed = validate(cfg) if parsed is None else parsed
     record = OmegaConf.to_container(cfg, resolve=True)
-
-    def node(key: str) -> Any:
-        return record.get(key)
-
+    node = record.get
     return Spec(
         record=record,
-        devices=DeviceRequest(cfg.accelerator, parse_devices(record["devices"]),
-                              cfg.soft_placement, cfg.log_device_placement,
-                              cfg.gpu.memory_growth, cfg.gpu.memory_limit_mb),
+        devices=DeviceRequest(cfg.accelerator, parsed.devices, cfg.soft_placement,
+                              cfg.log_device_placement, cfg.gpu.memory_growth,
+                              cfg.gpu.memory_limit_mb),
         strategy=StrategyConfig(**record["strategy"]),
         cluster=ClusterConfig(**record["cluster"]),
         batch=BatchConfig(**record["batch"]),
@@ -158,7 +160,7 @@ def resolve(cfg: DictConfig, choices: dict[str, str] | None = None) -> Spec:
         runtime_seed=runtime_seed(cfg.seed),
         deterministic=cfg.deterministic,
         verbose=cfg.verbose,
-        export=export_formats(record["export"]),
+        export=parsed.export,
         resume=cfg.get("resume"),
         profile=tuple(record["profile"]) if node("profile") is not None else None,
         optimized_metric=node("optimized_metric"),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from trainer.data.fingerprint import check_same_data, of_source
 from trainer.distribute.multiworker import share_from_chief
-from trainer.distribute.strategy import KINDS
+from trainer.distribute.strategy import strategy_kind
 from trainer.run.assemble import Run
 from trainer.run.preflight import Checked
 from trainer.rundir.backup import BackupStore, tidy
@@ -47,7 +47,7 @@ def restore_backup(checked: Checked, run: Run, run_dir: Path) -> Start:
     # Loaded outside the scope: Keras's loader creates throwaway variables, which under
     # MultiWorkerMirroredStrategy's scope would start collectives on the chief alone.
     point = BackupStore(RunDir(run_dir).backup).restore(model)
-    if KINDS[run.strategy_name].resume_from_chief:
+    if strategy_kind(run.strategy_name).resume_from_chief:
         # Only the chief keeps backups: every worker continues from the chief's.
         point = share_from_chief(run.strategy, model, point)
     if point is None:

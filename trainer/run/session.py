@@ -1,12 +1,13 @@
-"""One run's session: the owner of each phase of a checked run and one stack of guards.
+"""One run's session: the owner of each phase of a checked run, and its guards.
 
 `trainer.run.train.run` reads as the recipe (open the devices, assemble, restore, fit,
 evaluate, export, finish); this class holds what the phases hand each other (the device
-plan, the callbacks, the stop request) and, on the way out, turns failures into the errors
-a user reads (a lost worker, a full disk, an image that does not decode), finishes the
-trackers and stops the watchdog. Another worker of a cluster saves what the chief saves
-(some reads of distributed variables are collectives every worker must join) into a scratch
-place of its own, removed at the end.
+plan, the callbacks, the stop request). Its guards are the first of the run's one stack
+(`trainer.run.owner.Owner`, which calls `close` when the run ends): the watchdog stopped,
+the trackers finished, a failure turned into the error a user reads (a lost worker, a full
+disk, an image that does not decode). Another worker of a cluster saves what the chief
+saves (some reads of distributed variables are collectives every worker must join) into a
+scratch place of its own, removed at the end.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ from trainer.track.trackers import finish_trackers, logged_to
 
 
 class Session:
-    """The phases of one checked run, in the order `run` calls them."""
+    """The phases of one checked run, in the order `run` calls them; its owner (held:
+    `with checked.owned()`) closes it when the run ends."""
 
     def __init__(self, checked: Checked, extra: Sequence[Any] = ()) -> None:
         self.checked, self.spec, self.cluster = checked, checked.spec, checked.cluster
@@ -58,15 +60,16 @@ class Session:
         self._needed = 0
         self._scratch = False
         self._trackers_done = False
-
-    def __enter__(self) -> Session:
+        checked.owner.adopt(self)  # its guards: the first of the run's one stack
         if self.run_dir is None:
             self.run_dir = Path(tempfile.mkdtemp(
                 prefix=f"trainer-worker{self.cluster.task_id}-"))
             self._scratch = True
-        return self
 
-    def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> bool:
+    def close(self, error: BaseException | None) -> None:
+        """The session's guards, called once by the run's owner as the run ends: the
+        watchdog stopped, the trackers finished as FAILED after a failure, the failure
+        raised as the error a user reads where it has one, a scratch directory removed."""
         try:
             if self.callbacks is not None and self.callbacks.watchdog is not None:
                 self.callbacks.watchdog.stop()  # a failed fit never reaches on_train_end
@@ -79,7 +82,6 @@ class Session:
         finally:
             if self._scratch:
                 shutil.rmtree(self.run_dir, ignore_errors=True)
-        return False
 
     def open_devices(self) -> Any:
         """Chooses this process's devices, hides the others and sets their options."""

@@ -1,5 +1,6 @@
 """A run in the order it happens: `run(checked)` is the recipe, `train(cfg)` checks a config
-and runs it. Each phase's owner is a method of `trainer.run.session.Session`."""
+and runs it (`trainer.run.startup`, the start-up sequence of every entry point). Each
+phase's owner is a method of `trainer.run.session.Session`."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from trainer.config.errors import NothingToDo
-from trainer.run.preflight import Checked, preflight
+from trainer.run.preflight import Checked
 from trainer.run.session import Session
+from trainer.run.startup import Finished, begin
 from trainer.run.tune import tune
 from trainer.rundir.layout import RunDir
 
@@ -21,24 +22,25 @@ def run(checked: Checked, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     """Trains, evaluates and reports a checked run; writes everything into its directory.
 
     Args:
-        checked: what the pre-flight returned (`trainer.run.preflight.preflight`).
+        checked: what the pre-flight returned (`trainer.run.preflight.preflight`), its
+            owner held (`trainer.run.startup.launch`), which unwinds the session's guards.
         callbacks: extra Keras callbacks, after the built-in and the configured ones.
 
     Returns:
         The summary dict, also written to `run_dir/summary.json` (by the chief).
     """
-    with Session(checked, callbacks) as session:
-        session.open_devices()
-        run = session.assemble()
-        start = session.restore(run)
-        # The end of a run listens for signals too: a stop there ends with the final
-        # epoch's backup, from which a rerun finishes just that.
-        with session.listening():
-            trained = session.fit(run, start)
-            outcome = session.evaluate(run, trained)
-            report = session.report(run, outcome)
-            session.export(run, report)
-        return session.finish(run, report)
+    session = Session(checked, callbacks)
+    session.open_devices()
+    run = session.assemble()
+    start = session.restore(run)
+    # The end of a run listens for signals too: a stop there ends with the final
+    # epoch's backup, from which a rerun finishes just that.
+    with session.listening():
+        trained = session.fit(run, start)
+        outcome = session.evaluate(run, trained)
+        report = session.report(run, outcome)
+        session.export(run, report)
+    return session.finish(run, report)
 
 
 def start(checked: Checked, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
@@ -52,7 +54,8 @@ def start(checked: Checked, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
 def train(cfg: DictConfig, run_dir: str | Path | None = None,
           callbacks: Sequence[Any] = (), choices: dict[str, str] | None = None
           ) -> dict[str, Any]:
-    """Checks a composed config (`trainer.run.preflight`), then runs it.
+    """Checks a composed config (`trainer.run.preflight`), then runs it under its owner
+    (`trainer.run.startup.begin`).
 
     Args:
         cfg: a composed config (see `conf/config.yaml`).
@@ -65,14 +68,11 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None,
     Returns:
         The summary dict; for a resume with nothing to add, the finished run's.
     """
-    try:
-        checked = preflight(cfg, logs=None if run_dir is not None else hydra_run_dir(),
-                            run_dir=run_dir, choices=choices)
-    except NothingToDo as done:
-        print(f"finished: {done}", flush=True)
-        return json.loads(RunDir(Path(cfg.resume)).summary.read_text())
-    with checked.owned():
-        return start(checked, callbacks)
+    found = begin(cfg, None if run_dir is not None else hydra_run_dir(), start,
+                  run_dir=run_dir, choices=choices, callbacks=callbacks)
+    if isinstance(found, Finished):
+        return json.loads(RunDir(found.run_dir).summary.read_text())
+    return found
 
 
 def hydra_run_dir() -> str | None:

@@ -88,18 +88,18 @@ def find_lr(checked: Checked) -> dict[str, Any]:
     (exponentially), on a fresh copy of the run's model; the suggestion at the reference
     batch."""
     tuner, checked = checked.spec.tuner, _tuning_spec(checked)
-    with Session(checked) as session:
-        session.open_devices()
-        run = session.assemble()
-        steps = tuner.steps
-        run.model.optimizer.learning_rate = keras.optimizers.schedules.ExponentialDecay(
-            tuner.lr_min, max(steps - 1, 1), tuner.lr_max / tuner.lr_min)
-        recorder = _Losses(tuner.diverge_factor)
-        epochs = -(-steps // run.steps)
-        run.model.fit(run.data.make_train(0, epochs, 0), epochs=1, steps_per_epoch=steps,
-                      callbacks=[*run.fit_callbacks, recorder], verbose=0, shuffle=False)
-        rates = range_rates(tuner.lr_min, tuner.lr_max, steps)[:len(recorder.losses)]
-        return _lr_report(checked, run, session.run_dir, rates, recorder.losses)
+    session = Session(checked)  # closed by the run's owner (`trainer.run.owner`)
+    session.open_devices()
+    run = session.assemble()
+    steps = tuner.steps
+    run.model.optimizer.learning_rate = keras.optimizers.schedules.ExponentialDecay(
+        tuner.lr_min, max(steps - 1, 1), tuner.lr_max / tuner.lr_min)
+    recorder = _Losses(tuner.diverge_factor)
+    epochs = -(-steps // run.steps)
+    run.model.fit(run.data.make_train(0, epochs, 0), epochs=1, steps_per_epoch=steps,
+                  callbacks=[*run.fit_callbacks, recorder], verbose=0, shuffle=False)
+    rates = range_rates(tuner.lr_min, tuner.lr_max, steps)[:len(recorder.losses)]
+    return _lr_report(checked, run, session.run_dir, rates, recorder.losses)
 
 
 def _lr_report(checked: Checked, run: Any, run_dir: Path, rates: list[float],
@@ -183,19 +183,19 @@ def _throughput(checked: Checked, per_replica: int, steps: int = 6
     """(training examples/s at a per-replica batch, the first (traced) step not timed; the
     replicas); None where the training split is smaller than one global batch."""
     tuning = _tuning_spec(checked, per_replica=per_replica, global_size=None, accumulate=1)
-    with Session(tuning) as session:
-        session.open_devices()
-        run = session.assemble()
-        if run.data.source.train_size < run.batch.global_size:
-            return None, run.batch.replicas
-        stamps = keras.callbacks.LambdaCallback(
-            on_train_batch_end=lambda batch, logs: times.append(time.perf_counter()))
-        times: list[float] = []
-        run.model.fit(run.data.make_train(0, -(-steps // run.steps) + 1, 0), epochs=1,
-                      steps_per_epoch=steps, callbacks=[*run.fit_callbacks, stamps],
-                      verbose=0, shuffle=False)
-        return (run.batch.global_size * (len(times) - 1) / (times[-1] - times[0]),
-                run.batch.replicas)
+    session = Session(tuning)  # in place of the last try's, closed by the run's owner
+    session.open_devices()
+    run = session.assemble()
+    if run.data.source.train_size < run.batch.global_size:
+        return None, run.batch.replicas
+    stamps = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: times.append(time.perf_counter()))
+    times: list[float] = []
+    run.model.fit(run.data.make_train(0, -(-steps // run.steps) + 1, 0), epochs=1,
+                  steps_per_epoch=steps, callbacks=[*run.fit_callbacks, stamps],
+                  verbose=0, shuffle=False)
+    return (run.batch.global_size * (len(times) - 1) / (times[-1] - times[0]),
+            run.batch.replicas)
 
 
 def _memory_bound(spec: Any) -> bool:
@@ -230,15 +230,13 @@ def try_one_step(record: Path) -> int:
     cfg.tune, cfg.resume, cfg.logger = None, None, {}
     scratch = Path(record).parent / "run"
     checked = preflight(cfg, run_dir=scratch)
-    try:
-        if per_replica > int(os.environ.get(FAIL_ABOVE) or sys.maxsize):
-            raise tf.errors.ResourceExhaustedError(None, None, "injected: out of memory")
-        _throughput(checked, per_replica, steps=2)
-    except tf.errors.ResourceExhaustedError:
-        return EXIT_OUT_OF_MEMORY
-    finally:
-        if checked.lock is not None:
-            checked.lock.release()
+    with checked.owned():
+        try:
+            if per_replica > int(os.environ.get(FAIL_ABOVE) or sys.maxsize):
+                raise tf.errors.ResourceExhaustedError(None, None, "injected: out of memory")
+            _throughput(checked, per_replica, steps=2)
+        except tf.errors.ResourceExhaustedError:
+            return EXIT_OUT_OF_MEMORY
     return 0
 
 

@@ -1,7 +1,8 @@
 """A run directory this start created is removed again if the run fails before it holds a
 run: a bad config, a tracker that cannot start, a Ctrl-C at start-up leave nothing behind.
 
-One owner for the command line and the Python API alike. A directory that holds a run
+The run's owner (`trainer.run.owner.Owner`, the command line's and the Python API's alike)
+calls `remove_fresh` when a run fails. A directory that holds a run
 (a backup, checkpoints or a summary) is never touched, and neither is one another process
 created (two starts at once: only the start whose `mkdir` created it lists it).
 """
@@ -11,8 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 
 from trainer.rundir.layout import LOCK, RunDir
@@ -21,17 +21,6 @@ from trainer.rundir.lock import remove_created
 # (directory, topmost directory this start created for it; None: a directory Hydra creates
 # for its `.hydra/` and log, wholly this start's)
 Fresh = tuple[Path, Path | None]
-
-
-@contextmanager
-def removed_on_failure(fresh: Sequence[Fresh]) -> Iterator[None]:
-    """Runs the block; on any failure (an exit included) removes what this start wrote into
-    the directories it created, where they hold no run, then re-raises."""
-    try:
-        yield
-    except BaseException:
-        remove_fresh(fresh)
-        raise
 
 
 def remove_fresh(fresh: Sequence[Fresh]) -> None:

@@ -216,6 +216,11 @@ def is_run_dir(path: Path) -> bool:
     return RunDir(path).holds_run()
 
 
+def has_config(path: Path) -> bool:
+    """Whether `path` holds a run's recorded config (`.hydra/config.yaml`)."""
+    return RunDir(path).config.is_file()
+
+
 def check_resume_target(resume: str | None, hydra_run_dir: str | None) -> None:
     """Refuses `resume=DIR` where DIR is not a run, or where Hydra would write its `.hydra/`
     and log into another directory that holds a finished run."""

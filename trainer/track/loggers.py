@@ -1,5 +1,6 @@
 """Experiment trackers (`logger=[tensorboard,csv,mlflow,wandb]`): which exist, and whether
-they can start. The trackers themselves are Keras callbacks in `trainer.track.trackers`.
+they can start. The trackers themselves are Keras callbacks in `trainer.track.trackers`;
+the built-in ones are the files of `conf/logger/` (`built_in`), each naming its builder.
 
 Each tracker gets every epoch's logs (loss, metrics, `val_` ones, learning rate); MLflow and
 Weights & Biases also get the flattened composed config as parameters and the summary at
@@ -13,6 +14,7 @@ install or drop it.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import socket
@@ -20,13 +22,28 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from trainer.config.errors import ConfigError
+from omegaconf import DictConfig, OmegaConf
 
-LOGGERS = ("tensorboard", "csv", "mlflow", "wandb")
-# What builds each built-in logger (`conf/logger/NAME.yaml` names the same `_target_`); a
-# logger of the user's own is any node whose `_target_` builds a Keras callback.
-BUILT_IN = {name: f"trainer.track.trackers.{name}" for name in LOGGERS}
+from trainer.config.errors import ConfigError
+from trainer.config.schema import config_dir
+
+# The package a built-in logger needs that is not installed with trainer, by logger.
 PACKAGES = {"mlflow": "mlflow", "wandb": "wandb"}
+
+
+@functools.cache
+def built_in() -> dict[str, str]:
+    """The built-in loggers, `{name: the dotted name of its builder}`: the files of
+    `conf/logger/` (`NAME.yaml` holds `NAME: {_target_: BUILDER, ...}`), the ones a run logs
+    to by default (`conf/config.yaml`'s) first. A logger of the user's own is any node whose
+    `_target_` builds a Keras callback."""
+    folder = config_dir()
+    found = {path.stem: str(OmegaConf.load(path)[path.stem]["_target_"])
+             for path in sorted((folder / "logger").glob("*.yaml"))}
+    defaults = OmegaConf.load(folder / "config.yaml").get("defaults") or []
+    first = next((list(item["logger"]) for item in defaults
+                  if isinstance(item, DictConfig) and "logger" in item), [])
+    return {name: found[name] for name in sorted(found, key=lambda n: n not in first)}
 
 
 def _drop(name: str, loggers: Mapping) -> str:
@@ -48,8 +65,8 @@ def check_loggers(loggers: Mapping | None, reach: bool = False) -> None:
     loggers = loggers or {}
     for name, node in loggers.items():
         target = (node or {}).get("_target_")
-        if target is None and name not in LOGGERS:
-            raise ConfigError(f"unknown logger {name!r}; available: {', '.join(LOGGERS)}, or "
+        if target is None and name not in built_in():
+            raise ConfigError(f"unknown logger {name!r}; available: {', '.join(built_in())}, or "
                               "a node with _target_ (a builder of a Keras callback)")
         if target is not None and importlib.util.find_spec(str(target).split(".")[0]) is None:
             raise ConfigError(f"logger {name}: cannot import {target!r}; is its module in the "

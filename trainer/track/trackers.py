@@ -18,7 +18,7 @@ from hydra.utils import instantiate
 from trainer.config.errors import ConfigError
 from trainer.rundir.layout import RunDir
 from trainer.rundir.resume import flatten
-from trainer.track.loggers import BUILT_IN, _drop, local_path, sqlite_path
+from trainer.track.loggers import _drop, built_in, local_path, sqlite_path
 
 
 def _numbers(logs: Mapping | None) -> dict[str, float]:
@@ -275,7 +275,7 @@ def build_trackers(loggers: Mapping | None, run_dir: Path, config: dict[str, Any
     params = flatten(config)
     trackers: list[keras.callbacks.Callback] = []
     for name, options in loggers.items():
-        target = options.pop("_target_", None) or BUILT_IN[name]
+        target = options.pop("_target_", None) or built_in()[name]
         try:
             # Partial: the flattened config is handed over as it is, not instantiated.
             build = instantiate({"_target_": target, "_partial_": True, **options},

@@ -1,0 +1,97 @@
+"""The owner of a checked run: the one stack of guards, unwound once when the run ends.
+
+The pre-flight (`trainer.run.preflight`) takes the run directory's lock and hands the run
+over as a `Checked` value with its `Owner`; the start-up sequence (`trainer.run.startup`:
+the command line, `trainer.fit` and `train(cfg)` alike) holds the owner around the run, and
+the run's session (`trainer.run.session.Session`, once TensorFlow runs) gives it its own
+guards. When the run ends, well or not, the owner unwinds them all, once, in this order:
+
+1. the session's: the watchdog stopped, the trackers finished as FAILED, a failure turned
+   into the error a user reads (a full disk, an image that does not decode, a lost worker:
+   `trainer.run.guards`), another worker's scratch directory removed;
+2. on a failure, the directories this start created removed where they hold no run
+   (`trainer.rundir.fresh`);
+3. the run directory's lock released (this run's alone).
+
+The entry point then prints the error as its one line and exit code
+(`trainer.run.process.exit_with`), or raises it as `TrainerError` (`trainer.fit`).
+
+A decide module: no TensorFlow (the session's guards are its own methods).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from trainer.rundir.fresh import Fresh, remove_fresh
+from trainer.rundir.lock import RunLock
+
+
+class Owner:
+    """The guards of one checked run, held while it runs and unwound once at its end.
+
+    The command line holds it around Hydra's job as well as inside it (a start that ends
+    before the job runs is ended too): the first end unwinds the guards, a later one does
+    nothing.
+
+    Attributes:
+        lock: the run directory's lock, this run's alone (None: another worker's run).
+        fresh: `(directory, topmost directory created)` for each directory this start
+            created (`trainer.rundir.fresh.Fresh`).
+        session: the run's session once it exists (see `adopt`).
+    """
+
+    def __init__(self, lock: RunLock | None = None, fresh: Sequence[Fresh] = ()) -> None:
+        self.lock, self.fresh = lock, tuple(fresh)
+        self.session: Any = None
+        self._held = False
+        self._ended = False
+
+    def __enter__(self) -> Owner:
+        self._held = True
+        return self
+
+    def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> bool:
+        self.end(error)
+        return False
+
+    def adopt(self, session: Any) -> None:
+        """Takes the run's session, whose `close(error)` is the first guard; a newer session
+        of the same run takes its place (`tune=batch`'s tries, each after the last).
+
+        Raises:
+            RuntimeError: the owner is not held (`with checked.owned():`), or has ended.
+        """
+        if not self._held or self._ended:
+            raise RuntimeError("a run's session runs inside its owner: "
+                               "`with checked.owned(): ...` (trainer.run.startup.launch)")
+        self.session = session
+
+    def end(self, error: BaseException | None = None) -> None:
+        """Unwinds the guards (once: a second call does nothing).
+
+        Args:
+            error: what ended the run; None for a run that ended well.
+
+        Raises:
+            The error a user reads in place of `error`, where the session has one.
+        """
+        if self._ended:
+            return
+        self._ended = True
+        session, self.session = self.session, None
+        failed = error is not None
+        try:
+            if session is not None:
+                session.close(error)
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            try:
+                if failed:
+                    remove_fresh(self.fresh)
+            finally:
+                if self.lock is not None:
+                    self.lock.release()
