@@ -12,9 +12,11 @@ machines.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +51,8 @@ def distribution(override: Override) -> BaseDistribution | None:
 
     `choice(a, b)` and a shuffled range are categorical; `range(a, b, step)` steps from `a`
     to `b` included, as Optuna's `step` does (and Hydra's Optuna sweeper did);
-    `interval(a, b)` is uniform over floats, over integers where both ends are integers, and
-    `tag(log, interval(a, b))` log-uniform.
+    `interval(a, b)` is uniform over floats (Hydra's interval is of floats), `int(interval(a,
+    b))` over integers, and `tag(log, interval(a, b))` log-uniform.
     """
     if not override.is_sweep_override():
         return None
@@ -134,19 +136,9 @@ class OptunaSearch:
     def __init__(self, sampler: Any, pruner: Any, direction: Any, storage: str | None,
                  study_name: str | None, n_trials: int, n_jobs: int,
                  max_failure_rate: float, params: DictConfig | None) -> None:
-        self.options = OmegaConf.create({"storage": storage, "study_name": study_name,
-                                         "pruner": pruner})
-        self.sampler = build_object(sampler, "hydra.sweeper.sampler") if sampler else None
-        # None would be Optuna's default, the median pruner: none is none
-        self.pruner = (build_object(pruner, "hydra.sweeper.pruner") if pruner
-                       else optuna.pruners.NopPruner())
+        self.options = OmegaConf.create({"sampler": sampler, "storage": storage,
+                                         "study_name": study_name, "pruner": pruner})
         self.direction = getattr(direction, "name", direction)
-        for name, value, low in (("n_trials", n_trials, 1), ("n_jobs", n_jobs, 1)):
-            if value < low:
-                raise ConfigError(f"hydra.sweeper.{name}={value}: must be at least {low}")
-        if not 0.0 <= max_failure_rate <= 1.0:
-            raise ConfigError(f"hydra.sweeper.max_failure_rate={max_failure_rate}: must be "
-                              "between 0.0 and 1.0")
         self.n_trials, self.n_jobs = n_trials, n_jobs
         self.max_failure_rate = max_failure_rate
         self.params = [f"{k}={v}" for k, v in (params or {}).items()]
@@ -154,6 +146,20 @@ class OptunaSearch:
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
               config: DictConfig) -> None:
+        """Checks the options and builds the sampler and the pruner (here, not in
+        `__init__`, which Hydra's `instantiate` calls: an error raised here is the user's
+        one line, not Hydra's wrapping of it)."""
+        for name, value in (("n_trials", self.n_trials), ("n_jobs", self.n_jobs)):
+            if value < 1:
+                raise ConfigError(f"hydra.sweeper.{name}={value}: must be at least 1")
+        if not 0.0 <= self.max_failure_rate <= 1.0:
+            raise ConfigError(f"hydra.sweeper.max_failure_rate={self.max_failure_rate}: must "
+                              "be between 0.0 and 1.0")
+        sampler, pruner = self.options.sampler, self.options.pruner
+        self.sampler = build_object(sampler, "hydra.sweeper.sampler") if sampler else None
+        # None would be Optuna's default, the median pruner: none is none
+        self.pruner = (build_object(pruner, "hydra.sweeper.pruner") if pruner
+                       else optuna.pruners.NopPruner())
         self.config = config
         self.launcher = Plugins.instance().instantiate_launcher(
             config=config, hydra_context=hydra_context,
@@ -198,10 +204,11 @@ class OptunaSearch:
         sweep_dir.mkdir(parents=True, exist_ok=True)
         where = optuna_study(self.options, sweep_dir)
         try:
-            study = optuna.create_study(
-                storage=where["storage"], study_name=where["study_name"],
-                sampler=self.sampler, pruner=self.pruner, direction=self.direction,
-                load_if_exists=True)
+            with _opening(where["storage"]):
+                study = optuna.create_study(
+                    storage=where["storage"], study_name=where["study_name"],
+                    sampler=self.sampler, pruner=self.pruner, direction=self.direction,
+                    load_if_exists=True)
         except Exception as error:  # a URL SQLAlchemy cannot parse, a database not there
             raise ConfigError(f"hydra.sweeper.storage={where['storage']}: cannot open the "
                               f"study {where['study_name']!r}: {describe(error)}") from None
@@ -238,6 +245,20 @@ class OptunaSearch:
             log.warning(f"No trial of study {study.study_name!r} completed: {ended}")
         OmegaConf.save(OmegaConf.create(results),
                        Path(self.config.hydra.sweep.dir) / "optimization_results.yaml")
+
+
+@contextlib.contextmanager
+def _opening(storage: str) -> Iterator[None]:
+    """Holds a lock beside an SQLite file while the study opens: two sweeps starting at once
+    on a new file would both create its tables, and one of them fail."""
+    prefix = "sqlite:///"
+    if not storage.startswith(prefix):
+        yield
+        return
+    database = Path(storage[len(prefix):])
+    with open(database.with_name(f".{database.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _tell(study: optuna.study.Study, trial: optuna.trial.Trial, ret: Any) -> Any:
