@@ -19,6 +19,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import TrialState
 
 from hydra_plugins.trainer_optuna_sweeper._impl import grid, search_space
+from trainer.config.compose import compose_from_args
 from trainer.config.errors import ConfigError
 from trainer.track.pruning import optuna_trial
 from trainer.track.sweep import STUDY_ENV, TRIAL_ENV, optuna_study, trial_table
@@ -200,3 +201,43 @@ def test_two_sweeps_at_once_share_one_sqlite_study(tmp_path):
     assert all(r["study_name"] == "shared" and r["trials"]["complete"] == 1 for _, r in results)
     # the sweep that ended last saw both trials: its best is the study's
     assert max(results, key=lambda r: r[0])[1]["best_value"] == pytest.approx(max(values))
+
+
+def test_a_new_sqlite_study_opens_under_a_lock_beside_its_file(tmp_path):
+    """Two sweeps starting at once on a new SQLite file would both create its tables (one
+    then fails, 'table ... already exists'): the sweeper opens the study holding a lock."""
+    import fcntl
+
+    from hydra_plugins.trainer_optuna_sweeper._impl import _opening
+
+    with _opening(f"sqlite:///{tmp_path / 'study.db'}"):
+        with open(tmp_path / ".study.db.lock") as other, pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with open(tmp_path / ".study.db.lock") as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released
+
+
+def test_samplers_and_pruners_are_chosen_by_name_and_take_their_arguments():
+    from hydra_plugins.trainer_optuna_sweeper._impl import OptunaSearch
+
+    def built(*overrides):
+        sweeper = compose_from_args(["-m", "hparams_search=digits_optuna", *overrides]
+                                    ).hydra.sweeper
+        search = OptunaSearch(**{k: v for k, v in sweeper.items() if not k.startswith("_")})
+        search.build()
+        return search.sampler, search.pruner
+
+    sampler, pruner = built()  # the search's own: TPE, seeded, and the median pruner
+    assert type(sampler) is optuna.samplers.TPESampler
+    assert type(pruner) is optuna.pruners.MedianPruner
+    sampler, pruner = built("hydra/sweeper/pruner=hyperband", "hydra/sweeper/sampler=random")
+    assert type(sampler) is optuna.samplers.RandomSampler
+    assert type(pruner) is optuna.pruners.HyperbandPruner
+    _, pruner = built("hydra/sweeper/pruner=threshold", "+hydra.sweeper.pruner.lower=0.5")
+    study = optuna.create_study(direction="maximize", pruner=pruner)
+    for value, pruned in ((0.4, True), (0.6, False)):
+        trial = study.ask()
+        trial.report(value, 1)
+        assert trial.should_prune() is pruned
+    _, pruner = built("hydra.sweeper.pruner=null")  # none, not Optuna's default median
+    assert type(pruner) is optuna.pruners.NopPruner

@@ -146,7 +146,15 @@ class OptunaSearch:
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
               config: DictConfig) -> None:
-        """Checks the options and builds the sampler and the pruner (here, not in
+        """Builds the search (`build`), and the launcher of its jobs."""
+        self.build()
+        self.config = config
+        self.launcher = Plugins.instance().instantiate_launcher(
+            config=config, hydra_context=hydra_context,
+            task_function=_CatchPruned(task_function))
+
+    def build(self) -> None:
+        """Checks the options and builds the sampler and the pruner (in `setup`, not in
         `__init__`, which Hydra's `instantiate` calls: an error raised here is the user's
         one line, not Hydra's wrapping of it)."""
         for name, value in (("n_trials", self.n_trials), ("n_jobs", self.n_jobs)):
@@ -160,10 +168,6 @@ class OptunaSearch:
         # None would be Optuna's default, the median pruner: none is none
         self.pruner = (build_object(pruner, "hydra.sweeper.pruner") if pruner
                        else optuna.pruners.NopPruner())
-        self.config = config
-        self.launcher = Plugins.instance().instantiate_launcher(
-            config=config, hydra_context=hydra_context,
-            task_function=_CatchPruned(task_function))
 
     def sweep(self, arguments: list[str]) -> None:
         """Runs `n_trials` trials, `n_jobs` at a time, then writes
