@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import optuna
 import pytest
 import yaml
-from conftest import TINY, error_lines, run_main
+from conftest import REPO, TINY, error_lines, run_main
 from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
@@ -241,3 +241,56 @@ def test_samplers_and_pruners_are_chosen_by_name_and_take_their_arguments():
         assert trial.should_prune() is pruned
     _, pruner = built("hydra.sweeper.pruner=null")  # none, not Optuna's default median
     assert type(pruner) is optuna.pruners.NopPruner
+
+
+APP = '''
+import hydra
+import optuna
+
+
+@hydra.main(config_path=".", config_name="app", version_base="1.3")
+def main(cfg):
+    if cfg.x > 3.5:
+        raise optuna.TrialPruned("past 3.5")  # Optuna's way to say a trial is pruned
+    return (cfg.x - 2) ** 2 + cfg.y
+
+
+main()
+'''
+APP_CONFIG = '''
+x: 0
+y: 0
+defaults:
+  - override hydra/sweeper: trainer_optuna
+  - override hydra/sweeper/sampler: grid
+  - _self_
+hydra:
+  sweeper:
+    n_trials: 100
+    params:
+      x: range(0, 4)
+      y: choice(0, 1)
+'''
+
+
+def test_a_grid_search_of_any_hydra_app_runs_each_point_once(tmp_path):
+    """The sweeper is Hydra's, for any app (here one without TensorFlow): a grid of
+    every choice and range value, n_trials cut to its size, the sweep ending cleanly where
+    the grid's last point makes Optuna's grid sampler stop the study; a job raising
+    `optuna.TrialPruned` is a pruned trial."""
+    (tmp_path / "app.py").write_text(APP)
+    (tmp_path / "app.yaml").write_text(APP_CONFIG)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env.pop("HYDRA_FULL_ERROR", None)
+    out = subprocess.run([sys.executable, "app.py", "-m", "hydra.sweep.dir=sweep"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    study = optuna.load_study(study_name="sweep",
+                              storage=f"sqlite:///{tmp_path / 'sweep' / 'optuna.db'}")
+    points = sorted((t.params["x"], t.params["y"], t.state.name) for t in study.get_trials())
+    assert points == [(x, y, "PRUNED" if x == 4 else "COMPLETE") for x in range(5)
+                      for y in (0, 1)]
+    results = yaml.safe_load((tmp_path / "sweep" / "optimization_results.yaml").read_text())
+    assert results["best_params"] == {"x": 2, "y": 0} and results["best_value"] == 0
+    assert results["trials"] == {"complete": 8, "pruned": 2, "failed": 0}

@@ -270,20 +270,32 @@ def _tell(study: optuna.study.Study, trial: optuna.trial.Trial, ret: Any) -> Any
     try:
         value = ret.return_value  # the job's failure is raised here (Hydra names the job)
     except Exception as error:
-        study.tell(trial, state=TrialState.FAIL)
+        _told(study, trial, state=TrialState.FAIL)
         log.warning(f"Trial {trial.number} failed: {error}")
         return error
     if isinstance(value, Pruned):
-        return study.tell(trial, state=TrialState.PRUNED).state
+        return _told(study, trial, state=TrialState.PRUNED)
     try:
         number = float(value)
     except (TypeError, ValueError):
-        study.tell(trial, state=TrialState.FAIL)
+        _told(study, trial, state=TrialState.FAIL)
         return ConfigError(f"trial {trial.number} returned {type(value).__name__}, not a "
                            "number: set optimized_metric (the number each trial returns)")
-    if study.tell(trial, number).state == TrialState.FAIL:  # Optuna's answer to a NaN
+    if _told(study, trial, number) == TrialState.FAIL:  # Optuna's answer to a NaN
         return ValueError(f"trial {trial.number} returned {number}")
     return TrialState.COMPLETE
+
+
+def _told(study: optuna.study.Study, trial: optuna.trial.Trial, value: float | None = None,
+          state: TrialState | None = None) -> TrialState:
+    """`study.tell`; returns the state stored. The grid sampler's last point calls
+    `Study.stop`, which Optuna allows only inside `optimize` (the trial is stored first)."""
+    try:
+        return study.tell(trial, value, state=state).state
+    except RuntimeError as error:
+        if "Study.stop" not in str(error):
+            raise
+    return next(t.state for t in study.get_trials(deepcopy=False) if t.number == trial.number)
 
 
 def _exhausted(sampler: Any, study: optuna.study.Study) -> bool:
