@@ -294,3 +294,20 @@ def test_a_grid_search_of_any_hydra_app_runs_each_point_once(tmp_path):
     results = yaml.safe_load((tmp_path / "sweep" / "optimization_results.yaml").read_text())
     assert results["best_params"] == {"x": 2, "y": 0} and results["best_value"] == 0
     assert results["trials"] == {"complete": 8, "pruned": 2, "failed": 0}
+
+
+def test_the_command_line_registers_the_sweeper_where_hydras_scan_misses_it(monkeypatch):
+    """An editable install (`pip install -e`) maps `hydra_plugins.trainer_optuna_sweeper`
+    through an import hook, which Hydra's scan of the namespace does not walk: the command
+    line registers the sweeper with Hydra itself (a wheel's install is scanned, see
+    tests/test_task.py)."""
+    from hydra.core.plugins import Plugins
+
+    from hydra_plugins.trainer_optuna_sweeper.sweeper import TrainerOptunaSweeper
+    from trainer.run.jobs import register_sweeper
+
+    registered = []
+    monkeypatch.setattr(Plugins, "instance",
+                        staticmethod(lambda: SimpleNamespace(register=registered.append)))
+    register_sweeper()
+    assert registered == [TrainerOptunaSweeper]
