@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -134,13 +135,31 @@ def test_a_search_that_cannot_work_is_one_line_before_any_job(tmp_path):
             "error: hydra.sweeper.sampler: cannot build 'optuna.samplers.NoSuchSampler': ",
         ("hydra.sweeper.max_failure_rate=1.5",):
             "error: hydra.sweeper.max_failure_rate=1.5: must be between 0.0 and 1.0",
+        ("hydra.sweeper.storage=sqlite:///:memory:",):
+            "error: hydra.sweeper.storage=sqlite:///:memory: is a database in one process's "
+            "memory, but each job reports to the study from a process of its own",
     }
     for overrides, line in cases.items():
         out = run_main("-m", *QUICK, *overrides, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
         assert out.returncode == 2, out.stderr
         (found,) = error_lines(out.stderr)
         assert found.startswith(line), found
-        assert not sweep.exists()
+        assert not list(sweep.glob("*/"))  # no job ran
+
+
+def test_a_search_whose_every_trial_failed_ends_with_the_first_failure(tmp_path):
+    sweep = tmp_path / "sweep"
+    # each job refuses its learning rate before TensorFlow starts: a failed trial, quickly
+    out = run_main("-m", *QUICK, "optimizer.lr=choice(-1.0, -2.0)", "hydra.sweeper.n_trials=2",
+                   f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert out.returncode == 2, out.stderr[-3000:]  # the failed job's own exit code
+    assert re.fullmatch(r"error: sweep job 0 \(.*optimizer\.lr=(-[\d.]+) .*\) failed: "
+                        r"optimizer\.lr must be positive; received: \1; every job's outcome "
+                        r"is in trials\.md in the sweep directory",
+                        error_lines(out.stderr)[-1]), error_lines(out.stderr)[-1]
+    assert "# Trials: 2 (0 completed, 2 failed)" in (sweep / "trials.md").read_text()
+    study = optuna.load_study(study_name="digits", storage=f"sqlite:///{sweep / 'optuna.db'}")
+    assert [t.state for t in study.get_trials()] == [TrialState.FAIL] * 2
 
 
 def test_a_pruned_trial_stops_training_exits_cleanly_and_ends_pruned(tmp_path):

@@ -57,10 +57,18 @@ def optuna_study(sweeper: Any, sweep_dir: str | Path) -> dict[str, Any]:
         `storage`: the URL (null: `optuna.db` in the sweep directory; a relative SQLite path
         made absolute, the same from any working directory), `study_name` (null: the sweep
         directory, a study per sweep) and `pruner`: its node as a dict, or None.
+
+    Raises:
+        ConfigError: an in-memory storage, which the jobs' processes cannot reach.
     """
     from omegaconf import OmegaConf
 
     storage = sweeper.get("storage") or f"sqlite:///{Path(sweep_dir).resolve() / 'optuna.db'}"
+    if storage in ("sqlite://", "sqlite:///:memory:"):
+        raise ConfigError(f"hydra.sweeper.storage={storage} is a database in one process's "
+                          "memory, but each job reports to the study from a process of its "
+                          "own: name a file (sqlite:///optuna.db), or null for one in the "
+                          "sweep directory")
     prefix = "sqlite:///"
     if storage.startswith(prefix) and not storage.startswith(prefix + "/"):
         storage = prefix + str(Path(storage[len(prefix):]).resolve())
