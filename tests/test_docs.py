@@ -171,6 +171,22 @@ TESTED_BY = {
     # docs/sweeps-and-trackers.md
     "python -m trainer -m hparams_search=digits_optuna hydra.sweeper.n_trials=40 epochs=10":
         "tests/test_sweep.py::test_optuna_search_goes_on_past_a_failed_trial_and_tables_every_trial",
+    "python -m trainer -m hparams_search=digits_optuna hydra/sweeper/pruner=hyperband":
+        "tests/test_optuna_sweep.py::"
+        "test_samplers_and_pruners_are_chosen_by_name_and_take_their_arguments",
+    "python -m trainer -m hparams_search=digits_optuna hydra.sweeper.pruner=null":
+        "tests/test_optuna_sweep.py::"
+        "test_samplers_and_pruners_are_chosen_by_name_and_take_their_arguments",
+    "python -m trainer -m hparams_search=digits_optuna +hydra.sweeper.pruner.n_warmup_steps=1":
+        "tests/test_optuna_sweep.py::"
+        "test_samplers_and_pruners_are_chosen_by_name_and_take_their_arguments",
+    "python -m trainer -m hparams_search=digits_optuna hydra.sweeper.pruner=null "
+    "'hydra.sweeper.pruner={_target_: optuna.pruners.ThresholdPruner, lower: 0.5}'":
+        "tests/test_optuna_sweep.py::"
+        "test_a_pruned_trial_stops_training_exits_cleanly_and_ends_pruned",
+    "python -m trainer -m hparams_search=digits_optuna "
+    "hydra.sweeper.storage=sqlite:////data/digits.db hydra.sweeper.study_name=digits":
+        "tests/test_optuna_sweep.py::test_two_sweeps_at_once_share_one_sqlite_study",
     "python -m trainer logger=[mlflow] logger.mlflow.tracking_uri=http://127.0.0.1:5999":
         "tests/test_loggers.py::test_an_unreachable_tracking_server_is_one_line_before_"
         "tensorflow_starts",

@@ -16,6 +16,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
+import yaml
 from omegaconf import OmegaConf
 
 from tests.conftest import REPO, error_lines, make_config, run_main
@@ -114,6 +115,31 @@ def test_readme_project_trains_outside_the_repository_from_an_installed_trainer(
     assert summary["validation_metrics"]["loss"] < 0.8 * diabetes_baseline()
     assert set(summary["validation_metrics"]) == {"loss", "mae"}
     assert (summary_path.parent / "checkpoints" / "best.keras").is_file()
+
+
+@pytest.mark.slow  # builds and installs a wheel
+def test_the_wheel_ships_the_optuna_sweeper_where_hydra_finds_it(tmp_path, wheel):
+    """Hydra's own scan of the `hydra_plugins` namespace finds trainer's sweeper in the
+    installed wheel, and the command line composes its config from there."""
+    env = {**{k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"},
+           "PYTHONPATH": str(wheel)}
+    code = ("from hydra.core.plugins import Plugins\n"
+            "from hydra.plugins.sweeper import Sweeper\n"
+            "import hydra_plugins.trainer_optuna_sweeper as plugin\n"
+            "print(plugin.__file__)\n"
+            "print(' '.join(c.__name__ for c in Plugins.instance().discover(Sweeper)))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    where, found = out.stdout.strip().splitlines()
+    assert where.startswith(str(wheel)), where  # not this checkout
+    assert "TrainerOptunaSweeper" in found.split(), found
+    out = subprocess.run([sys.executable, "-m", "trainer", "hparams_search=digits_optuna",
+                          "--cfg", "hydra", "-p", "hydra.sweeper"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    sweeper = yaml.safe_load(out.stdout)
+    assert sweeper["sampler"]["_target_"] == "optuna.samplers.TPESampler"
+    assert sweeper["pruner"]["_target_"] == "optuna.pruners.MedianPruner"
 
 
 # fit's twin of the same-weights proof runs by default in tests/test_parity.py

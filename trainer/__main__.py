@@ -24,12 +24,19 @@ from trainer.config.compose import composed
 from trainer.config.schema import config_dir, register_configs
 from trainer.internals.hydra_app import args_parser
 from trainer.run import process
-from trainer.run.jobs import check_sweep_direction, dispatches_jobs, is_sweep_job, run_sweep_job
+from trainer.run.jobs import (
+    check_sweep_direction,
+    dispatches_jobs,
+    is_sweep_job,
+    register_sweeper,
+    run_sweep_job,
+)
 from trainer.run.preflight import Checked, preflight
 from trainer.run.startup import Finished, begin, launch
 
 process.quiet_logs()
 register_configs()
+register_sweeper()
 
 # The run the pre-flight checked before Hydra started its job (None: the job checks it: a
 # sweep's job, or a config that reads the running job, `${hydra:...}`).

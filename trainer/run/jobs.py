@@ -12,7 +12,27 @@ from omegaconf import DictConfig
 from trainer.config.compose import KNOWN_ERRORS, compose_from_args
 from trainer.config.errors import ConfigError
 from trainer.distribute.cluster import resolve_cluster
-from trainer.track.sweep import CHILD_ENV, direction, in_sweep, run_job_in_subprocess
+from trainer.track.sweep import (
+    CHILD_ENV,
+    check_optuna_search,
+    direction,
+    in_sweep,
+    run_job_in_subprocess,
+)
+
+
+def register_sweeper() -> None:
+    """Registers trainer's Optuna sweeper (`hydra/sweeper=trainer_optuna`) with Hydra where
+    Hydra's scan of the `hydra_plugins` namespace did not find it: an editable install
+    (`pip install -e`) maps the package through an import hook, which the scan does not
+    walk. A no-op where the scan found it (a wheel's install, the source checkout)."""
+    from hydra.core.plugins import Plugins
+
+    plugins = Plugins.instance()  # the scan first: it re-runs a plugin module it finds
+    import hydra_plugins.trainer_optuna_sweeper.config  # noqa: F401 (its configs, if unseen)
+    from hydra_plugins.trainer_optuna_sweeper.sweeper import TrainerOptunaSweeper
+
+    plugins.register(TrainerOptunaSweeper)
 
 
 def is_sweep_job() -> bool:
@@ -38,7 +58,8 @@ def run_sweep_job(cfg: DictConfig, full_error: bool) -> Any:
 
 
 def check_sweep_direction(args: list[str]) -> None:
-    """Refuses a sweeper direction against the optimized metric before the first job.
+    """Refuses a sweeper direction against the optimized metric before the first job, and a
+    search by trainer's Optuna sweeper that cannot work (`check_optuna_search`).
 
     Composed from the overrides every job shares (the swept ones left out): where those
     alone do not compose or resolve (`optimizer=sgd,rmsprop optimizer.momentum=0.9`), each
@@ -46,8 +67,11 @@ def check_sweep_direction(args: list[str]) -> None:
     """
     try:
         cfg = compose_from_args(args)
-        metric = cfg.get("optimized_metric") if cfg is not None else None
     except (*KNOWN_ERRORS, ValueError):
         return
+    if cfg is None:  # --cfg, --help: no sweep runs
+        return
+    metric = cfg.get("optimized_metric")
     if metric:
         direction(metric, cfg.hydra.sweeper)
+    check_optuna_search(metric, cfg.hydra.sweeper)

@@ -180,15 +180,12 @@ def exit_code(error: BaseException) -> tuple[str, int] | None:
         return f"{word}: {error}", error.exit_code
     if isinstance(error, TrialFailed):
         # A sweeper that stops at a failed job (Hydra's grid sweeper, after its batch;
-        # Optuna's past max_failure_rate): the first failure, and where every job's outcome is.
+        # trainer's Optuna sweeper past max_failure_rate, or when every trial failed): the
+        # first failure, and where every job's outcome is.
         return (f"error: {error}; every job's outcome is in trials.md in the sweep directory",
                 error.code)
     if isinstance(error, KNOWN_ERRORS):
         return f"error: {one_line(error)}", EXIT_CONFIG
-    if isinstance(error, ValueError) and "No trials are completed yet" in str(error):
-        # Optuna's, when every trial failed
-        return ("error: every trial of the sweep failed; trials.md in the sweep directory "
-                "lists each one's error", 1)
     if isinstance(error, ValueError) and raised_by_hydra(error):
         return f"error: {one_line(error)}", EXIT_CONFIG  # "Only one of --run, --multirun..."
     return None

@@ -177,6 +177,8 @@ def _how_it_ran(spec: Any, run: Any, outcome: Any, callbacks: Any, started: floa
         "epochs_done": outcome.epochs_done,
         "stopped_early": ({"epoch": outcome.epochs_done, "of": spec.epochs}
                           if outcome.stopped_early else None),
+        # a sweep job's trial its study's pruner stopped: trial, epoch, value
+        "pruned": callbacks.trial.pruned if callbacks.trial is not None else None,
         "resumed_from": _resumed_from(start, spec.epochs, run.steps, changes),
         "steps_per_epoch": run.steps,
         "train_examples": run.data.source.train_size,
@@ -253,8 +255,11 @@ def process_seconds() -> float | None:
 
 def _epochs_row(summary: dict[str, Any]) -> str:
     text = f"{summary['epochs']} x {summary['steps_per_epoch']} steps"
-    stopped = summary.get("stopped_early")
-    if stopped:
+    stopped, pruned = summary.get("stopped_early"), summary.get("pruned")
+    if pruned:
+        text += (f"; pruned after epoch {pruned['epoch']} of {summary['epochs']} (Optuna "
+                 f"trial {pruned['trial']})")
+    elif stopped:
         text += f"; stopped early after epoch {stopped['epoch']} of {stopped['of']} (callback)"
     return text
 

@@ -1,5 +1,6 @@
 """The callbacks of a run, wired in one place: throughput, checkpoints, the backup, the
-trackers, the learning curves, the watchdog of a multi-worker run, then the user's.
+trackers, the learning curves, a sweep job's Optuna trial, the watchdog of a multi-worker
+run, then the user's.
 
 A build module (TensorFlow is imported at the top, through the callbacks themselves).
 """
@@ -19,6 +20,7 @@ from trainer.rundir.backup import Backup, BackupStore
 from trainer.rundir.layout import RunDir
 from trainer.task.build import build_callbacks as build_user_callbacks
 from trainer.track.curves import Curves
+from trainer.track.pruning import optuna_trial
 from trainer.track.sweep import check_metric_name
 from trainer.track.trackers import build_trackers
 
@@ -34,13 +36,15 @@ class Callbacks:
     watchdog: Any
     user: tuple
     curves: Any = None  # draws curves.png (the chief's), after the backup
+    trial: Any = None  # a job of trainer's Optuna sweeper: its trial (trainer.track.pruning)
 
     def all(self) -> list:
         """Built-in ones first (the watchdog last of them), then the user's. The backup
         follows the checkpoints: at an epoch's end it links the best one just written; the
-        curves follow the backup, whose history then holds the epoch."""
+        curves follow the backup, whose history then holds the epoch; the Optuna trial
+        follows the trackers, which log a pruned trial's last epoch too."""
         found = [self.throughput, *self.checkpoints, self.backup, self.curves,
-                 *self.trackers, self.watchdog, *self.user]
+                 *self.trackers, self.trial, self.watchdog, *self.user]
         return [c for c in found if c is not None]
 
 
@@ -94,5 +98,6 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
         throughput=Throughput(run.data.source.train_size, run.batch.global_size, started),
         backup=backup, checkpoints=tuple(saved), trackers=trackers, watchdog=watchdog,
         user=(*user, *extra),
+        trial=optuna_trial(spec.optimized_metric, run.logged, run.workers),
         curves=Curves(run_dir, lambda: backup.history, saving.monitor if saving.save_best
                       else None, best_mode) if run.is_chief else None)

@@ -2,9 +2,12 @@
 
 `optimized_metric: val_accuracy` (or any logged metric, or a numeric summary key such as
 `examples_per_sec` or `time.wall_s`) makes a sweep job return that number, which is what
-Hydra's Optuna sweeper (and any other optimizing sweeper) maximizes or minimizes. A job that
+trainer's Optuna sweeper (and any other optimizing sweeper) maximizes or minimizes. A job that
 fails (a bad sampled value, a diverged loss, a crash) raises `TrialFailed`: the sweeper marks
-that trial failed and goes on, where the sweeper allows it (`max_failure_rate`).
+that trial failed and goes on, where the sweeper allows it (`max_failure_rate`). A job of
+trainer's Optuna sweeper (`hydra_plugins/trainer_optuna_sweeper`) hands its process the study
+(`optuna_study`), which its trial reports to per epoch (`trainer.track.pruning`); one its
+pruner stopped raises `optuna.TrialPruned`, and is `pruned`, not failed.
 
 Every job of a sweep writes `trial.json` into its own directory and rewrites `trials.md` in
 the sweep directory: all trials so far, their overrides and the metric, best first. It is
@@ -36,6 +39,47 @@ SUMMARY_KEYS = ("examples_per_sec", "time.wall_s", "time.first_step_s", "time.fi
                 "epochs_done")
 
 
+# A job of trainer's Optuna sweeper: its trial's number, which the sweeper sets in each job's
+# environment (`hydra.job.env_set`), and the study (JSON of `optuna_study`), which the job
+# hands its training process.
+TRIAL_ENV = "TRAINER_OPTUNA_TRIAL"
+STUDY_ENV = "TRAINER_OPTUNA_STUDY"
+
+
+def optuna_study(sweeper: Any, sweep_dir: str | Path) -> dict[str, Any]:
+    """The study of a sweep by trainer's Optuna sweeper, as the sweeper and its jobs'
+    processes open it.
+
+    Args:
+        sweeper: the `hydra.sweeper` node (`storage`, `study_name`, `pruner`).
+        sweep_dir: the sweep's directory.
+
+    Returns:
+        `storage`: the URL (null: `optuna.db` in the sweep directory; a relative SQLite path
+        made absolute, the same from any working directory), `study_name` (null: the sweep
+        directory, a study per sweep) and `pruner`: its node as a dict, or None.
+
+    Raises:
+        ConfigError: an in-memory storage, which the jobs' processes cannot reach.
+    """
+    from omegaconf import OmegaConf
+
+    storage = sweeper.get("storage") or f"sqlite:///{Path(sweep_dir).resolve() / 'optuna.db'}"
+    if storage in ("sqlite://", "sqlite:///:memory:"):
+        raise ConfigError(f"hydra.sweeper.storage={storage} is a database in one process's "
+                          "memory, but each job reports to the study from a process of its "
+                          "own: name a file (sqlite:///optuna.db), or null for one in the "
+                          "sweep directory")
+    prefix = "sqlite:///"
+    if storage.startswith(prefix) and not storage.startswith(prefix + "/"):
+        storage = prefix + str(Path(storage[len(prefix):]).resolve())
+    pruner = sweeper.get("pruner")
+    if isinstance(pruner, DictConfig):
+        pruner = OmegaConf.to_container(pruner, resolve=True)
+    return {"storage": storage, "study_name": sweeper.get("study_name") or str(sweep_dir),
+            "pruner": pruner}
+
+
 class TrialFailed(Exception):
     """A sweep job failed; the sweeper records the trial as failed and the sweep goes on.
 
@@ -64,6 +108,25 @@ def check_metric_name(name: str | None, logged: tuple[str, ...], tested: bool = 
         return
     raise ConfigError(f"optimized_metric={name!r} is not reported by this run; valid: "
                       f"{', '.join((*logged, *tests, *SUMMARY_KEYS))}")
+
+
+def check_optuna_search(metric: str | None, sweeper: Any) -> None:
+    """Refuses, before the first job, a search by trainer's Optuna sweeper with no number to
+    optimize, or with a pruner over a metric no epoch logs (a summary key, a `test_` one).
+
+    Args:
+        metric: the config's `optimized_metric`, or None.
+        sweeper: the `hydra.sweeper` node.
+    """
+    if not str(sweeper.get("_target_") or "").endswith(".TrainerOptunaSweeper"):
+        return
+    if not metric:
+        raise ConfigError("hydra/sweeper=trainer_optuna optimizes the number each trial "
+                          "returns: set optimized_metric (e.g. optimized_metric=val_accuracy)")
+    if sweeper.get("pruner") and (metric in SUMMARY_KEYS or metric.startswith("test_")):
+        raise ConfigError(f"hydra.sweeper.pruner prunes on a metric every epoch logs, but "
+                          f"optimized_metric={metric} is known only when a trial ends; choose "
+                          "a val_ or training metric, or set hydra.sweeper.pruner=null")
 
 
 def metric_value(summary: dict[str, Any], name: str) -> float:
@@ -109,8 +172,8 @@ def record_trial(job_dir: Path, sweep_dir: Path, trial: dict[str, Any], mode: st
     Args:
         job_dir: the job's own directory.
         sweep_dir: the sweep's directory (the jobs' parent).
-        trial: `job`, `overrides`, `status` (`completed`/`failed`), `metric`, `value`,
-            `error`.
+        trial: `job`, `overrides`, `status` (`completed`/`pruned`/`failed`), `metric`,
+            `value`, `error`; a pruned one `pruned_after_epoch`.
         mode: `max` or `min`, for the order of the table.
     """
     write_json(RunDir(job_dir).trial, trial)
@@ -126,12 +189,14 @@ def record_trial(job_dir: Path, sweep_dir: Path, trial: dict[str, Any], mode: st
 
 
 def _order(trials: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
-    """Completed trials best first, then failed ones by job number."""
+    """Completed trials best first, then pruned ones (best first too), then failed ones by
+    job number."""
     def key(t: dict[str, Any]) -> tuple:
         value = t.get("value")
-        ok = t.get("status") == "completed" and value is not None and math.isfinite(value)
+        rank = {"completed": 0, "pruned": 1}.get(t.get("status"), 2)
+        ok = rank < 2 and value is not None and math.isfinite(value)
         score = (-value if mode == "max" else value) if ok else 0.0
-        return (not ok, score, t.get("job", 0))
+        return (rank if ok else 2, score, t.get("job", 0))
     return sorted(trials, key=key)
 
 
@@ -150,12 +215,15 @@ def _parameters(trials: list[dict[str, Any]]) -> tuple[list[str], dict[str, str]
 
 def trial_table(trials: list[dict[str, Any]], mode: str) -> str:
     """A markdown table of the trials, best first: one column per searched parameter;
-    failed trials last, with their error."""
+    pruned trials after the completed ones, with the epoch they stopped after, and failed
+    trials last, with their error."""
     ordered = _order(trials, mode)
     metric = next((t["metric"] for t in trials if t.get("metric")), "metric")
     done = [t for t in ordered if t.get("status") == "completed"]
+    pruned = sum(t.get("status") == "pruned" for t in trials)
     varying, shared = _parameters(trials)
-    lines = [f"# Trials: {len(trials)} ({len(done)} completed, {len(trials) - len(done)} "
+    counts = f"{len(done)} completed, " + (f"{pruned} pruned, " if pruned else "")
+    lines = [f"# Trials: {len(trials)} ({counts}{len(trials) - len(done) - pruned} "
              f"failed); {metric}, {'highest' if mode == 'max' else 'lowest'} first", ""]
     if done:
         best = dict(o.split("=", 1) for o in done[0]["overrides"] if "=" in o)
@@ -169,8 +237,11 @@ def trial_table(trials: list[dict[str, Any]], mode: str) -> str:
     lines += ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     for rank, t in enumerate(ordered, 1):
         pairs = dict(o.split("=", 1) for o in t.get("overrides", []) if "=" in o)
+        status = str(t.get("status"))
+        if status == "pruned" and t.get("pruned_after_epoch"):
+            status += f" after epoch {t['pruned_after_epoch']}"
         cells = [str(rank) if t.get("status") == "completed" else "-", str(t.get("job")),
-                 str(t.get("status")), _number(t.get("value")),
+                 status, _number(t.get("value")),
                  *(pairs.get(k, "") for k in varying), t.get("error") or ""]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
@@ -240,7 +311,10 @@ def run_job_in_subprocess(cfg: DictConfig, full_error: bool = False,
             "value": None, "status": "failed", "exit_code": EXIT_CONFIG,
             "error": str(error)}, "max")
         raise TrialFailed(f"sweep job {hc.job.num}: {error}", EXIT_CONFIG) from None
-    code, last = _run_job(command, full_error)
+    study = {}
+    if os.environ.get(TRIAL_ENV) is not None:  # trainer's Optuna sweeper set its trial
+        study[STUDY_ENV] = json.dumps(optuna_study(hc.sweeper, hc.sweep.dir))
+    code, last = _run_job(command, full_error, study)
     if not chief:
         if code:
             raise TrialFailed(f"sweep job {hc.job.num}, worker {cluster.task_id}: "
@@ -249,10 +323,10 @@ def run_job_in_subprocess(cfg: DictConfig, full_error: bool = False,
     return _report_trial(hc, out, code, last, metric, optimized, mode)
 
 
-def _run_job(command: list[str], full_error: bool) -> tuple[int, str]:
-    """Runs the job's process, passing its stderr on; returns its exit code and the last
-    line it wrote there."""
-    env = {**os.environ, CHILD_ENV: "1"}
+def _run_job(command: list[str], full_error: bool, extra: dict[str, str]) -> tuple[int, str]:
+    """Runs the job's process (`extra` added to its environment), passing its stderr on;
+    returns its exit code and the last line it wrote there."""
+    env = {**os.environ, CHILD_ENV: "1", **extra}
     if not full_error:
         env.pop("HYDRA_FULL_ERROR", None)
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True,
@@ -281,7 +355,12 @@ def _run_job(command: list[str], full_error: bool) -> tuple[int, str]:
 
 def _report_trial(hc: Any, out: Path, code: int, last: str, metric: str,
                   optimized: str | None, mode: str) -> Any:
-    """Records the chief's trial in the table; returns the job's value (or summary)."""
+    """Records the chief's trial in the table; returns the job's value (or summary).
+
+    Raises:
+        TrialFailed: the job failed.
+        optuna.TrialPruned: the study's pruner stopped the job's training.
+    """
     trial = {"job": hc.job.num, "overrides": list(hc.overrides.task), "metric": metric,
              "value": None, "status": "failed", "exit_code": code, "error": None}
     summary = None
@@ -302,12 +381,20 @@ def _report_trial(hc: Any, out: Path, code: int, last: str, metric: str,
             if optimized:
                 trial["error"] = str(error)
                 raise TrialFailed(f"sweep job {hc.job.num}: {error}", EXIT_CONFIG) from None
-        trial["status"] = "completed"
+        pruned = summary.get("pruned")
+        trial["status"] = "pruned" if pruned else "completed"
+        if pruned:
+            trial["pruned_after_epoch"] = pruned["epoch"]
     finally:
-        if trial["status"] == "completed" or trial["error"]:
+        if trial["status"] != "failed" or trial["error"]:
             table = record_trial(out, Path(hc.sweep.dir), trial, mode)
             print(f"[sweep] job {hc.job.num} {trial['status']}; all trials: {table}",
                   file=sys.stderr, flush=True)
+    if trial["status"] == "pruned":
+        import optuna  # the job's process reported to Optuna: it is there
+
+        raise optuna.TrialPruned(f"sweep job {hc.job.num}: pruned after epoch "
+                                 f"{trial['pruned_after_epoch']}")
     return trial["value"] if optimized else summary
 
 
