@@ -16,7 +16,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from trainer.config.build import build_object
+from trainer.config.build import build_object, options_for
 from trainer.config.errors import ConfigError
 from trainer.data.augment import check_inputs, mixers
 from trainer.data.pipeline import DataError, Source, build_pipeline, build_training_epochs
@@ -55,7 +55,8 @@ class Batching:
 
 
 def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = None,
-               augment: Any = None, class_weight: dict[int, float] | None = None) -> Data:
+               augment: Any = None, class_weight: dict[int, float] | None = None,
+               defaults: tuple[str, ...] = ()) -> Data:
     """Loads the dataset a config node names, with its training epochs and evaluation
     batches.
 
@@ -65,10 +66,12 @@ def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = N
         seed: the run's runtime seed (shuffling, augmentation).
         augment: the `augment` presets and nodes (training only).
         class_weight: per-class weights of the training examples.
+        defaults: the default group's keys a replaced `_target_` left, passed to its loader
+            only where it takes them (`trainer.config.build.group_defaults`).
     """
     options = dict(dataset)
     pipeline = {key: options.pop(key) for key in PIPELINE_KEYS if key in options}
-    source = build_object(options, "dataset", seed=seed)
+    source = build_object(options_for(options, defaults), "dataset", seed=seed)
     if not isinstance(source, Source):
         raise ConfigError(f"dataset {options['_target_']} must return a trainer.data.Source "
                           f"(Source.from_arrays for arrays); received: {type(source).__name__}")

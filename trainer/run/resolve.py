@@ -15,6 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from trainer.config.build import group_defaults
 from trainer.config.image_size import image_size_choice
 from trainer.config.schema import (
     BatchConfig,
@@ -68,6 +69,9 @@ class Spec:
     optimizer: dict[str, Any]
     model: dict[str, Any]
     dataset: dict[str, Any]
+    # the default group's own keys, passed only to a builder that takes them (`group_defaults`)
+    model_defaults: tuple[str, ...]
+    dataset_defaults: tuple[str, ...]
     loss: Any
     metrics: list[Any] | dict[str, list[Any]] | None
     loss_weights: dict[str, float] | list[float] | None
@@ -110,6 +114,10 @@ def hydra_choices() -> dict[str, str]:
     return {g: str(chosen[g]) for g in NAMED_GROUPS if chosen.get(g) is not None}
 
 
+def _defaults(node: DictConfig) -> tuple[str, ...]:
+    return group_defaults(OmegaConf.get_type(node), OmegaConf.to_container(node, resolve=False))
+
+
 def resolve(cfg: DictConfig, choices: dict[str, str] | None = None) -> Spec:
     """Turns a composed, checked config into a `Spec`.
 
@@ -141,6 +149,8 @@ def resolve(cfg: DictConfig, choices: dict[str, str] | None = None) -> Spec:
         optimizer=dict(record["optimizer"]),
         model=dict(record["model"]),
         dataset=dict(record["dataset"]),
+        model_defaults=_defaults(cfg.model),
+        dataset_defaults=_defaults(cfg.dataset),
         loss=node("loss"),
         metrics=(dict(record["metrics"]) if isinstance(record["metrics"], dict)
                  else None if record["metrics"] is None else list(record["metrics"])),

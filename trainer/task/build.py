@@ -20,7 +20,7 @@ import tensorflow as tf
 from hydra.utils import get_object
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from trainer.config.build import build_object, describe
+from trainer.config.build import build_object, describe, taken_by
 from trainer.config.errors import ConfigError
 from trainer.config.schema import Config, LrPlan, config_dir
 from trainer.internals.keras_compile import (
@@ -616,17 +616,20 @@ def _takes(target: Callable | None, argument: str) -> bool:
 
 
 def build_model(node: Mapping, input_shape: tuple[int, ...], num_classes: int | None,
-                num_outputs: int) -> keras.Model:
+                num_outputs: int, defaults: tuple[str, ...] = ()) -> keras.Model:
     """Calls the model builder with what the data says, as far as its signature asks.
 
     The builder receives `input_shape` and `num_classes` or `num_outputs` (whichever it
-    names; a regression task has no classes), plus its own config keys.
+    names; a regression task has no classes), plus its own config keys; `defaults`, the
+    default group's keys a replaced `_target_` left (`group_defaults`), only where it takes
+    them.
     """
     try:
         target = get_object(node["_target_"])
     except Exception:  # noqa: BLE001 - any import failure is the same bad value
         raise ConfigError(f"model._target_={node['_target_']!r} cannot be imported; is its module "
                           "in the working directory or installed?") from None
+    node = taken_by(target, dict(node), defaults)
     offered = {"input_shape": input_shape, "num_classes": num_classes,
                "num_outputs": num_outputs}
     try:
