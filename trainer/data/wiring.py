@@ -224,3 +224,19 @@ def loss_for_labels(loss: Any, augment: Any) -> Any:
     if mixers(list(augment or [])) and loss == "sparse_categorical_crossentropy":
         return "categorical_crossentropy"
     return loss
+
+
+def model_ready(source: Source) -> tf.data.Dataset:
+    """The training split as the model takes it, unbatched, in the source's order: each
+    element preprocessed and scaled as the training pipeline does, without augmentation
+    (what a builder `adapt`s its preprocessing layers on)."""
+    dataset = source.train
+    if source.preprocess is not None:
+        dataset = dataset.map(source.preprocess, num_parallel_calls=tf.data.AUTOTUNE)
+    if source.scale is not None:
+        scale = source.scale
+        dataset = dataset.map(lambda x, *rest: (tf.cast(x, tf.float32) * scale, *rest),
+                              num_parallel_calls=tf.data.AUTOTUNE)
+    options = tf.data.Options()
+    options.deterministic = True
+    return dataset.with_options(options)

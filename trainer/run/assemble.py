@@ -19,7 +19,7 @@ import keras
 
 from trainer.config.errors import ConfigError
 from trainer.config.metrics import monitor_mode
-from trainer.data.wiring import Batching, Data, build_data, loss_for_labels
+from trainer.data.wiring import Batching, Data, build_data, loss_for_labels, model_ready
 from trainer.distribute.cluster import Cluster, choose_communication
 from trainer.distribute.runtime import (
     apply_precision,
@@ -206,7 +206,7 @@ def _compiled_model(spec: Spec, data: Data, global_batch: int, steps: int,
     source = data.source
     model = build_model(spec.model, input_shape=source.input_shape,
                         num_classes=source.num_classes, num_outputs=source.num_outputs,
-                        defaults=spec.model_defaults)
+                        defaults=spec.model_defaults, train=lambda: model_ready(source))
     x, y, _ = keras.utils.unpack_x_y_sample_weight(symbolic_batch(data.validation.element_spec))
     y_pred = output_spec(model, x)
     outputs = len(keras.tree.flatten(y_pred))
