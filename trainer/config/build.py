@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+from collections.abc import Callable
 from typing import Any
 
-from hydra.utils import instantiate
+from hydra.utils import get_object, instantiate
 
 from trainer.config.errors import ConfigError
 
@@ -34,3 +37,54 @@ def describe(error: BaseException) -> str:
         return " ".join(lines[1:])  # Hydra's import failure: what is missing, and a hint
     text = lines[0] if len(lines[0]) <= 300 else f"{lines[0][:297]}..."
     return f"{name}: {text}"
+
+
+def group_defaults(schema: Any, raw: dict[str, Any]) -> tuple[str, ...]:
+    """The keys of a `model` or `dataset` node that are its default group's own, not the
+    user's: where `_target_` replaces the group's builder, every schema key still at the
+    group's value (its default, or the group file's `${...}` interpolation).
+
+    Args:
+        schema: the chosen group's schema dataclass (`SCHEMAS`; `OmegaConf.get_type` of the
+            node), or anything else for a group file without one (a user's own, whose keys
+            are the user's).
+        raw: the composed node, interpolations unresolved.
+
+    Returns:
+        The keys a builder receives only where its signature takes them.
+    """
+    if not dataclasses.is_dataclass(schema):
+        return ()
+    defaults = {f.name: f.default for f in dataclasses.fields(schema)}
+    if raw.get("_target_") == defaults.get("_target_"):
+        return ()
+    return tuple(key for key, default in defaults.items() if key != "_target_" and key in raw
+                 and (raw[key] == default or _interpolated(raw[key])))
+
+
+def _interpolated(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith("${")
+
+
+def options_for(node: dict[str, Any], optional: tuple[str, ...]) -> dict[str, Any]:
+    """`node` as its `_target_`'s builder takes it (`taken_by`); unchanged where the target
+    does not import (`build_object` then says why, in one line)."""
+    if not optional:
+        return dict(node)
+    try:
+        target = get_object(node["_target_"])
+    except Exception:  # noqa: BLE001 - reported by build_object
+        return dict(node)
+    return taken_by(target, node, optional)
+
+
+def taken_by(target: Callable, node: dict[str, Any], optional: tuple[str, ...]) -> dict:
+    """`node` without the `optional` keys (`group_defaults`) that `target` does not take;
+    a target with `**kwargs`, or whose signature cannot be read, keeps them all."""
+    try:
+        parameters = inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        return dict(node)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return dict(node)
+    return {k: v for k, v in node.items() if k not in optional or k in parameters}

@@ -5,7 +5,7 @@ Nothing here imports TensorFlow: a bad config must fail before the runtime start
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -70,18 +70,38 @@ class LrPlan:
     """The learning-rate plan as the optimizer node states it (defaults filled in)."""
 
     lr: float = 0.001
-    reference_batch: int = 256
+    # the batch `lr` was tuned at: a number (Goyal et al.'s reference batch), or `auto`, the
+    # batch of one optimizer step in the user's one-device script (`reference_for`)
+    reference_batch: Any = "auto"
     lr_scaling: str = "linear"
     warmup_epochs: float = 0.0
     decay: str = "none"
     decay_rate: float = 0.1
     decay_epochs: float = 1.0
     staircase: bool = True
+    # set by `resolved`: whether `reference_batch` was `auto` (not a key of the node)
+    reference_auto: bool = False
+
+    def reference_for(self, per_replica: int | None, global_size: int | None) -> int:
+        """`reference_batch` as a number: `auto` is the batch of one optimizer step of the same
+        config on one device, `batch.per_replica` (so `lr` scales with the replicas in sync
+        and the accumulated micro-batches) or a fixed `batch.global_size` (then the rate is
+        the same on any device count)."""
+        if self.reference_batch != "auto":
+            return self.reference_batch
+        return per_replica if per_replica is not None else global_size
+
+    def resolved(self, per_replica: int | None, global_size: int | None) -> LrPlan:
+        """The plan with `reference_batch` a number (`reference_for`) and `reference_auto`
+        saying whether it was `auto`."""
+        number = self.reference_for(per_replica, global_size)
+        return replace(self, reference_batch=number,
+                       reference_auto=self.reference_batch == "auto")
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
         """The optimizer node's keys that belong to the plan, not to the optimizer class."""
-        return tuple(f.name for f in fields(cls))
+        return tuple(f.name for f in fields(cls) if f.name != "reference_auto")
 
     @classmethod
     def of(cls, opt: Any) -> LrPlan:

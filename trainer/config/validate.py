@@ -386,7 +386,12 @@ def _validate_optimizer(opt: Any) -> None:
                  f"optimizer.{key} must be a number; received: {value!r}")
     plan = LrPlan.of(opt)
     _require(plan.lr > 0, f"optimizer.lr must be positive; received: {plan.lr!r}")
-    _positive_int("optimizer.reference_batch", plan.reference_batch)
+    if plan.reference_batch != "auto":
+        _require(isinstance(plan.reference_batch, int) and not isinstance(
+            plan.reference_batch, bool) and plan.reference_batch > 0,
+                 "optimizer.reference_batch must be auto (the per-replica batch, or a fixed "
+                 "batch.global_size) or a positive whole number; received: "
+                 f"{plan.reference_batch!r}")
     _one_of("optimizer.lr_scaling", plan.lr_scaling, LR_SCALING)
     _require(plan.warmup_epochs >= 0,
              f"optimizer.warmup_epochs must be >= 0; received: {plan.warmup_epochs!r}")

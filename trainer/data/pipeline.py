@@ -404,3 +404,4 @@ def _options(seed: int | None, ordered: bool = False) -> tf.data.Options:
     # set explicitly so no worker logs the fallback warning.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return options
+

@@ -16,7 +16,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from trainer.config.build import build_object
+from trainer.config.build import build_object, options_for
 from trainer.config.errors import ConfigError
 from trainer.data.augment import check_inputs, mixers
 from trainer.data.pipeline import DataError, Source, build_pipeline, build_training_epochs
@@ -55,7 +55,8 @@ class Batching:
 
 
 def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = None,
-               augment: Any = None, class_weight: dict[int, float] | None = None) -> Data:
+               augment: Any = None, class_weight: dict[int, float] | None = None,
+               defaults: tuple[str, ...] = ()) -> Data:
     """Loads the dataset a config node names, with its training epochs and evaluation
     batches.
 
@@ -65,10 +66,12 @@ def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = N
         seed: the run's runtime seed (shuffling, augmentation).
         augment: the `augment` presets and nodes (training only).
         class_weight: per-class weights of the training examples.
+        defaults: the default group's keys a replaced `_target_` left, passed to its loader
+            only where it takes them (`trainer.config.build.group_defaults`).
     """
     options = dict(dataset)
     pipeline = {key: options.pop(key) for key in PIPELINE_KEYS if key in options}
-    source = build_object(options, "dataset", seed=seed)
+    source = build_object(options_for(options, defaults), "dataset", seed=seed)
     if not isinstance(source, Source):
         raise ConfigError(f"dataset {options['_target_']} must return a trainer.data.Source "
                           f"(Source.from_arrays for arrays); received: {type(source).__name__}")
@@ -221,3 +224,19 @@ def loss_for_labels(loss: Any, augment: Any) -> Any:
     if mixers(list(augment or [])) and loss == "sparse_categorical_crossentropy":
         return "categorical_crossentropy"
     return loss
+
+
+def model_ready(source: Source) -> tf.data.Dataset:
+    """The training split as the model takes it, unbatched, in the source's order: each
+    element preprocessed and scaled as the training pipeline does, without augmentation
+    (what a builder `adapt`s its preprocessing layers on)."""
+    dataset = source.train
+    if source.preprocess is not None:
+        dataset = dataset.map(source.preprocess, num_parallel_calls=tf.data.AUTOTUNE)
+    if source.scale is not None:
+        scale = source.scale
+        dataset = dataset.map(lambda x, *rest: (tf.cast(x, tf.float32) * scale, *rest),
+                              num_parallel_calls=tf.data.AUTOTUNE)
+    options = tf.data.Options()
+    options.deterministic = True
+    return dataset.with_options(options)

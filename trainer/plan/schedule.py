@@ -131,14 +131,16 @@ class LearningRate:
     warmup_steps: int
     decay: str
     schedule: Any
+    # `auto`: the batch of one step of the same config on one device; `set`: the config's
+    reference: str = "set"
 
     def report(self) -> dict[str, Any]:
         """The plan as the summary shows it: the schedule by its class's name (`constant`
         for a number)."""
         kind = self.schedule
         return {"base": self.base, "scaled": self.scaled, "rule": self.rule,
-                "reference_batch": self.reference_batch, "warmup_steps": self.warmup_steps,
-                "decay": self.decay,
+                "reference_batch": self.reference_batch, "reference": self.reference,
+                "warmup_steps": self.warmup_steps, "decay": self.decay,
                 "schedule": "constant" if isinstance(kind, float) else type(kind).__name__}
 
 
@@ -151,4 +153,5 @@ def learning_rate(plan: LrPlan, global_batch: int, steps: int, epochs: int) -> L
                               plan.staircase)
     return LearningRate(base=plan.lr, scaled=scaled, rule=plan.lr_scaling,
                         reference_batch=plan.reference_batch, warmup_steps=warm,
-                        decay=plan.decay, schedule=schedule)
+                        decay=plan.decay, schedule=schedule,
+                        reference="auto" if plan.reference_auto else "set")

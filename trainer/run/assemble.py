@@ -19,7 +19,7 @@ import keras
 
 from trainer.config.errors import ConfigError
 from trainer.config.metrics import monitor_mode
-from trainer.data.wiring import Batching, Data, build_data, loss_for_labels
+from trainer.data.wiring import Batching, Data, build_data, loss_for_labels, model_ready
 from trainer.distribute.cluster import Cluster, choose_communication
 from trainer.distribute.runtime import (
     apply_precision,
@@ -130,7 +130,7 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None) -> Run:
         data = build_data(spec.dataset, Batching(
             batch.global_size, batch.shards, batch.per_replica * batch.replicas,
             batch.replicas, spec.batch.drop_remainder), spec.runtime_seed, spec.augment,
-            spec.class_weight)
+            spec.class_weight, spec.dataset_defaults)
         steps = steps_per_epoch(data.source.train_size, batch.global_size,
                                 spec.batch.drop_remainder)
         compiled = _compiled_model(spec, data, batch.global_size, steps, speed)
@@ -205,7 +205,8 @@ def _compiled_model(spec: Spec, data: Data, global_batch: int, steps: int,
     a subclassed model's variables too), the run's learning rate and what it logs."""
     source = data.source
     model = build_model(spec.model, input_shape=source.input_shape,
-                        num_classes=source.num_classes, num_outputs=source.num_outputs)
+                        num_classes=source.num_classes, num_outputs=source.num_outputs,
+                        defaults=spec.model_defaults, train=lambda: model_ready(source))
     x, y, _ = keras.utils.unpack_x_y_sample_weight(symbolic_batch(data.validation.element_spec))
     y_pred = output_spec(model, x)
     outputs = len(keras.tree.flatten(y_pred))

@@ -16,6 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from trainer.config.build import group_defaults
 from trainer.config.image_size import image_size_choice
 from trainer.config.schema import (
     BatchConfig,
@@ -69,6 +70,9 @@ class Spec:
     optimizer: dict[str, Any]
     model: dict[str, Any]
     dataset: dict[str, Any]
+    # the default group's own keys, passed only to a builder that takes them (`group_defaults`)
+    model_defaults: tuple[str, ...]
+    dataset_defaults: tuple[str, ...]
     loss: Any
     metrics: list[Any] | dict[str, list[Any]] | None
     loss_weights: dict[str, float] | list[float] | None
@@ -111,6 +115,10 @@ def hydra_choices() -> dict[str, str]:
     return {g: str(chosen[g]) for g in NAMED_GROUPS if chosen.get(g) is not None}
 
 
+def _defaults(node: DictConfig) -> tuple[str, ...]:
+    return group_defaults(OmegaConf.get_type(node), OmegaConf.to_container(node, resolve=False))
+
+
 def resolve(cfg: DictConfig, choices: dict[str, str] | None = None,
             parsed: Parsed | None = None) -> Spec:
     """Turns a composed, checked config into a `Spec`.
@@ -138,10 +146,13 @@ def resolve(cfg: DictConfig, choices: dict[str, str] | None = None,
         batch=BatchConfig(**record["batch"]),
         checkpoint=CheckpointConfig(**record["checkpoint"]),
         finetune=FinetuneConfig(**record["finetune"]),
-        lr=LrPlan.of(record["optimizer"]),
+        lr=LrPlan.of(record["optimizer"]).resolved(record["batch"]["per_replica"],
+                                                   record["batch"]["global_size"]),
         optimizer=dict(record["optimizer"]),
         model=dict(record["model"]),
         dataset=dict(record["dataset"]),
+        model_defaults=_defaults(cfg.model),
+        dataset_defaults=_defaults(cfg.dataset),
         loss=node("loss"),
         metrics=(dict(record["metrics"]) if isinstance(record["metrics"], dict)
                  else None if record["metrics"] is None else list(record["metrics"])),

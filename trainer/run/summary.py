@@ -308,8 +308,10 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("batch per replica", _micro_row(summary["batch"])),
         ("batch global", _global_row(summary["batch"])),
         ("learning rate", "{base:.6g} -> {scaled:.6g} ({rule}, reference batch "
-                          "{reference_batch}, warm-up {warmup_steps} steps, decay {decay})"
-         .format(**summary["learning_rate"])),
+                          "{reference_batch}{auto}, warm-up {warmup_steps} steps, decay {decay})"
+         .format(**summary["learning_rate"], auto=(
+             " (auto: one device's batch)" if summary["learning_rate"].get("reference") == "auto"
+             else ""))),
         ("optimizer / loss", f"{_optimizer_row(summary)} / {summary['loss']}"),
         *([("compiled by", f"{summary['compiled_by']} (its loss, metrics and loss "
                            "weights train)")]

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config.errors import ConfigError
+from trainer.config.schema import LrPlan
 from trainer.rundir.layout import RunDir
 from trainer.rundir.lock import holder
 
@@ -70,6 +71,15 @@ def _predates(key: str, old: dict[str, Any], now: dict[str, Any]) -> bool:
     # only read when validation_split is auto, which such a run could not have had
     return key == "dataset.validation_fraction" and "dataset.validation_split" in now \
         and now.get("dataset.validation_split") != "auto"
+
+
+def same_reference(key: str, old: dict[str, Any], now: dict[str, Any]) -> bool:
+    """Whether `optimizer.reference_batch: auto` (the optimizers' default since it became
+    one) stands for the number an older run was saved with: the same learning rate."""
+    if key != "optimizer.reference_batch" or now.get(key) != "auto":
+        return False
+    auto = LrPlan().reference_for(now.get("batch.per_replica"), now.get("batch.global_size"))
+    return auto == old.get(key)
 
 
 def same_place(before: Any, after: Any) -> bool:
@@ -133,7 +143,7 @@ def check_resume(run_dir: Path, state: dict[str, Any] | None,
     old, now = flatten(state["config"]), flatten(new)
     changed = {k: [old.get(k), now.get(k)] for k in sorted(set(old) | set(now))
                if old.get(k) != now.get(k) and k != "resume" and not _predates(k, old, now)
-               and not same_place(old.get(k), now.get(k))}
+               and not same_place(old.get(k), now.get(k)) and not same_reference(k, old, now)}
     fixed = now.get("batch.global_size")
     saved = state.get("global_batch")
     refused, elastic = [], []

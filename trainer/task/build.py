@@ -20,7 +20,7 @@ import tensorflow as tf
 from hydra.utils import get_object
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from trainer.config.build import build_object, describe
+from trainer.config.build import build_object, describe, taken_by
 from trainer.config.errors import ConfigError
 from trainer.config.schema import Config, LrPlan, config_dir
 from trainer.internals.keras_compile import (
@@ -616,24 +616,34 @@ def _takes(target: Callable | None, argument: str) -> bool:
 
 
 def build_model(node: Mapping, input_shape: tuple[int, ...], num_classes: int | None,
-                num_outputs: int) -> keras.Model:
+                num_outputs: int, defaults: tuple[str, ...] = (),
+                train: Callable[[], Any] | None = None) -> keras.Model:
     """Calls the model builder with what the data says, as far as its signature asks.
 
     The builder receives `input_shape` and `num_classes` or `num_outputs` (whichever it
-    names; a regression task has no classes), plus its own config keys.
+    names; a regression task has no classes), `train` where it names it (the training split,
+    unbatched, as the model takes it: to `adapt` preprocessing layers), plus its own config
+    keys; `defaults`, the default group's keys a replaced `_target_` left
+    (`group_defaults`), only where it takes them.
+
+    Args:
+        train: makes the training split, called only for a builder that names `train`.
     """
     try:
         target = get_object(node["_target_"])
     except Exception:  # noqa: BLE001 - any import failure is the same bad value
         raise ConfigError(f"model._target_={node['_target_']!r} cannot be imported; is its module "
                           "in the working directory or installed?") from None
+    node = taken_by(target, dict(node), defaults)
     offered = {"input_shape": input_shape, "num_classes": num_classes,
-               "num_outputs": num_outputs}
+               "num_outputs": num_outputs, "train": train}
     try:
         wanted = inspect.signature(target).parameters
     except (TypeError, ValueError):
         wanted = offered
     kwargs = {k: v for k, v in offered.items() if k in wanted and k not in node}
+    if "train" in kwargs:
+        kwargs["train"] = train() if train is not None else None
     if "num_classes" in kwargs and num_classes is None:
         raise ConfigError(f"model {node['_target_']} asks for num_classes, but the dataset has "
                           "no classes (a regression target); give the builder num_outputs")
