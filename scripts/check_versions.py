@@ -45,11 +45,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    from pip._vendor import tomli as tomllib  # pip itself ships a TOML reader
-
+import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
@@ -253,6 +249,10 @@ def run(command: list[str], log: Path, timeout: float, cwd: Path = REPO,
             proc.wait()
             out.write(f"\n[timed out after {timeout:.0f} s]\n")
             return -1
+        except BaseException:  # Ctrl-C or SIGTERM: no pip or pytest left behind
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
 
 
 def clean_env() -> dict[str, str]:
@@ -457,6 +457,8 @@ def main() -> int:
                                 args.scenarios)
     if not (args.lowest or args.newest):
         parser.error("say --lowest, --newest or both")
+    # SIGTERM as Ctrl-C: the running step is killed and the scratch venv deleted
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         parse_pins(args.pin)
     except ValueError as error:
