@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
 DOCS = sorted((REPO / "docs").glob("*.md"))
 
-SETUP = ("python3 -m venv .venv && .venv/bin/pip install -e '.[dev]' && "
+SETUP = ("python3 -m venv .venv && .venv/bin/pip install -e '.[dev]' -c constraints.txt && "
          ".venv/bin/python -m trainer")
 TESTS = ".venv/bin/python -m pytest"
 
@@ -190,12 +190,24 @@ TESTED_BY = {
     "python -m trainer logger=[mlflow] logger.mlflow.tracking_uri=http://127.0.0.1:5999":
         "tests/test_loggers.py::test_an_unreachable_tracking_server_is_one_line_before_"
         "tensorflow_starts",
+    # docs/versions.md
+    "python scripts/check_versions.py --lowest":
+        "tests/test_versions.py::test_the_lowest_bounds_pass_the_keras_contract_subset",
+    ".venv/bin/pip freeze --all --exclude-editable | grep -v '^pip==' > constraints.txt":
+        "tests/test_versions.py::test_the_refresh_command_writes_what_pip_c_accepts",
 }
 NOT_RUN_HERE = {
+    "python scripts/check_versions.py --newest":
+        "the upgrade check: its outcome follows PyPI's newest releases, so no test can expect "
+        "one; its install and subset are the --lowest slow test's, its scoreboard "
+        "tests/test_versions.py::test_the_scoreboard_driver_keeps_each_cells_traceback",
     ".venv/bin/python -m pytest": "the test suite itself, which runs every test named here",
-    "python3 -m venv .venv && .venv/bin/pip install -e '.[dev]' && .venv/bin/python -m trainer":
+    "python3 -m venv .venv && .venv/bin/pip install -e '.[dev]' -c constraints.txt && "
+    ".venv/bin/python -m trainer":
         "a fresh virtual environment installed from PyPI (minutes, and the network); its last "
-        "part, the default run, is `python -m trainer` above",
+        "part, the default run, is `python -m trainer` above; the versions it installs are "
+        "tests/test_versions.py's, a fresh venv at the lowest bounds "
+        "tests/test_versions.py::test_the_lowest_bounds_pass_the_keras_contract_subset",
     "python -m trainer -m experiment=mnist_towers devices=1,2,4,8":
         "downloads MNIST through TFDS (no network here) and means 8 GPUs; the experiment's "
         "one epoch on mock data is tests/test_experiments.py::"
