@@ -43,7 +43,7 @@ def strict_module(tmp_path, monkeypatch):
     return "strict_task"
 
 
-def test_the_default_groups_keys_are_named_only_where_the_target_is_replaced():
+def test_the_default_groups_keys_are_named_only_where_the_target_is_replaced(strict_module):
     cfg = make_config("model._target_=strict_task.build", "dataset._target_=strict_task.load")
     spec = resolve(cfg)
     assert spec.model_defaults == ("dropout",)

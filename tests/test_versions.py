@@ -257,3 +257,17 @@ def test_the_scoreboard_driver_keeps_each_cells_traceback(tmp_path):
     assert board["rows"] == [["single_output", "pass"], ["own_train_step", "pass"]]
     assert board["tracebacks"] == [[None], [None]]
     assert cv.scoreboard_failures(board, {}) == []
+
+
+def test_the_internals_rooms_tested_range_is_pyprojects():
+    """The room warns outside the range pyproject.toml allows: its `TESTED` major.minor
+    pairs are the bounds' (the lower one, and the one below the upper)."""
+    from trainer.internals import TESTED
+
+    for requirement in SECTIONS["dependencies"]:
+        name = canonicalize_name(requirement.name)
+        if name not in TESTED:
+            continue
+        lower, upper = (Version(v) for v in cv.bounds(requirement))
+        newest = f"{upper.major}.{upper.minor - 1}"
+        assert TESTED[name] == (f"{lower.major}.{lower.minor}", newest), name

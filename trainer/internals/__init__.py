@@ -26,7 +26,7 @@ import sys
 
 # The oldest and newest major.minor each dependency was tested with (pyproject.toml's bounds
 # agree: tests/test_versions.py).
-TESTED = {"keras": ("3.15", "3.15"), "tensorflow": ("2.21", "2.21"),
+TESTED = {"keras": ("3.13", "3.15"), "tensorflow": ("2.19", "2.21"),
           "hydra-core": ("1.3", "1.3")}
 
 # The private names of Keras, TensorFlow and Hydra that only this package may use.

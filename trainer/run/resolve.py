@@ -115,6 +115,17 @@ def hydra_choices() -> dict[str, str]:
     return {g: str(chosen[g]) for g in NAMED_GROUPS if chosen.get(g) is not None}
 
 
+def _lr_plan(record: dict[str, Any]) -> LrPlan:
+    """The optimizer node's learning-rate plan, `reference_batch: auto` made a number."""
+    batch = record["batch"]
+    return LrPlan.of(record["optimizer"]).resolved(batch["per_replica"], batch["global_size"])
+
+
+def _metrics(metrics: Any) -> list[Any] | dict[str, list[Any]] | None:
+    return (dict(metrics) if isinstance(metrics, dict)
+            else None if metrics is None else list(metrics))
+
+
 def _defaults(node: DictConfig) -> tuple[str, ...]:
     return group_defaults(OmegaConf.get_type(node), OmegaConf.to_container(node, resolve=False))
 
@@ -146,16 +157,13 @@ def resolve(cfg: DictConfig, choices: dict[str, str] | None = None,
         batch=BatchConfig(**record["batch"]),
         checkpoint=CheckpointConfig(**record["checkpoint"]),
         finetune=FinetuneConfig(**record["finetune"]),
-        lr=LrPlan.of(record["optimizer"]).resolved(record["batch"]["per_replica"],
-                                                   record["batch"]["global_size"]),
+        lr=_lr_plan(record),
         optimizer=dict(record["optimizer"]),
         model=dict(record["model"]),
         dataset=dict(record["dataset"]),
-        model_defaults=_defaults(cfg.model),
-        dataset_defaults=_defaults(cfg.dataset),
+        model_defaults=_defaults(cfg.model), dataset_defaults=_defaults(cfg.dataset),
         loss=node("loss"),
-        metrics=(dict(record["metrics"]) if isinstance(record["metrics"], dict)
-                 else None if record["metrics"] is None else list(record["metrics"])),
+        metrics=_metrics(record["metrics"]),
         loss_weights=node("loss_weights"),
         class_weight=({int(k): float(v) for k, v in node("class_weight").items()}
                       if node("class_weight") is not None else None),
