@@ -7,6 +7,7 @@ fine-tuning options) live with that part and are run beside these by the pre-fli
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
@@ -194,6 +195,12 @@ def _validate_weights(cfg: DictConfig) -> None:
     _require(loss_weights is None or _numbers(loss_weights),
              "loss_weights must be a number, or map output names to numbers (or list them "
              f"in output order, nested as the outputs are); received: {_plain(loss_weights)!r}")
+    # As a negative class weight is refused: a negative loss weight trains by maximizing
+    # that output's loss, silently.
+    _require(loss_weights is None or _non_negative(loss_weights),
+             "loss_weights must be non-negative (a negative weight trains by maximizing its "
+             f"output's loss; 0 leaves an output untrained); received: "
+             f"{_plain(loss_weights)!r}")
 
 
 def _numbers(value: Any) -> bool:
@@ -202,6 +209,40 @@ def _numbers(value: Any) -> bool:
         items = list(value.values()) if isinstance(value, DictConfig) else list(value)
         return len(items) > 0 and all(_numbers(v) for v in items)
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _non_negative(value: Any) -> bool:
+    """Every number of a (nested) list or mapping of numbers is >= 0."""
+    if isinstance(value, (DictConfig, ListConfig)):
+        items = list(value.values()) if isinstance(value, DictConfig) else list(value)
+        return all(_non_negative(v) for v in items)
+    return value >= 0
+
+
+def finite_numbers(cfg: DictConfig) -> None:
+    """Refuses NaN and infinity anywhere in the config (Hydra's own node aside).
+
+    No rate, count, fraction or weight of a run is infinite: `optimizer.lr=inf` trained to
+    a NaN validation loss with exit 0. YAML reads `inf`, `.nan` and any literal past the
+    float range (`1e400`) as such a value, so the message says so.
+    """
+    def walk(node: Any, key: str) -> None:
+        if isinstance(node, dict):
+            for name, value in node.items():
+                walk(value, f"{key}.{name}" if key else str(name))
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{key}[{i}]")
+        elif isinstance(node, float) and not math.isfinite(node):
+            raise ConfigError(f"{key} must be a finite number; received: {node} (YAML reads "
+                              "inf, nan and any number past 1.8e308, such as 1e400, as such)")
+
+    plain = OmegaConf.create({k: cfg[k] for k in cfg if k != "hydra"})
+    try:
+        values = OmegaConf.to_container(plain, resolve=True, throw_on_missing=False)
+    except Exception:  # noqa: BLE001 - an interpolation that fails is reported where read
+        values = OmegaConf.to_container(plain, resolve=False, throw_on_missing=False)
+    walk(values, "")
 
 
 def _validate_tune(cfg: DictConfig) -> None:
@@ -219,6 +260,9 @@ def _validate_tune(cfg: DictConfig) -> None:
     _require(tuner.steps >= 5, f"tuner.steps must be at least 5; received: {tuner.steps}")
     _require(0 < tuner.lr_min < tuner.lr_max, "tuner.lr_min and tuner.lr_max must satisfy "
              f"0 < lr_min < lr_max; received: {tuner.lr_min}, {tuner.lr_max}")
+    _require(math.isfinite(tuner.lr_max / tuner.lr_min), "tuner.lr_max / tuner.lr_min must be "
+             f"a finite ratio (the rates grow by it); received: {tuner.lr_max} / "
+             f"{tuner.lr_min}, which overflows: raise tuner.lr_min")
     _require(tuner.diverge_factor > 1, "tuner.diverge_factor must be above 1; received: "
              f"{tuner.diverge_factor}")
     _positive_int("tuner.batch_min", tuner.batch_min)
@@ -256,6 +300,7 @@ def validate(cfg: DictConfig) -> Parsed:
     _require(not missing, f"{', '.join(missing)} must be set (no default); e.g. "
              f"{missing[0] if missing else ''}=VALUE on the command line")
     unknown_keys(cfg)
+    finite_numbers(cfg)
     _positive_int("epochs", cfg.epochs)
     _validate_profile(cfg.profile)
     export = export_formats(cfg.export)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -226,7 +227,7 @@ def build_pipeline(dataset: tf.data.Dataset, global_batch: int, *, training: boo
                    preprocess: Callable | None = None, scale: float | None = None,
                    seed: int | None = None, cache: bool = True, shuffle_buffer: int = 2048,
                    drop_remainder: bool = False, replicas: int = 1,
-                   examples: int | None = None) -> tf.data.Dataset:
+                   examples: int | None = None, role: str | None = None) -> tf.data.Dataset:
     """Turns unbatched examples into one pass of global batches, ready for a strategy.
 
     Args:
@@ -245,11 +246,13 @@ def build_pipeline(dataset: tf.data.Dataset, global_batch: int, *, training: boo
         replicas: replicas the batches are split over.
         examples: examples in `dataset`, to keep every replica's share of the last batch
             non-empty (see `trainer.plan.scaling.balanced_batch_sizes`).
+        role: the split's role (`train`, `validation`, `test`): its values are checked
+            finite as they are read (`finite_checked`); None checks nothing.
 
     Returns:
         A batched, prefetching `tf.data.Dataset`.
     """
-    prepared = prepare(dataset, preprocess, cache, scale)
+    prepared = prepare(dataset, preprocess, cache, scale, role)
     batched = _batches(prepared, global_batch, training, scale, seed, shuffle_buffer,
                        drop_remainder, replicas, examples)
     # Evaluation and prediction keep the input order: predictions are written beside their
@@ -262,8 +265,8 @@ def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_
                           scale: float | None = None, seed: int | None = None, cache: bool = True,
                           shuffle_buffer: int = 2048, drop_remainder: bool = False,
                           replicas: int = 1, examples: int | None = None,
-                          augment: Any = None,
-                          class_weight: dict[int, float] | None = None) -> tf.data.Dataset:
+                          augment: Any = None, class_weight: dict[int, float] | None = None,
+                          role: str | None = None) -> tf.data.Dataset:
     """The training batches of epochs `first_epoch`..`epochs - 1` as one dataset.
 
     Each epoch's order comes from the seed and the epoch's number alone, not from how many
@@ -274,7 +277,7 @@ def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_
     training example its class's weight as a sample weight, as Keras's `fit` does. Other
     arguments as `build_pipeline`.
     """
-    prepared = prepare(dataset, preprocess, cache, scale)
+    prepared = prepare(dataset, preprocess, cache, scale, role)
     items = listed(augment)
     presets = [i for i in items if isinstance(i, str) and i in PRESETS]
     mix = batch_mixer(mixer_names(items)) if mixer_names(items) else None
@@ -351,16 +354,21 @@ def _keyed_map(positioned: tf.data.Dataset, fn: Callable, key: Any) -> tf.data.D
 
 
 def prepare(dataset: tf.data.Dataset, preprocess: Callable | None, cache: bool,
-            scale: float | None = None) -> tf.data.Dataset:
-    """Preprocesses elements in parallel and caches them (the part every pass shares).
+            scale: float | None = None, role: str | None = None) -> tf.data.Dataset:
+    """Preprocesses elements in parallel, checks them finite and caches them (the part every
+    pass shares).
 
-    Images in the byte range (`scale` 1/255) that preprocessing turned into float32 (a
-    resize does) are cached as uint8: a quarter of the memory (cats_vs_dogs at 224: 3.5 GB
-    instead of 14 GB). Without a cache they stay float32: rounding every pixel costs more
-    (`scripts/bench_input.py`: about 10-30%) than the smaller batch copies save.
+    The check (`finite_checked`, where `role` names the split) runs before the cache, so a
+    cached epoch pays nothing for it. Images in the byte range (`scale` 1/255) that
+    preprocessing turned into float32 (a resize does) are cached as uint8: a quarter of the
+    memory (cats_vs_dogs at 224: 3.5 GB instead of 14 GB). Without a cache they stay float32:
+    rounding every pixel costs more (`scripts/bench_input.py`: about 10-30%) than the smaller
+    batch copies save.
     """
     if preprocess is not None:
         dataset = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
+    if role is not None:
+        dataset = finite_checked(dataset, role)
     if not cache:
         return dataset
     byte_range = scale is not None and abs(scale - 1 / 255) < 1e-12
@@ -368,6 +376,63 @@ def prepare(dataset: tf.data.Dataset, preprocess: Callable | None, cache: bool,
     if byte_range and isinstance(features, tf.TensorSpec) and features.dtype == tf.float32:
         dataset = dataset.map(_to_bytes, num_parallel_calls=tf.data.AUTOTUNE)
     return dataset.cache()
+
+
+# What a non-finite value found as a split is read raises (inside tf.data: an
+# InvalidArgumentError), with the split's role, the row and the part; see `non_finite_found`.
+NON_FINITE = "trainer:non-finite"
+_NON_FINITE_FOUND = re.compile(rf"\[{NON_FINITE}\] \[(\w+)\] \[(\d+)\] \[([^\]]*)\]")
+
+
+def finite_checked(dataset: tf.data.Dataset, role: str) -> tf.data.Dataset:
+    """The elements as they are, each checked finite in its floating-point parts (features,
+    targets, sample weights) as it is read; the first with NaN or inf fails the read with
+    the role, its row in the split and the part (`non_finite_found` reads them back).
+
+    NaN in the inputs trains silently otherwise: a NaN kernel that the loss need not show
+    (a ReLU or a max-pool can hide it) and a model predicting one output for every input.
+    Integer parts (uint8 images, class labels) cannot be non-finite and are not read.
+    """
+    specs = tf.nest.flatten(dataset.element_spec)
+    names = tf.nest.flatten(_part_names(dataset.element_spec))
+    checked = [(i, name) for i, (spec, name) in enumerate(zip(specs, names, strict=True))
+               if isinstance(spec, tf.TensorSpec) and spec.dtype.is_floating]
+    if not checked:
+        return dataset
+    labels = tf.constant([name for _, name in checked])
+
+    def check(row, element):
+        flat = tf.nest.flatten(element)
+        finite = tf.stack([tf.reduce_all(tf.math.is_finite(flat[i])) for i, _ in checked])
+        first = tf.gather(labels, tf.argmin(tf.cast(finite, tf.int32)))
+        guard = tf.debugging.Assert(tf.reduce_all(finite), [NON_FINITE, role, row, first])
+        with tf.control_dependencies([guard]):
+            for i, _ in checked:
+                flat[i] = tf.identity(flat[i])
+        return tf.nest.pack_sequence_as(element, flat)
+
+    return dataset.enumerate().map(check, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def _part_names(spec: Any, where: str = "") -> Any:
+    """The structure of an element with each part's name in place of its spec: `features`,
+    `targets`, `sample weights` at the top, then the keys or positions (`features num`)."""
+    if not where and isinstance(spec, tuple) and 2 <= len(spec) <= 3:
+        tops = ("features", "targets", "sample weights")
+        return tuple(_part_names(s, top) for s, top in zip(spec, tops, strict=False))
+    if isinstance(spec, Mapping):
+        return {k: _part_names(v, f"{where} {k}".strip()) for k, v in spec.items()}
+    if isinstance(spec, (tuple, list)):
+        items = [_part_names(v, f"{where} {i}".strip()) for i, v in enumerate(spec)]
+        return type(spec)(*items) if hasattr(spec, "_fields") else type(spec)(items)
+    return where or "features"
+
+
+def non_finite_found(error: BaseException) -> tuple[str, int, str] | None:
+    """(role, row, part) of the non-finite value `finite_checked` found where `error` is
+    its failure (however TensorFlow wrapped it), else None."""
+    found = _NON_FINITE_FOUND.search(str(error))
+    return None if found is None else (found[1], int(found[2]), found[3])
 
 
 def _to_bytes(images, *rest):

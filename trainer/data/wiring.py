@@ -19,7 +19,13 @@ import tensorflow as tf
 from trainer.config.build import build_object, options_for
 from trainer.config.errors import ConfigError
 from trainer.data.augment import check_inputs, mixers
-from trainer.data.pipeline import DataError, Source, build_pipeline, build_training_epochs
+from trainer.data.pipeline import (
+    DataError,
+    Source,
+    build_pipeline,
+    build_training_epochs,
+    non_finite_found,
+)
 from trainer.plan.scaling import check_micro_batches
 
 # Dataset options that are the pipeline's, not the source builder's.
@@ -77,6 +83,7 @@ def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = N
                           f"(Source.from_arrays for arrays); received: {type(source).__name__}")
     check_inputs(augment, source.input_shape, options["_target_"])
     source = checked_sizes(source, options["_target_"])
+    source = finite_explained(source, options["_target_"])
     source = one_hot_if_mixing(augment, source)
     check_class_weight(class_weight, source)
     check_no_missing_inputs(source, max(batching.shards, batching.replicas))
@@ -91,20 +98,22 @@ def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = N
                                      skip_steps=skip_steps,
                                      drop_remainder=batching.drop_remainder,
                                      examples=source.train_size, replicas=batching.shards,
-                                     augment=augment, class_weight=class_weight, **common)
+                                     augment=augment, class_weight=class_weight,
+                                     role="train", **common)
 
-    def evaluation(split, examples, cache=None):
+    def evaluation(split, examples, role, cache=None):
         options = common if cache is None else {**common, "cache": cache}
         return build_pipeline(split, batching.eval_batch or batching.global_batch,
-                              training=False, examples=examples,
+                              training=False, examples=examples, role=role,
                               replicas=(batching.shards if batching.eval_batch is None
                                         else batching.replicas), **options)
 
     # The test split is read once, at the end: no cache holding it through the run.
-    test = (evaluation(source.test, source.test_size, cache=False)
+    test = (evaluation(source.test, source.test_size, "test", cache=False)
             if source.test is not None and source.test_size > 0 else None)
     return Data(source=source, make_train=make_train,
-                validation=evaluation(source.validation, source.validation_size), test=test)
+                validation=evaluation(source.validation, source.validation_size, "validation"),
+                test=test)
 
 
 # TensorFlow's words where `assert_cardinality` finds a split longer or shorter than declared.
@@ -147,6 +156,24 @@ def checked_sizes(source: Source, target: str) -> Source:
         return _mismatch(target, role, int(expected), yields)
 
     return dataclasses.replace(source, explain=explained, **splits)
+
+
+def finite_explained(source: Source, target: str) -> Source:
+    """The source, a non-finite value its splits were found to hold as they were read
+    (`trainer.data.pipeline.finite_checked`) explained in one line naming the dataset, the
+    split, the row and the part."""
+    explain = source.explain
+
+    def explained(error: BaseException) -> str | None:
+        found = non_finite_found(error)
+        if found is None:
+            return explain(error) if explain is not None else None
+        role, row, part = found
+        return (f"dataset {target}: its {role} split holds NaN or inf in its {part}, first at "
+                f"row {row} (counted from 0); the weights would train to NaN on it: drop or "
+                "fill such rows (numpy.isfinite finds them)")
+
+    return dataclasses.replace(source, explain=explained)
 
 
 def _mismatch(target: str, role: str, size: int, found: str) -> str:

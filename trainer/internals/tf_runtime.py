@@ -1,11 +1,13 @@
 """TensorFlow 2.21's runtime switches that its public API does not export: turning op
-determinism off again, and asking which kernels this build registers."""
+determinism off again, asking which kernels this build registers, and whether its oneDNN CPU
+kernels are on."""
 
 from __future__ import annotations
 
 import tensorflow as tf
 from tensorflow.python.framework import config as tf_config
 from tensorflow.python.framework import kernels
+from tensorflow.python.util import _pywrap_util_port
 
 from trainer.internals import check_version
 
@@ -22,3 +24,10 @@ def disable_op_determinism() -> None:
 def has_kernel(op: str) -> bool:
     """Whether this TensorFlow build registers a kernel for `op` (e.g. `NcclAllReduce`)."""
     return bool(kernels.get_registered_kernels_for_op(op).kernel)
+
+
+def onednn_enabled() -> bool:
+    """Whether TensorFlow's oneDNN CPU kernels are on in this process: read once as
+    TensorFlow starts, from `TF_ENABLE_ONEDNN_OPTS` or else the CPU's default (on where it
+    has AVX-512 VNNI, BF16 or AMX), so setting the variable later changes nothing."""
+    return bool(_pywrap_util_port.IsMklEnabled())

@@ -103,7 +103,12 @@ def scaled_learning_rate(lr: float, global_batch: int, reference_batch: int, rul
     if rule not in factors:
         raise ConfigError("optimizer.lr_scaling must be one of linear, sqrt, none; "
                           f"received: {rule!r}")
-    return lr * factors[rule]
+    scaled = lr * factors[rule]
+    if not math.isfinite(scaled):
+        raise ConfigError(f"optimizer.lr={lr} scaled to the global batch {global_batch} "
+                          f"({rule}, from optimizer.reference_batch={reference_batch}) "
+                          "overflows a float; lower optimizer.lr")
+    return scaled
 
 
 def steps_per_epoch(examples: int, global_batch: int, drop_remainder: bool = False) -> int:
@@ -118,9 +123,22 @@ def steps_per_epoch(examples: int, global_batch: int, drop_remainder: bool = Fal
     return steps
 
 
-def warmup_steps(warmup_epochs: float, steps_in_epoch: int) -> int:
-    """Converts warm-up epochs (fractions allowed) to whole steps."""
-    return int(round(warmup_epochs * steps_in_epoch))
+# Steps past this overflow the int32 step counters of TensorFlow's schedules.
+STEP_LIMIT = 2**31 - 1
+
+
+def warmup_steps(warmup_epochs: float, steps_in_epoch: int, key: str = "warmup_epochs") -> int:
+    """Converts warm-up (or decay) epochs, fractions allowed, to whole steps.
+
+    Raises:
+        ConfigError: more steps than a schedule counts (`optimizer.KEY` named).
+    """
+    steps = warmup_epochs * steps_in_epoch
+    if not steps <= STEP_LIMIT:
+        raise ConfigError(f"optimizer.{key}={warmup_epochs} is {steps:g} steps of "
+                          f"{steps_in_epoch} an epoch, past the {STEP_LIMIT} a schedule "
+                          "counts; give it in epochs of this run")
+    return int(round(steps))
 
 
 def check_micro_batches(examples: int, replicas: int, accumulate: int) -> None:

@@ -149,7 +149,7 @@ def learning_rate(plan: LrPlan, global_batch: int, steps: int, epochs: int) -> L
     scaled = scaled_learning_rate(plan.lr, global_batch, plan.reference_batch, plan.lr_scaling)
     warm = to_steps(plan.warmup_epochs, steps)
     schedule = keras_schedule(plan.lr, scaled, warm, steps * epochs, plan.decay,
-                              plan.decay_rate, to_steps(plan.decay_epochs, steps),
+                              plan.decay_rate, to_steps(plan.decay_epochs, steps, "decay_epochs"),
                               plan.staircase)
     return LearningRate(base=plan.lr, scaled=scaled, rule=plan.lr_scaling,
                         reference_batch=plan.reference_batch, warmup_steps=warm,

@@ -12,6 +12,7 @@ import tensorflow as tf
 from trainer.config.image_size import describe_choice
 from trainer.data.augment import describe
 from trainer.data.fingerprint import of_source
+from trainer.internals.tf_runtime import onednn_enabled
 from trainer.run.step import has_forward_losses
 from trainer.rundir.atomic import write_json
 from trainer.rundir.backup import BackupStore, tidy
@@ -156,7 +157,63 @@ def _what_ran(spec: Any, run: Any, plan: Any, callbacks: Any) -> dict[str, Any]:
         "jit_compile": run.speed.jit_compile,
         "speed_reasons": list(run.speed.reasons),
         "batch_norm": run.batch_norm,
+        "deterministic": exactness(spec.deterministic, plan.kind, onednn_enabled(),
+                                   random_layers(run.model), run.batch.per_replica),
     }
+
+
+# Keras's layers that draw random numbers in training: each replica draws its own share's.
+RANDOM_LAYERS = (keras.layers.Dropout, keras.layers.GaussianDropout,
+                 keras.layers.GaussianNoise, keras.layers.AlphaDropout)
+
+
+def random_layers(model: Any) -> list[str]:
+    """The classes of the model's layers (nested models' included) that draw random numbers
+    in training (a dropout rate or noise above 0)."""
+    found: list[str] = []
+    for layer in getattr(model, "layers", []):
+        if isinstance(layer, RANDOM_LAYERS) and (getattr(layer, "rate", 0)
+                                                 or getattr(layer, "stddev", 0)):
+            found.append(type(layer).__name__)
+        found += random_layers(layer)
+    return sorted(set(found))
+
+
+def exactness(deterministic: bool, kind: str, onednn: bool, random: list[str],
+              micro_batch: int) -> str | None:
+    """How exactly a `deterministic=true` run repeats, and which runs on other device
+    counts end with its weights; None without `deterministic`.
+
+    Measured (the default CNN without dropout, plain SGD, one epoch at a global batch of
+    64): 1 replica with 2 micro-batches of 32 and 2 replicas of 32 end 1e-7 apart, oneDNN
+    on or off, 1 or 2 threads per kernel; 1 replica of 64 and 2 of 32 end 1.1e-6 apart
+    with oneDNN off and TensorFlow's threads, but 2.4e-2 with oneDNN on or one thread per
+    kernel, and 1 replica and 4 end 9.6e-4 apart: a batch of another size sums in another
+    order, which training amplifies. Adam and its kin amplify more (1.7e-3 for 1 and 2).
+
+    Args:
+        deterministic: the config's `deterministic`.
+        kind: the devices' kind, `cpu` or `gpu`.
+        onednn: whether TensorFlow started with its oneDNN CPU kernels on.
+        random: the model's layers that draw random numbers (`random_layers`).
+        micro_batch: examples each device computes at once (the batch per replica).
+    """
+    if not deterministic:
+        return None
+    text = "op determinism"
+    if kind == "cpu":
+        text += (", oneDNN's CPU kernels on (TF_ENABLE_ONEDNN_OPTS=1, or TensorFlow started "
+                 "before the run could set 0)" if onednn else
+                 ", oneDNN's CPU kernels off (TF_ENABLE_ONEDNN_OPTS=0)")
+    text += ": a rerun on as many devices repeats bit for bit"
+    if random:
+        return text + (f"; other device counts do not: its {', '.join(random)} layers draw "
+                       "each replica's share of the randomness on their own")
+    return text + ("; with plain SGD, runs on other device counts whose devices also take "
+                   f"micro-batches of {micro_batch} (batch.accumulate=auto "
+                   f"batch.max_per_replica={micro_batch}) end within 1e-5 of it, others only "
+                   "to the rounding of their batch size's sums (about 1e-6 to 1e-2 after an "
+                   "epoch of the default CNN)")
 
 
 FORWARD_LOSSES = ("the model adds losses in its forward pass (add_loss, an activity "
@@ -324,6 +381,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         *([("checkpoints load with", summary["checkpoints_load_with"])]
           if str(summary.get("checkpoints_load_with", "")).startswith("trainer") else []),
         *([("batch norm", summary["batch_norm"])] if summary.get("batch_norm") else []),
+        *([("deterministic", summary["deterministic"])] if summary.get("deterministic")
+          else []),
         ("epochs", _epochs_row(summary)),
         ("wall time", _time_row(summary["time"])),
         ("time to first step", "n/a (nothing left to train)"

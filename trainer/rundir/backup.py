@@ -390,10 +390,18 @@ class Backup(keras.callbacks.Callback):
             self.store.save(self.model, epoch + 1, 0, same_as=same, history=self.history)
 
     def _check(self, logs, step: int | None) -> None:
-        loss = float((logs or {}).get("loss", 0.0))
-        if not math.isfinite(loss):
-            where = f"epoch {self.epoch + 1}" + (f", step {step}" if step else " end")
-            kept = (f"the last good backup is in {self.store.directory} and checkpoints are "
-                    "kept" if self.store.backups() else "no backup was written before it")
-            raise Diverged(f"loss became {loss} at {where}; {kept}; lower optimizer.lr or add "
-                           "warm-up")
+        """Raises `Diverged` where the training loss is not finite; at an epoch's end (step
+        None) every loss the epoch logged, validation's too (`val_loss`, an output's
+        `val_label_loss`): a model whose weights became NaN may show it there first."""
+        logs = logs or {}
+        names = ["loss"] if step is not None else [
+            k for k in logs if k == "loss" or k.endswith("_loss")]
+        for name in names:
+            loss = float(logs.get(name, 0.0))
+            if not math.isfinite(loss):
+                where = f"epoch {self.epoch + 1}" + (f", step {step}" if step else " end")
+                kept = (f"the last good backup is in {self.store.directory} and checkpoints "
+                        "are kept" if self.store.backups() else "no backup was written "
+                        "before it")
+                raise Diverged(f"{name} became {loss} at {where}; {kept}; lower optimizer.lr "
+                               "or add warm-up")
