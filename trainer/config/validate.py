@@ -254,9 +254,10 @@ def validate(cfg: DictConfig) -> None:
     parse_devices(cfg.devices)
     _one_of("strategy.name", cfg.strategy.name, STRATEGIES)
     _one_of("strategy.cross_device_ops", cfg.strategy.cross_device_ops, CROSS_DEVICE_OPS)
-    timeout = cfg.strategy.timeout_s
-    _require(timeout is None or timeout > 0, "strategy.timeout_s must be a positive number of "
-             f"seconds, or null for no timeout; received: {timeout!r}")
+    for key in ("timeout_s", "start_timeout_s"):
+        timeout = cfg.strategy.get(key)
+        _require(timeout is None or 0 < timeout < float("inf"), f"strategy.{key} must be a "
+                 f"positive number of seconds, or null for no timeout; received: {timeout!r}")
     per_replica, global_size = cfg.batch.per_replica, cfg.batch.global_size
     _require((per_replica is None) != (global_size is None),
              "set exactly one of batch.per_replica and batch.global_size; received: "
