@@ -87,9 +87,8 @@ def test_the_first_worker_that_differs_is_named_with_every_key_and_versions():
         2: facts(config(epochs=5, seed=None, augment=["flip"]),
                  {**VERSIONS, "tensorflow": "2.20.0"})})
     assert line.startswith("workers disagree on epochs: the chief has 3, worker 2 (127.0.0.1:")
-    assert "; on seed: the chief has 1, worker 2 (" in line and ") has null" in line
-    assert "; on augment: the chief has [], worker 2 (" in line
-    assert '(and 1 more: version.tensorflow)' in line
+    assert "; on seed: the chief has 1, worker 2 has null; on augment: the chief has [], " \
+           "worker 2 has [\"flip\"] (and 1 more: version.tensorflow); start every" in line
     assert difference(cluster, chief, {1: facts(config(cluster__task_index=1), VERSIONS)}) \
         is None
 
@@ -190,3 +189,14 @@ def test_the_launcher_does_not_start_again_after_another_bad_config(tmp_path):
     out = io.StringIO()
     _, code = launch([bad, [sys.executable, "-c", "pass"]], tmp_path, grace=5, out=out)
     assert code == 2 and out.getvalue().count("[launch] 2 workers on") == 1
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "inf"])
+def test_a_start_timeout_that_is_not_a_positive_number_is_refused(tiny_config, value):
+    from trainer.run.preflight import check_config
+
+    assert tiny_config("strategy=multi_worker").strategy.start_timeout_s == 300
+    check_config(tiny_config("strategy=multi_worker", "strategy.start_timeout_s=null"))
+    with pytest.raises(ConfigError, match=r"^strategy.start_timeout_s must be a positive "
+                                          rf"number of seconds, or null .*received: {value}"):
+        check_config(tiny_config("strategy=multi_worker", f"strategy.start_timeout_s={value}"))

@@ -31,6 +31,7 @@ from trainer.rundir.resume import flatten
 
 PROTOCOL = 1
 POLL_S = 0.2  # how long any wait lasts before Python's signal handlers may run again
+SAY_AFTER_S = 5.0  # a worker says it waits for the chief once it has for this long
 # Config keys that differ between the workers of one cluster by design.
 PER_TASK = ("cluster.task_index",)
 IN_USE = "is in use by another process"  # the launcher picks other ports on this phrase
@@ -58,9 +59,9 @@ def difference(cluster: Cluster, chief: dict[str, Any], others: dict[int, dict[s
         if not keys:
             continue
         job, index, _ = cluster.tasks[task_id]
-        who = cluster.name(job, index)
-        shown = [f"{k}: the chief has {_show(chief, k)}, {who} has {_show(theirs, k)}"
-                 for k in keys[:3]]
+        who = [cluster.name(job, index), cluster.name(job, index).split(" (")[0]]
+        shown = [f"{k}: the chief has {_show(chief, k)}, {who[min(i, 1)]} has "
+                 f"{_show(theirs, k)}" for i, k in enumerate(keys[:3])]
         more = f" (and {len(keys) - 3} more: {', '.join(keys[3:6])})" if len(keys) > 3 else ""
         return f"workers disagree on {'; on '.join(shown)}{more}; {fix}"
     return None
@@ -266,7 +267,8 @@ def _join(cluster: Cluster, mine: dict[str, Any], timeout_s: float,
     _, _, chief = cluster.tasks[0]
     host, port = chief.rpartition(":")[0].strip("[]"), _port(chief)
     me = cluster.name(cluster.task_type, cluster.task_index)
-    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    deadline = started + timeout_s
     said = False
     while True:
         if time.monotonic() > deadline:
@@ -277,8 +279,9 @@ def _join(cluster: Cluster, mine: dict[str, Any], timeout_s: float,
         try:
             conn = socket.create_connection((host, port), timeout=POLL_S * 5)
         except OSError:
-            if not said:
-                say(f"{me}: waiting for the chief at {chief} (up to {timeout_s:g} s)")
+            if not said and time.monotonic() - started > SAY_AFTER_S:
+                say(f"{me}: waiting for the chief at {chief} (up to {timeout_s:g} s, "
+                    "strategy.start_timeout_s)")
                 said = True
             time.sleep(POLL_S)
             continue
