@@ -52,6 +52,8 @@ class StrategyConfig:
     # before the run fails as stuck (null: no limit; a crashed peer is caught by heartbeats)
     communication: str = "auto"
     timeout_s: float | None = 600.0
+    # multi_worker only: seconds a worker waits at start for the others (null: no limit)
+    start_timeout_s: float | None = 300.0
 
 
 @dataclass

@@ -350,9 +350,10 @@ def _validate_strategy(strategy: DictConfig) -> None:
     else:
         _one_of("strategy.name", strategy.name, STRATEGIES)
     _one_of("strategy.cross_device_ops", strategy.cross_device_ops, CROSS_DEVICE_OPS)
-    timeout = strategy.timeout_s
-    _require(timeout is None or timeout > 0, "strategy.timeout_s must be a positive number of "
-             f"seconds, or null for no timeout; received: {timeout!r}")
+    for key in ("timeout_s", "start_timeout_s"):
+        timeout = strategy.get(key)
+        _require(timeout is None or 0 < timeout < float("inf"), f"strategy.{key} must be a "
+                 f"positive number of seconds, or null for no timeout; received: {timeout!r}")
 
 
 def _validate_speed(cfg: DictConfig, export: tuple[str, ...]) -> None:

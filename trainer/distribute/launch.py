@@ -8,6 +8,9 @@ within seconds and say so), then SIGTERM, then SIGKILL; Ctrl-C stops them all th
 No worker outlives the launcher: each runs in its own process group, which is killed, and
 dies with the launcher on Linux even when the launcher itself is killed.
 
+A worker that finds its port taken (by another process since the launcher chose it) makes
+the launcher start every worker again on other free ports, up to three times.
+
 Worker 0 is the chief and writes the run directory (`hydra.run.dir`, chosen here when not
 given); the others run in a temporary directory removed at the end. Launching again with the
 same `hydra.run.dir` resumes from the chief's backup.
@@ -30,6 +33,7 @@ from pathlib import Path
 from typing import IO
 
 from trainer.config.errors import EXIT_CONFIG
+from trainer.distribute.rendezvous import IN_USE
 
 EXIT_SIGINT = 130
 
@@ -137,6 +141,7 @@ class Launcher:
         self.procs: list[subprocess.Popen] = []
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self.port_taken = False  # a worker said one of its ports is in use
 
     def say(self, line: str) -> None:
         with self._lock:
@@ -163,6 +168,7 @@ class Launcher:
             text = raw.decode("utf-8", errors="replace").rstrip("\n")
             for part in text.split("\r"):
                 if part.strip():
+                    self.port_taken = self.port_taken or IN_USE in part
                     self.say(f"[worker {index}] {part}")
 
     def wait(self) -> int:
@@ -239,32 +245,57 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return EXIT_CONFIG
     run_dir = _value(overrides, "hydra.run.dir") or default_run_dir()
-    addresses = [f"127.0.0.1:{port}" for port in free_ports(args.workers)]
     with tempfile.TemporaryDirectory(prefix="trainer-launch-") as scratch:
         commands = worker_commands(args.workers, overrides, run_dir, Path(scratch))
-        base = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-        base.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        # Temporary files of a worker killed before it could clean up go with `scratch`.
-        envs = [{**base, "TF_CONFIG": config, "TMPDIR": _mkdir(Path(scratch) / f"tmp-{i}")}
-                for i, config in enumerate(tf_configs(addresses))]
-        launcher = Launcher(commands, envs, grace=args.grace)
-        launcher.say(f"[launch] {args.workers} workers on {', '.join(addresses)}; "
-                     f"the chief (worker 0) writes {run_dir}")
-        previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-        try:
-            launcher.start()
-            code = launcher.wait()
-        except KeyboardInterrupt:
-            launcher.say("[launch] interrupted: stopping every worker (the chief backs up)")
-            launcher.stop(0.0)
-            code = EXIT_SIGINT
-        finally:
-            launcher.kill_all()
-            launcher.join()  # the workers' last lines (their "interrupted: ..." included)
-            signal.signal(signal.SIGTERM, previous)
+        launcher, code = launch(commands, Path(scratch), args.grace)
     if code:
         launcher.say(ending(code, run_dir))
     return code
+
+
+PORT_ATTEMPTS = 3
+
+
+def launch(commands: list[list[str]], scratch: Path, grace: float,
+           out: IO[str] = sys.stdout) -> tuple[Launcher, int]:
+    """Runs the workers, on other free ports again (up to `PORT_ATTEMPTS` times) where a
+    worker found a port taken: free when chosen, a port may be taken before its worker
+    listens on it. Returns the last launcher and its exit code."""
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        launcher, code = launch_once(commands, scratch, grace, out)
+        if code != EXIT_CONFIG or not launcher.port_taken or attempt == PORT_ATTEMPTS:
+            break
+        launcher.say("[launch] a port chosen for a worker was taken meanwhile; starting "
+                     "every worker again on other ports")
+    return launcher, code
+
+
+def launch_once(commands: list[list[str]], scratch: Path, grace: float,
+                out: IO[str] = sys.stdout) -> tuple[Launcher, int]:
+    """Runs the workers once on newly chosen free ports; the launcher and its exit code."""
+    addresses = [f"127.0.0.1:{port}" for port in free_ports(len(commands))]
+    base = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    base.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # Temporary files of a worker killed before it could clean up go with `scratch`.
+    envs = [{**base, "TF_CONFIG": config, "TMPDIR": _mkdir(scratch / f"tmp-{i}")}
+            for i, config in enumerate(tf_configs(addresses))]
+    launcher = Launcher(commands, envs, grace=grace, out=out)
+    run_dir = _value(commands[0], "hydra.run.dir")
+    launcher.say(f"[launch] {len(commands)} workers on {', '.join(addresses)}; "
+                 f"the chief (worker 0) writes {run_dir}")
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        launcher.start()
+        code = launcher.wait()
+    except KeyboardInterrupt:
+        launcher.say("[launch] interrupted: stopping every worker (the chief backs up)")
+        launcher.stop(0.0)
+        code = EXIT_SIGINT
+    finally:
+        launcher.kill_all()
+        launcher.join()  # the workers' last lines (their "interrupted: ..." included)
+        signal.signal(signal.SIGTERM, previous)
+    return launcher, code
 
 
 def ending(code: int, run_dir: str) -> str:

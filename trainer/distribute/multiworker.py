@@ -7,6 +7,7 @@ Each hand-off is a collective: every worker calls it at the same place.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -55,6 +56,22 @@ def share_from_chief(strategy: Any, model: keras.Model,
                        point.state if point is not None else {})
 
 
+def hold_first_replicas_weights(strategy: Any, model: keras.Model) -> None:
+    """Makes every replica of every worker hold the model weights of the first replica (the
+    chief's), which are what a checkpoint saves: where batch normalization is not
+    synchronized, each replica keeps moving statistics of its own, and an evaluation on
+    several replicas would otherwise score a mix that no checkpoint holds. One all-reduce;
+    every worker must call it at the same place. Nothing to do on one replica."""
+    import tensorflow as tf
+
+    if strategy.num_replicas_in_sync == 1:
+        return
+    weights = list({id(w): w for w in model.weights}.values())
+    values = replica_sum(strategy, replica_zero_only=True)([w.value for w in weights])
+    for weight, value in zip(weights, values, strict=True):
+        weight.assign(tf.cast(value, weight.dtype))
+
+
 def replica_sum(strategy: Any, replica_zero_only: bool = False):
     """A function summing tensors over every replica of every worker (one all-reduce).
 
@@ -82,6 +99,34 @@ def replica_sum(strategy: Any, replica_zero_only: bool = False):
         return [strategy.experimental_local_results(v)[0] for v in total(list(tensors))]
 
     return run
+
+
+def from_every_worker(strategy: Any, cluster: Cluster,
+                      mine: dict[str, Any]) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
+    """Every worker's `mine` (JSON-able), by the cluster's collectives: two all-reduces, the
+    lengths then the bytes, to which each worker contributes its own row (each of its
+    replicas alike: the sums are divided by the replicas per worker). Every worker must
+    call it at the same place.
+
+    Returns:
+        (the chief's, {task id: another worker's}).
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    workers, me = cluster.num_workers, cluster.task_id
+    per_worker = max(1, strategy.num_replicas_in_sync // workers)
+    total = replica_sum(strategy)
+    payload = np.frombuffer(json.dumps(mine, sort_keys=True).encode(), np.uint8)
+    lengths = np.zeros(workers)
+    lengths[me] = payload.size
+    lengths = (total([tf.constant(lengths)])[0].numpy() / per_worker).astype(int)
+    table = np.zeros((workers, int(lengths.max())))
+    table[me, :payload.size] = payload
+    table = total([tf.constant(table)])[0].numpy() / per_worker
+    found = [json.loads(table[i, :lengths[i]].astype(np.uint8).tobytes())
+             for i in range(workers)]
+    return found[0], dict(enumerate(found[1:], start=1))
 
 
 def stop_agreement(strategy: Any) -> Callable[[bool], bool]:

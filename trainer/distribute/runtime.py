@@ -8,17 +8,22 @@ module (TensorFlow at the top): which ones is decided in `trainer.distribute.str
 from __future__ import annotations
 
 import itertools
+import json
 from typing import Any
 
 import keras
 import tensorflow as tf
 
+from trainer import __version__
 from trainer.config.errors import ConfigError
 from trainer.config.strategies import located
 from trainer.distribute.cluster import Cluster
+from trainer.distribute.multiworker import from_every_worker
+from trainer.distribute.rendezvous import IN_USE, difference, facts, meet
 from trainer.distribute.strategy import strategy_kind
 from trainer.internals.keras_step import layers_within
 from trainer.internals.tf_runtime import has_kernel
+from trainer.rundir.resume import flatten
 
 # Every MirroredStrategy numbers its collective groups from 1. A second strategy in the same
 # process over another device count then joins group 1 with a different size, and TensorFlow
@@ -47,7 +52,8 @@ def build_cross_device_ops(name: str) -> Any:
 
 
 def build_strategy(name: str, devices: tuple[str, ...], cross_device_ops: str,
-                   cluster: Cluster | None = None, communication: str = "auto") -> Any:
+                   cluster: Cluster | None = None, communication: str = "auto",
+                   meeting: tuple[dict, float] | None = None) -> Any:
     """Creates the strategy with the builder its kind's record names.
 
     Args:
@@ -56,13 +62,16 @@ def build_strategy(name: str, devices: tuple[str, ...], cross_device_ops: str,
         cross_device_ops: a resolved name (see `choose_cross_device_ops`).
         cluster: for `multi_worker`: the cluster, or None for one local worker.
         communication: for `multi_worker`: `auto`, `ring` or `nccl`.
+        meeting: for `multi_worker`: (the resolved config, `strategy.start_timeout_s`):
+            the workers meet first (`trainer.distribute.rendezvous`).
 
     Returns:
         A `tf.distribute.Strategy`.
     """
     build = located(strategy_kind(name).build, f"the builder of strategy {name}")
+    extra = {} if meeting is None else {"meeting": meeting}  # a multi-worker kind's meeting
     return build(devices=tuple(devices), cross_device_ops=cross_device_ops, cluster=cluster,
-                 communication=communication)
+                 communication=communication, **extra)
 
 
 # The built-in kinds' builders (`trainer.config.strategies.KINDS` names them).
@@ -84,8 +93,13 @@ def build_default(**_: Any) -> Any:
 
 
 def build_multi_worker(devices: tuple[str, ...], cluster: Cluster | None = None,
-                       communication: str = "auto", **_: Any) -> Any:
-    """`strategy=multi_worker`: a MultiWorkerMirroredStrategy over the cluster."""
+                       communication: str = "auto",
+                       meeting: tuple[dict, float] | None = None, **_: Any) -> Any:
+    """`strategy=multi_worker`: a MultiWorkerMirroredStrategy over the cluster, once its
+    workers have met at the chief's port and agreed (`meeting`: the run's config and the
+    seconds to wait for the others; see `trainer.distribute.rendezvous`)."""
+    if cluster is not None and meeting is not None:
+        meet(cluster, facts(meeting[0], versions()), meeting[1])
     return _multi_worker(tf, devices, cluster, communication)
 
 
@@ -107,8 +121,48 @@ def _multi_worker(tf: Any, devices: tuple[str, ...], cluster: Cluster | None,
             tf.train.ClusterSpec({job: list(tasks) for job, tasks in cluster.jobs.items()}),
             task_type=cluster.task_type, task_id=cluster.task_index, rpc_layer="grpc",
             num_accelerators={"GPU": gpus})
-    return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver,
-                                                     communication_options=options)
+    try:
+        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver,
+                                                         communication_options=options)
+    except tf.errors.UnknownError as error:
+        # the port was taken between the workers' meeting and TensorFlow's server
+        if cluster is None or "Could not start gRPC server" not in str(error):
+            raise
+        address = cluster.addresses[cluster.task_id]
+        raise ConfigError(f"port {address.rpartition(':')[2]} (this worker's address "
+                          f"{address}) {IN_USE}; stop that process, or give this worker "
+                          "another port") from None
+
+
+def versions() -> dict[str, str]:
+    """The versions every worker of a cluster must share."""
+    return {"trainer": __version__, "tensorflow": tf.__version__, "keras": keras.__version__}
+
+
+def agree_on_data(strategy: Any, cluster: Cluster | None, source: Any) -> None:
+    """Checks, before the model is built, that every worker of a cluster read the same
+    data: its fingerprint (where the source has one), sizes and shapes; each worker's file
+    copies may differ. One all-reduce where they agree (every worker must call it).
+
+    Raises:
+        ConfigError: the same line on every worker, naming what differs and both values.
+    """
+    if cluster is None or cluster.num_workers < 2:
+        return
+    mine = {f"data.{k}": v for k, v in data_facts(source).items()}
+    line = difference(cluster, *from_every_worker(strategy, cluster, mine),
+                      fix="give every worker the same data")
+    if line is not None:
+        raise ConfigError(line)
+
+
+def data_facts(source: Any) -> dict[str, Any]:
+    """What every worker's copy of the data must share, read from a `Source`."""
+    found = {"fingerprint": dict(source.fingerprint or {}), "train_size": source.train_size,
+             "validation_size": source.validation_size, "test_size": source.test_size,
+             "input_shape": source.input_shape, "num_classes": source.num_classes,
+             "num_outputs": source.num_outputs}
+    return json.loads(json.dumps(flatten(found), default=str))  # as it travels
 
 
 def _mirrored(tf: Any, devices: list[str], cross_device_ops: Any) -> Any:

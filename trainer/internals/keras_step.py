@@ -167,10 +167,25 @@ def evaluate_one_step_per_call(model: keras.Model) -> None:
     model.evaluate = evaluate
 
 
-def reduce_logs(outputs: Any, strategy: tf.distribute.Strategy, reduction: str) -> Any:
-    """A step's per-replica outputs reduced as Keras's `fit` reduces them (`auto`: the mean
-    of the replicas' values; `first`: the first replica's)."""
-    return reduce_per_replica(outputs, strategy, reduction=reduction)
+def reduce_logs(outputs: Any, strategy: tf.distribute.Strategy, reduction: str = "auto") -> Any:
+    """A step's per-replica outputs reduced as Keras's `fit` reduces them on one machine
+    (`auto`: the mean of the replicas' values; `first`: the first replica's).
+
+    Under MultiWorkerMirroredStrategy `auto` is the mean over every replica of every worker
+    (one all-reduce per floating-point value, which every worker runs at the same place):
+    Keras 3.15 asks that mean along an axis 0 a scalar lacks, and its `first` would be each
+    worker's own value. Other values (integers, strings) are the first local replica's.
+    """
+    if reduction != "auto" or not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return reduce_per_replica(outputs, strategy, reduction=reduction)
+
+    def cluster_mean(value: Any) -> Any:
+        local = strategy.experimental_local_results(value)[0]
+        if not tf.is_tensor(local) or not local.dtype.is_floating:
+            return local
+        return strategy.reduce(tf.distribute.ReduceOp.MEAN, value, axis=None)
+
+    return keras.tree.map_structure(cluster_mean, outputs)
 
 
 def metrics_result_or_logs(model: keras.Model, logs: Any) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from trainer.config.metrics import monitor_mode
 from trainer.data.wiring import Batching, Data, build_data, loss_for_labels, model_ready
 from trainer.distribute.cluster import Cluster, choose_communication
 from trainer.distribute.runtime import (
+    agree_on_data,
     apply_precision,
     build_strategy,
     compute_capability,
@@ -131,6 +132,7 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None) -> Run:
             batch.global_size, batch.shards, batch.per_replica * batch.replicas,
             batch.replicas, spec.batch.drop_remainder), spec.runtime_seed, spec.augment,
             spec.class_weight, spec.dataset_defaults)
+        agree_on_data(strategy, cluster, data.source)  # before the model's collectives
         steps = steps_per_epoch(data.source.train_size, batch.global_size,
                                 spec.batch.drop_remainder)
         compiled = _compiled_model(spec, data, batch.global_size, steps, speed)
@@ -239,7 +241,8 @@ def _multi_worker_strategy(name: str, spec: Spec, plan: Any, cluster: Cluster):
     # MultiWorkerMirroredStrategy must exist before any other TensorFlow op runs.
     communication = choose_communication(spec.strategy.communication, plan.kind)
     cross = f"collective ({communication})"
-    return build_strategy(name, plan.names, cross, cluster, communication), cross
+    return build_strategy(name, plan.names, cross, cluster, communication,
+                          meeting=(spec.record, spec.strategy.start_timeout_s)), cross
 
 
 def _nccl_available(kind: str) -> bool:

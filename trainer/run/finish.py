@@ -1,9 +1,11 @@
 """The end of a run: every validation example evaluated once, the test split once with the
 checkpoint validation chose, and a stop asked for there honoured before the summary.
 
-Every worker decides alike (each has its own copy of the checkpoints); a run that ended no
-epoch tests the weights as they are. The last weights come back after the test, for the
-export and anything the caller does with the model.
+Every worker decides alike (each has its own copy of the checkpoints), and every replica of
+every worker evaluates the chief's weights, which the checkpoints hold (batch normalization's
+per-replica statistics included); a run that ended no epoch tests the weights as they are.
+The last weights come back after the test, for the export and anything the caller does with
+the model.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 from trainer.config.errors import Interrupted
 from trainer.config.messages import one_line
-from trainer.distribute.multiworker import backup_place
+from trainer.distribute.multiworker import backup_place, hold_first_replicas_weights
 from trainer.models.export import check_exportable, export_model
 from trainer.run.assemble import Run
 from trainer.run.drive import Trained
@@ -58,6 +60,7 @@ def final_evaluations(run: Run, callbacks: Callbacks, trained: Trained, epochs: 
         ensure_last(callbacks.checkpoints[0], model, done - 1)
     evaluating = time.perf_counter()
     run_dir = callbacks.backup.store.directory.parent
+    hold_first_replicas_weights(run.strategy, model)  # last.keras's, on every replica
     final = evaluate_split(run, run.data.validation, trained.loop)
     stop_if_asked(request, "the final validation", run_dir, run.is_chief)
     test, checkpoint = None, None
@@ -66,6 +69,8 @@ def final_evaluations(run: Run, callbacks: Callbacks, trained: Trained, epochs: 
         last = model.get_weights() if checkpoint is not None else None
         if checkpoint is not None:
             checkpoint = load_for_test(model, checkpoint, callbacks)
+            # the chief's file on every worker (the others loaded their own copies)
+            hold_first_replicas_weights(run.strategy, model)
         test = test_metrics(run, trained.loop)
         if last is not None:
             model.set_weights(last)

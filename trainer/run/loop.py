@@ -84,15 +84,15 @@ class CustomLoop:
 
     def _reduced(self, outputs: Any) -> Any:
         """A step's logs as one value each: the metrics' results over every replica, and
-        any other value the model's step logs as Keras's `fit` reduces it (the replicas'
-        mean; under MultiWorkerMirroredStrategy, whose mean Keras asks along an axis a
-        scalar lacks, the first replica's)."""
-        several = isinstance(self.strategy, tf.distribute.MultiWorkerMirroredStrategy)
-        logs = reduce_logs(outputs, self.strategy, "first" if several else "auto")
-        if not isinstance(logs, dict):
-            return logs
-        return {**logs, **{k: v for k, v in self.model.get_metrics_result().items()
-                           if k in logs}}
+        any other value the model's step logs as Keras's `fit` reduces it on one machine:
+        the mean over the replicas, of every worker under MultiWorkerMirroredStrategy (so
+        each worker logs the cluster's value, not its own)."""
+        if not isinstance(outputs, dict):
+            return reduce_logs(outputs, self.strategy)
+        metrics = self.model.get_metrics_result()
+        own = reduce_logs({k: v for k, v in outputs.items() if k not in metrics},
+                          self.strategy)
+        return {k: metrics[k] if k in metrics else own[k] for k in outputs}
 
     def _build(self, dataset: tf.data.Dataset) -> None:
         """Creates the model's layers, compiled loss and metrics from the batches' shapes

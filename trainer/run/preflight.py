@@ -143,7 +143,9 @@ def preflight(cfg: DictConfig, logs: str | Path | None = None,
     cluster = resolve_cluster(list(spec.cluster.workers), spec.cluster.task_index,
                               environ.get("TF_CONFIG"), environ, spec.cluster.port_base)
     if cluster is not None and not cluster.is_chief:
-        return Checked(spec, None, cluster)
+        # its Hydra directory (`.hydra/`, the log) goes again if the start fails
+        fresh = ((Path(logs), None),) if logs is not None and not Path(logs).exists() else ()
+        return Checked(spec, None, cluster, fresh=fresh)
     place = _place(spec, logs, run_dir)
     if logs is None or Path(logs) != place:
         check_name(place)

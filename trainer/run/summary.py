@@ -151,7 +151,8 @@ def _what_ran(spec: Any, run: Any, plan: Any, callbacks: Any) -> dict[str, Any]:
         "cluster": None if cluster is None else {
             "source": cluster.source, "tasks": cluster.addresses, "task_id": cluster.task_id,
             "communication": spec.strategy.communication,
-            "step_timeout_s": spec.strategy.timeout_s},
+            "step_timeout_s": spec.strategy.timeout_s,
+            "start_timeout_s": spec.strategy.start_timeout_s},
         "steps_per_execution": run.speed.steps_per_execution,
         "precision": run.speed.precision,
         "jit_compile": run.speed.jit_compile,

@@ -29,7 +29,8 @@ from trainer.rundir.lock import holder
 
 # Keys (and key prefixes) that may change on any resume.
 FREE = ("epochs", "verbose", "tensorboard", "export", "resume", "checkpoint", "callbacks",
-        "metrics", "strategy.timeout_s", "log_device_placement", "soft_placement", "gpu",
+        "metrics", "strategy.timeout_s", "strategy.start_timeout_s", "log_device_placement",
+        "soft_placement", "gpu",
         "steps_per_execution", "jit_compile", "deterministic", "cluster.task_index",
         "cluster.port_base", "logger",
         "optimized_metric", "profile", "tune", "tuner",
