@@ -32,14 +32,32 @@ TINY = ["strategy=multi_worker", "dataset.image_size=8", "logger=[]", "seed=1", 
         "verbose=0"]
 
 
-def start(tmp_path: Path, name: str, *args: str) -> subprocess.Popen:
+def start(tmp_path: Path, name: str, *args: str, command=("-m", "trainer"),
+          cwd: Path | None = None) -> subprocess.Popen:
     """`python -m trainer ARGS` in its own process group, its output in `name.log`."""
     env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "TF_CONFIG")}
     env.update(PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
     with open(tmp_path / f"{name}.log", "w") as log:
-        return subprocess.Popen([sys.executable, "-m", "trainer", *args], cwd=tmp_path,
+        return subprocess.Popen([sys.executable, *command, *args], cwd=cwd or tmp_path,
                                 env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+
+
+# TensorFlow's server finding the port taken after the meeting (a race): one line too.
+SERVER_PORT_TAKEN = """
+import socket, sys
+from trainer.config.errors import ConfigError
+from trainer.distribute.cluster import from_workers
+from trainer.distribute.runtime import build_strategy
+
+ports = [int(p) for p in sys.argv[1:]]
+held = socket.create_server(("127.0.0.1", ports[0]))
+try:
+    build_strategy("multi_worker", ("/cpu:0",), "collective",
+                   from_workers([f"127.0.0.1:{p}" for p in ports], 0))
+except ConfigError as error:
+    print(f"error: {error}")
+"""
 
 
 def finish(tmp_path: Path, procs: dict[str, subprocess.Popen], timeout: float = 240) -> dict:
@@ -64,30 +82,50 @@ def cluster(ports: list[int], index: int) -> list[str]:
 
 def test_workers_that_disagree_each_stop_with_one_line_naming_keys_and_values(tmp_path):
     """Different epochs, seed and dataset.image_size: before, 99- and 116-line tracebacks
-    (a shape mismatch in a collective), or a seed that trained silently."""
-    ports = free_ports(2)
-    procs = {f"w{i}": start(tmp_path, f"w{i}", *TINY, *overrides, *cluster(ports, i),
+    (a shape mismatch in a collective), or a seed that trained silently. And a second
+    cluster at once, of one config but each worker's own copy of an image folder, one with
+    more files: checked once the data is read, before the model is built."""
+    from tests.test_data import write_images
+
+    ports = free_ports(4)
+    procs = {f"w{i}": start(tmp_path, f"w{i}", *TINY, *overrides, *cluster(ports[:2], i),
                             f"hydra.run.dir={tmp_path / f'run{i}'}")
              for i, overrides in enumerate([[], ["epochs=2", "seed=2",
                                                  "dataset.image_size=16"]])}
+    for i, per_class in enumerate((10, 12)):
+        write_images(tmp_path / f"copy{i}" / "images", per_class=per_class)
+        procs[f"data{i}"] = start(tmp_path, f"data{i}", *TINY, "dataset=image_folder",
+                                  "dataset.path=images", *cluster(ports[2:], i),
+                                  f"hydra.run.dir={tmp_path / f'data-run{i}'}",
+                                  cwd=tmp_path / f"copy{i}")
     ended = finish(tmp_path, procs)
     expected = (f"error: workers disagree on dataset.image_size: the chief has 8, worker 1 "
                 f"(127.0.0.1:{ports[1]}) has 16; on seed: the chief has 1, worker 1 has 2; on "
                 "epochs: the chief has 1, worker 1 has 2; start every worker with the same "
                 "config and the same trainer, TensorFlow and Keras")
-    assert ended == {"w0": (2, [expected]), "w1": (2, [expected])}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["w0.log", "w1.log"]  # nothing else
+    assert (ended["w0"], ended["w1"]) == ((2, [expected]), (2, [expected]))
+    code, lines = ended["data0"]
+    assert code == 2 and ended["data1"] == ended["data0"] and len(lines) == 1, ended
+    assert re.fullmatch(r"error: workers disagree on data\.train_size: the chief has 16, "
+                        rf"worker 1 \(127\.0\.0\.1:{ports[3]}\) has 20; .*data\.fingerprint\..*; "
+                        "give every worker the same data", lines[0]), lines
+    # nothing written beside the logs and the images
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "copy0", "copy1", "data0.log", "data1.log", "w0.log", "w1.log"]
 
 
 def test_a_start_gives_up_cleanly_without_a_chief_and_on_a_taken_port(tmp_path):
-    """Three processes at once: a worker whose chief never comes (a small
+    """Processes at once: a worker whose chief never comes (a small
     strategy.start_timeout_s), another one sent SIGTERM while it waits (before, TensorFlow's
     start-up held it for about 580 s and ignored SIGTERM), and a chief whose port is taken
-    (before, a 73-line traceback ending 'Could not start gRPC server')."""
-    ports = free_ports(5)  # the chiefs of `alone` and `stopped` (0, 2) are never started
+    (before, a 73-line traceback ending 'Could not start gRPC server'), found by the meeting
+    or, in a race after it, by TensorFlow's server."""
+    ports = free_ports(7)  # the chiefs of `alone` and `stopped` (0, 2) are never started
     chief = f"127.0.0.1:{ports[0]}"
     with socket.create_server(("127.0.0.1", ports[4])) as taken:
         procs = {
+            "server": start(tmp_path, "server", str(ports[5]), str(ports[6]),
+                            command=("-c", SERVER_PORT_TAKEN)),
             "alone": start(tmp_path, "alone", *TINY, *cluster(ports[0:2], 1),
                            "strategy.start_timeout_s=3", f"hydra.run.dir={tmp_path / 'a'}"),
             "stopped": start(tmp_path, "stopped", *TINY, *cluster(ports[2:4], 1),
@@ -122,9 +160,12 @@ def test_a_start_gives_up_cleanly_without_a_chief_and_on_a_taken_port(tmp_path):
                                    "in use by another process; stop that process, or give "
                                    "this worker another port (cluster.workers, TF_CONFIG or "
                                    "cluster.port_base)"], lines
+    assert ended["server"] == (0, [f"error: port {ports[5]} (this worker's address 127.0.0.1:"
+                                   f"{ports[5]}) is in use by another process; stop that "
+                                   "process, or give this worker another port"]), ended
     # Nothing written: no Hydra directory, no run directory.
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["alone.log", "stopped.log",
-                                                          "taken.log"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alone.log", "server.log",
+                                                          "stopped.log", "taken.log"]
 
 
 def test_a_batch_norm_models_final_numbers_on_two_workers_are_its_checkpoints(

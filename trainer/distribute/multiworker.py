@@ -117,7 +117,7 @@ def from_every_worker(strategy: Any, cluster: Cluster,
     workers, me = cluster.num_workers, cluster.task_id
     per_worker = max(1, strategy.num_replicas_in_sync // workers)
     total = replica_sum(strategy)
-    payload = np.frombuffer(json.dumps(mine, sort_keys=True).encode(), np.uint8)
+    payload = np.frombuffer(json.dumps(mine).encode(), np.uint8)
     lengths = np.zeros(workers)
     lengths[me] = payload.size
     lengths = (total([tf.constant(lengths)])[0].numpy() / per_worker).astype(int)

@@ -1,6 +1,7 @@
 """The strategy made real in TensorFlow: the strategy and its cross-device ops created for
-the devices, the precision policy set (a GPU's compute capability read for it), and a
-model's batch normalization synchronized across the replicas (`sync_batchnorm`). A build
+the devices (a cluster's workers meet first, and agree on their data once it is read), the
+precision policy set (a GPU's compute capability read for it), and a model's batch
+normalization synchronized across the replicas (`sync_batchnorm`). A build
 module (TensorFlow at the top): which ones is decided in `trainer.distribute.strategy` and
 `trainer.plan.speed`.
 """
@@ -158,10 +159,10 @@ def agree_on_data(strategy: Any, cluster: Cluster | None, source: Any) -> None:
 
 def data_facts(source: Any) -> dict[str, Any]:
     """What every worker's copy of the data must share, read from a `Source`."""
-    found = {"fingerprint": dict(source.fingerprint or {}), "train_size": source.train_size,
-             "validation_size": source.validation_size, "test_size": source.test_size,
-             "input_shape": source.input_shape, "num_classes": source.num_classes,
-             "num_outputs": source.num_outputs}
+    found = {"train_size": source.train_size, "validation_size": source.validation_size,
+             "test_size": source.test_size, "input_shape": source.input_shape,
+             "num_classes": source.num_classes, "num_outputs": source.num_outputs,
+             "fingerprint": dict(source.fingerprint or {})}
     return json.loads(json.dumps(flatten(found), default=str))  # as it travels
 
 
