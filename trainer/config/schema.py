@@ -145,8 +145,10 @@ class DigitsConfig:
     image_size: int = 8
     validation_fraction: float = 0.1
     test_fraction: float = 0.1
-    cache: bool = True
+    cache: str = "memory"
     shuffle_buffer: int = 2048
+    memory_limit_mb: int | None = None
+    lanes: int = 1
 
 
 @dataclass
@@ -157,8 +159,10 @@ class SyntheticConfig:
     image_size: int = 32
     channels: int = 3
     num_classes: int = 10
-    cache: bool = True
+    cache: str = "memory"
     shuffle_buffer: int = 2048
+    memory_limit_mb: int | None = None
+    lanes: int = 1
 
 
 @dataclass
@@ -172,8 +176,10 @@ class TfdsConfig:
     data_dir: str | None = None
     download: bool = True
     image_size: int | None = None
-    cache: bool = True
+    cache: str = "memory"
     shuffle_buffer: int = 10000
+    memory_limit_mb: int | None = None
+    lanes: int = 1
 
 
 @dataclass
@@ -184,8 +190,10 @@ class ImageFolderConfig:
     channels: int = 3
     validation_fraction: float = 0.1
     test_fraction: float = 0.1
-    cache: bool = True
+    cache: str = "memory"
     shuffle_buffer: int = 10000
+    memory_limit_mb: int | None = None
+    lanes: int = 1
 
 
 @dataclass

@@ -8,6 +8,7 @@ fixed fractions, the same files on every run whatever the seed. No file is in tw
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import stat
@@ -63,7 +64,7 @@ def load(path: str, image_size: int = 64, channels: int = 3, validation_fraction
                          _split(_files(root, classes, stats=stats), validation_fraction,
                                 test_fraction),
                          strict=True))
-    _check_files([name for role_files in files.values() for name, _ in role_files or []])
+    names = [name for role_files in files.values() for name, _ in role_files or []]
     for role in ("train", "validation"):
         if not files[role]:
             raise DataError(f"dataset=image_folder: {path} leaves no {role} images; add "
@@ -78,11 +79,13 @@ def load(path: str, image_size: int = 64, channels: int = 3, validation_fraction
                   test=datasets.get("test"), test_size=len(files.get("test") or []),
                   input_shape=(image_size, image_size, channels), num_classes=len(classes),
                   preprocess=_decoder(image_size, channels), scale=1.0 / 255.0,
-                  explain=_explainer([n for r in files.values() for n, _ in r or []], path,
-                                     channels),
-                  class_names=list(classes),
-                  fingerprint=of_folder({role: items for role, items in files.items()
-                                         if items}, str(root), stats=stats))
+                  explain=_explainer(names, path, channels),
+                  class_names=list(classes), reads_in_preprocess=True,
+                  check=lambda workers, worker: _check_files(names[worker::workers]),
+                  # hashed where the run keeps it (the chief), not by every worker
+                  fingerprint=functools.cache(lambda: of_folder(
+                      {role: items for role, items in files.items() if items}, str(root),
+                      stats=stats)))
 
 
 def _role_folders(root: Path) -> dict[str, Path | None] | None:

@@ -16,6 +16,7 @@ from tensorflow.python.framework import kernels
 
 from trainer.config.errors import ConfigError
 from trainer.distribute.cluster import Cluster
+from trainer.distribute.inputs import dataset_function
 from trainer.distribute.strategy import KINDS
 
 # Every MirroredStrategy numbers its collective groups from 1. A second strategy in the same
@@ -85,8 +86,21 @@ def _multi_worker(tf: Any, devices: tuple[str, ...], cluster: Cluster | None,
             tf.train.ClusterSpec({job: list(tasks) for job, tasks in cluster.jobs.items()}),
             task_type=cluster.task_type, task_id=cluster.task_index, rpc_layer="grpc",
             num_accelerators={"GPU": gpus})
-    return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver,
-                                                     communication_options=options)
+    return SharedInput(cluster_resolver=resolver, communication_options=options)
+
+
+class SharedInput(tf.distribute.MultiWorkerMirroredStrategy):
+    """MultiWorkerMirroredStrategy that reads a dataset built as one worker's share
+    (`trainer.distribute.inputs.read_per_worker`) through `distribute_datasets_from_function`
+    with TensorFlow's `InputContext`, where a worker reads, decodes and caches its share of
+    every global batch alone; any other dataset is distributed as TensorFlow does (each
+    worker reads all of it and keeps its share)."""
+
+    def experimental_distribute_dataset(self, dataset: Any, options: Any = None) -> Any:
+        dataset_fn = dataset_function(dataset)
+        if dataset_fn is None:
+            return super().experimental_distribute_dataset(dataset, options)
+        return self.distribute_datasets_from_function(dataset_fn, options)
 
 
 def _mirrored(tf: Any, devices: list[str], cross_device_ops: Any) -> Any:

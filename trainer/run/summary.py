@@ -155,6 +155,7 @@ def _what_ran(spec: Any, run: Any, plan: Any, callbacks: Any) -> dict[str, Any]:
         "jit_compile": run.speed.jit_compile,
         "speed_reasons": list(run.speed.reasons),
         "batch_norm": run.batch_norm,
+        "input": run.data.reading,
     }
 
 
@@ -202,7 +203,7 @@ def _results(spec: Any, run: Any, plan: Any, outcome: Any) -> dict[str, Any]:
         "validation_metrics": dict(outcome.validation),
         "augment": _augment(spec.augment),
         "splits": run.data.source.splits,
-        "data": of_source(run.data.source),
+        "data": of_source(run.data.source) if run.is_chief else None,  # the chief's to write
         "test_examples": run.data.source.test_size,
         "test_metrics": None if outcome.test is None else dict(outcome.test),
         "test_checkpoint": outcome.test_checkpoint,
@@ -271,6 +272,12 @@ def _global_row(batch: dict[str, Any]) -> str:
             f"{accumulate} micro-batches accumulated per optimizer step")
 
 
+def _input_row(reading: dict[str, Any]) -> str:
+    """The cache, and what each worker reads (`trainer.data.wiring.Reading.report`)."""
+    row = f"cache {reading['cache']}, {reading['reads']}"
+    return row + "".join(f"; {note}" for note in reading.get("notes") or [])
+
+
 def _optimizer_row(summary: dict[str, Any]) -> str:
     settings = summary.get("optimizer_settings") or {}
     return summary["optimizer"] + (" (" + ", ".join(f"{k}={_fmt(v)}" for k, v in
@@ -316,6 +323,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         *([("checkpoints load with", summary["checkpoints_load_with"])]
           if str(summary.get("checkpoints_load_with", "")).startswith("trainer") else []),
         *([("batch norm", summary["batch_norm"])] if summary.get("batch_norm") else []),
+        *([("input", _input_row(summary["input"]))] if summary.get("input") else []),
         ("epochs", _epochs_row(summary)),
         ("wall time", _time_row(summary["time"])),
         ("time to first step", "n/a (nothing left to train)"
