@@ -2,8 +2,9 @@
 
 A loader of the user's own returns a `Source` (`Source.from_arrays` for in-memory arrays).
 May import `config/`, `plan/`, `rundir/` (the run directory's layout: a disk cache's files)
-and `distribute/` (how a worker's share of the input is handed to the strategy). `Source` and `DataError` are loaded on first use, so the
-pre-flight can check augmentation presets (`data.augment`) without importing TensorFlow.
+and `distribute/` (how a worker's share of the input is handed to the strategy). `Source`
+and `DataError` are loaded on first use, so the pre-flight can check augmentation presets
+(`data.augment`) without importing TensorFlow.
 """
 
 from typing import Any
