@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 from tests.test_multiworker import COMMON, assert_same_weights, launches  # noqa: F401
+from trainer.data import tfrecords
 from trainer.run.train import train
 
 pytestmark = pytest.mark.multiworker
@@ -101,4 +102,26 @@ def test_two_workers_read_an_image_folder_once_between_them_and_train_like_one(
     assert single == 3 * (480 + 60) + 60 + 60
     assert together <= 1.10 * single, (together, single)
     assert all(0.4 * single < len(files) < 0.6 * single for files in by_worker.values())
+    assert_same_weights(run_dir, expected, atol=1e-5)
+
+
+def test_tfrecord_shards_of_an_image_folder_train_on_two_workers_like_one(
+        tmp_path, launches, tiny_config):  # noqa: F811
+    """`python -m trainer.data.tfrecords IMAGES OUT --shards 4`, then `dataset=tfrecord`:
+    with 2 lanes each worker caches its half of the decoded images, and the weights are one
+    worker's (160 training images in batches of 64: the last holds 32)."""
+    folder = image_folder(tmp_path / "images", 200)
+    out = tmp_path / "records"
+    assert tfrecords.main([str(folder), str(out), "--shards", "4"]) == 0
+    batch = ["batch.per_replica=null", "batch.global_size=64", "epochs=2", "optimizer.lr=0.01"]
+    data = ["dataset=tfrecord", f"dataset.path={out}", "dataset.lanes=2"]
+    run_dir = tmp_path / "run"
+    launch = launches(2, *COMMON, *batch, *data, f"hydra.run.dir={run_dir}")
+    assert launch.wait(timeout=400) == 0, launch.output[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["input"]["reads"] == ("each of 2 workers reads, decodes and caches only its "
+                                         "share of every global batch")
+    expected = tmp_path / "alone"
+    train(tiny_config(*COMMON, "model=cnn", "devices=1", "loop=custom", *batch, *data),
+          run_dir=expected)
     assert_same_weights(run_dir, expected, atol=1e-5)

@@ -197,6 +197,24 @@ class ImageFolderConfig:
 
 
 @dataclass
+class TfrecordConfig:
+    _target_: str = "trainer.data.tfrecords.load"
+    path: str = MISSING
+    image_size: int | None = 64
+    channels: int = 3
+    # records other than images: {name: {dtype, shape}}, and which the model takes / predicts
+    features: Any = None
+    inputs: Any = None
+    outputs: Any = None
+    num_classes: int | None = None
+    label_offset: int = 0
+    cache: str = "memory"
+    shuffle_buffer: int = 10000
+    memory_limit_mb: int | None = None
+    lanes: int = 1
+
+
+@dataclass
 class TunerConfig:
     """`tune=lr`: `steps` steps at rates from `lr_min` to `lr_max` (exponentially, at the
     run's global batch), stopped once the smoothed loss passes `diverge_factor` times its
@@ -272,7 +290,8 @@ SCHEMAS = {
     "schema/model": {"cnn": CnnConfig, "mobilenet": MobileNetConfig,
                      "cifar10_cnn": Cifar10CnnConfig, "keras_app": KerasAppConfig},
     "schema/dataset": {"digits": DigitsConfig, "synthetic": SyntheticConfig,
-                       "tfds": TfdsConfig, "image_folder": ImageFolderConfig},
+                       "tfds": TfdsConfig, "image_folder": ImageFolderConfig,
+                       "tfrecord": TfrecordConfig},
 }
 
 

@@ -349,7 +349,8 @@ def _validate_builders(model: DictConfig, dataset: DictConfig) -> None:
     for key in ("input_size", "min_image_size"):
         if model.get(key) is not None:
             _positive_int(f"model.{key}", model[key])
-    if dataset.get("channels") is not None and "image" in str(dataset._target_):
+    if dataset.get("channels") is not None and ("image" in str(dataset._target_)
+                                                or "tfrecords" in str(dataset._target_)):
         _one_of("dataset.channels", dataset.channels, (1, 3, 4))
     if dataset.get("num_classes") is not None:
         _positive_int("dataset.num_classes", dataset.num_classes)
