@@ -139,3 +139,24 @@ def test_an_image_folder_is_checked_once_between_the_workers_and_hashed_on_deman
     assert len(raised) == 1 and "dog/2.png is empty" in raised[0]
     with pytest.raises(ConfigError, match="is empty"):
         source.check(1, 0)
+
+
+def test_a_workers_dataset_is_handed_to_the_strategy_as_built_for_its_place():
+    """`trainer.distribute.inputs`: the strategy's `distribute_datasets_from_function` gets
+    the dataset built for this worker (its cache kept from epoch to epoch), and builds
+    another place's anew; a dataset not built as a share is not one."""
+    from trainer.distribute.inputs import dataset_function, read_per_worker
+
+    built = []
+
+    def build(context):
+        built.append(context.input_pipeline_id)
+        return tf.data.Dataset.range(context.input_pipeline_id, 10, context.num_input_pipelines)
+
+    mine = read_per_worker(build, tf.distribute.InputContext(2, 1, 2))
+    dataset_fn = dataset_function(mine)
+    assert dataset_fn(tf.distribute.InputContext(2, 1, 2)) is mine
+    assert list(dataset_fn(tf.distribute.InputContext(2, 0, 2)).as_numpy_iterator()) == [
+        0, 2, 4, 6, 8]
+    assert built == [1, 0]
+    assert dataset_function(tf.data.Dataset.range(3)) is None
