@@ -99,7 +99,7 @@ def test_sweep_over_devices_gives_each_job_its_devices(tmp_path):
     (["model=resnet"], "error: unknown model 'resnet'; available: cifar10_cnn, cnn, keras_app, "
                     "mobilenet"),
     (["dataset=imagenet"], "error: unknown dataset 'imagenet'; available: cats_vs_dogs, "
-     "cifar10, digits, image_folder, mnist, synthetic, tfds"),
+     "cifar10, digits, image_folder, mnist, synthetic, tfds, tfrecord"),
     (["epochs=x"], "Value 'x' of type 'str' could not be converted to Integer"),
     (["epochs=0"], "error: epochs must be a positive integer; received: 0"),
     (["model.widht=3"], "Key 'widht' not in 'CnnConfig'"),

@@ -125,6 +125,12 @@ TESTED_BY = {
     "python -m trainer -m hparams_search=digits_optuna":
         "tests/test_sweep.py::test_optuna_search_goes_on_past_a_failed_trial_and_tables_every_trial",
     "python -m trainer logger=[tensorboard,csv,mlflow]": RUNS_AS_WRITTEN,
+    # docs/own-task.md
+    "python -m trainer.data.tfrecords images/ records/ --shards 4":
+        "tests/test_tfrecords.py::test_the_writer_keeps_the_image_folders_split_and_decodes_alike",
+    "python -m trainer dataset=tfrecord dataset.path=records/":
+        "tests/test_sharded_input.py::"
+        "test_tfrecord_shards_of_an_image_folder_train_on_two_workers_like_one",
     # docs/api.md
     "python -m trainer.predict runs/a input=new_images/ output=predictions.csv accelerator=cpu "
     "devices=3": "tests/test_api.py::test_predict_from_the_command_line_and_its_one_line_errors",
@@ -217,6 +223,16 @@ NOT_RUN_HERE = {
         "a SLURM cluster (srun) and CIFAR-10's download; a faked job step is "
         "tests/test_multiworker.py::test_a_faked_slurm_step_trains_as_two_workers_like_one_and_"
         "only_the_chief_logs",
+    "python -m trainer.data.tfrecords /data/imagenet /shared/imagenet-tfrecord --shards 1024":
+        "ImageNet's 150 GB; the same writer on a small folder is tests/test_tfrecords.py::"
+        "test_the_writer_keeps_the_image_folders_split_and_decodes_alike",
+    "srun .venv/bin/python -m trainer model=keras_app model.name=ResNet50 dataset=tfrecord "
+    "dataset.path=/shared/imagenet-tfrecord dataset.image_size=224 dataset.cache=disk "
+    "dataset.lanes=32 augment=[flip,crop] batch.per_replica=64 epochs=90 "
+    "hydra.run.dir=runs/${SLURM_JOB_ID}":
+        "a SLURM cluster of 32 GPUs and ImageNet; TFRecord shards on 2 workers training as 1 are "
+        "tests/test_sharded_input.py::"
+        "test_tfrecord_shards_of_an_image_folder_train_on_two_workers_like_one",
     "python -m trainer loss=categorical_crossentropy ...":
         "a pattern, not a command (`...` is the rest of a command line); loss names are run by "
         "tests/test_task.py::test_binary_task_keeps_the_checkpoint_with_the_highest_auc",

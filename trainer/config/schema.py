@@ -169,8 +169,10 @@ class DigitsConfig:
     image_size: int = 8
     validation_fraction: float = 0.1
     test_fraction: float = 0.1
-    cache: bool = True
+    cache: str = "memory"
     shuffle_buffer: int = 2048
+    memory_limit_mb: int | None = None
+    lanes: int = 1
 
 
 @dataclass
@@ -181,8 +183,10 @@ class SyntheticConfig:
     image_size: int = 32
     channels: int = 3
     num_classes: int = 10
-    cache: bool = True
+    cache: str = "memory"
     shuffle_buffer: int = 2048
+    memory_limit_mb: int | None = None
+    lanes: int = 1
 
 
 @dataclass
@@ -196,8 +200,10 @@ class TfdsConfig:
     data_dir: str | None = None
     download: bool = True
     image_size: int | None = None
-    cache: bool = True
+    cache: str = "memory"
     shuffle_buffer: int = 10000
+    memory_limit_mb: int | None = None
+    lanes: int = 1
 
 
 @dataclass
@@ -208,8 +214,28 @@ class ImageFolderConfig:
     channels: int = 3
     validation_fraction: float = 0.1
     test_fraction: float = 0.1
-    cache: bool = True
+    cache: str = "memory"
     shuffle_buffer: int = 10000
+    memory_limit_mb: int | None = None
+    lanes: int = 1
+
+
+@dataclass
+class TfrecordConfig:
+    _target_: str = "trainer.data.tfrecords.load"
+    path: str = MISSING
+    image_size: int | None = 64
+    channels: int = 3
+    # records other than images: {name: {dtype, shape}}, and which the model takes / predicts
+    features: Any = None
+    inputs: Any = None
+    outputs: Any = None
+    num_classes: int | None = None
+    label_offset: int = 0
+    cache: str = "memory"
+    shuffle_buffer: int = 10000
+    memory_limit_mb: int | None = None
+    lanes: int = 1
 
 
 @dataclass
@@ -288,7 +314,8 @@ SCHEMAS = {
     "schema/model": {"cnn": CnnConfig, "mobilenet": MobileNetConfig,
                      "cifar10_cnn": Cifar10CnnConfig, "keras_app": KerasAppConfig},
     "schema/dataset": {"digits": DigitsConfig, "synthetic": SyntheticConfig,
-                       "tfds": TfdsConfig, "image_folder": ImageFolderConfig},
+                       "tfds": TfdsConfig, "image_folder": ImageFolderConfig,
+                       "tfrecord": TfrecordConfig},
 }
 
 

@@ -387,16 +387,42 @@ def _validate_verbose(verbose: Any) -> None:
              f"received: {_plain(verbose)!r}")
 
 
+# Where the input pipeline keeps preprocessed (decoded) elements between epochs: in memory,
+# in files under the run directory, or nowhere (every epoch reads and decodes again).
+CACHE_MODES = ("memory", "disk", "none")
+# `dataset.cache` was a bool before it had modes: true kept the elements in memory.
+CACHE_BOOLS = {"true": "memory", "false": "none"}
+
+
+def cache_mode(value: Any) -> str:
+    """`dataset.cache` as `memory`, `disk` or `none`; `true` and `false` (the older
+    spelling, still in configs and in the backups of older runs) as `memory` and `none`.
+
+    Raises:
+        ConfigError: any other value, named with the valid ones.
+    """
+    if isinstance(value, bool):
+        return "memory" if value else "none"
+    text = str(value).strip().lower()
+    text = CACHE_BOOLS.get(text, text)
+    _require(text in CACHE_MODES, "dataset.cache must be memory, disk or none (true and false "
+             f"mean memory and none); received: {value!r}")
+    return text
+
+
 def _validate_builders(model: DictConfig, dataset: DictConfig) -> None:
     """Ranges of the arguments the built-in models and datasets share, by name."""
     for key in ("image_size", "channels", "train_examples", "validation_examples",
-                "shuffle_buffer"):
+                "shuffle_buffer", "memory_limit_mb", "lanes"):
         if dataset.get(key) is not None:
             _positive_int(f"dataset.{key}", dataset[key])
+    if dataset.get("cache") is not None:
+        cache_mode(dataset.cache)
     for key in ("input_size", "min_image_size"):
         if model.get(key) is not None:
             _positive_int(f"model.{key}", model[key])
-    if dataset.get("channels") is not None and "image" in str(dataset._target_):
+    if dataset.get("channels") is not None and ("image" in str(dataset._target_)
+                                                or "tfrecords" in str(dataset._target_)):
         _one_of("dataset.channels", dataset.channels, (1, 3, 4))
     if dataset.get("num_classes") is not None:
         _positive_int("dataset.num_classes", dataset.num_classes)

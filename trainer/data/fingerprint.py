@@ -255,9 +255,11 @@ def _same(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
 
 
 def of_source(source: Any) -> dict[str, Any]:
-    """A `Source`'s fingerprint, or its roles' counts where it gives none."""
-    if source.fingerprint:
-        return dict(source.fingerprint)
+    """A `Source`'s fingerprint (computed now where it is a function), or its roles' counts
+    where it gives none."""
+    found = source.fingerprint() if callable(source.fingerprint) else source.fingerprint
+    if found:
+        return dict(found)
     return of_counts({"train": source.train_size, "validation": source.validation_size,
                       "test": source.test_size}, source.splits)
 

@@ -8,6 +8,7 @@ fixed fractions, the same files on every run whatever the seed. No file is in tw
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import stat
@@ -46,8 +47,42 @@ def load(path: str, image_size: int = 64, channels: int = 3, validation_fraction
     """
     del seed
     root = Path(path).expanduser()
-    roles = _role_folders(root)
     stats: dict[str, os.stat_result] = {}  # the listing's, for the fingerprint
+    classes, files = split_files(path, validation_fraction, test_fraction, stats)
+    names = [name for role_files in files.values() for name, _ in role_files or []]
+    datasets = {role: _dataset(items) for role, items in files.items() if items}
+    return Source(train=datasets["train"], validation=datasets["validation"],
+                  train_size=len(files["train"]), validation_size=len(files["validation"]),
+                  test=datasets.get("test"), test_size=len(files.get("test") or []),
+                  input_shape=(image_size, image_size, channels), num_classes=len(classes),
+                  preprocess=_decoder(image_size, channels), scale=1.0 / 255.0,
+                  explain=_explainer(names, path, channels),
+                  class_names=list(classes), reads_in_preprocess=True,
+                  check=lambda workers, worker: _check_files(names[worker::workers]),
+                  # hashed where the run keeps it (the chief), not by every worker
+                  fingerprint=functools.cache(lambda: of_folder(
+                      {role: items for role, items in files.items() if items}, str(root),
+                      stats=stats)))
+
+
+def split_files(path: str, validation_fraction: float = 0.1, test_fraction: float = 0.1,
+                stats: dict[str, os.stat_result] | None = None
+                ) -> tuple[list[str], dict[str, list[tuple[str, int]]]]:
+    """The classes and each role's `(file, class index)`: the folder's split, the same on
+    every run; the training files in one fixed order (shuffled: sorted by class, a shuffle
+    buffer smaller than the folder would give batches of one class).
+
+    Args:
+        path: the folder (see `load`).
+        validation_fraction, test_fraction: as `load`'s.
+        stats: receives each file's `os.stat`.
+
+    Raises:
+        DataError: a folder that is missing, empty, of one class, or leaves a role no image.
+    """
+    root = Path(path).expanduser()
+    roles = _role_folders(root)
+    stats = {} if stats is None else stats
     if roles:
         classes = _classes(roles["train"], str(roles["train"]))
         files = {"train": _files(roles["train"], classes, stats=stats)}
@@ -63,26 +98,13 @@ def load(path: str, image_size: int = 64, channels: int = 3, validation_fraction
                          _split(_files(root, classes, stats=stats), validation_fraction,
                                 test_fraction),
                          strict=True))
-    _check_files([name for role_files in files.values() for name, _ in role_files or []])
     for role in ("train", "validation"):
         if not files[role]:
             raise DataError(f"dataset=image_folder: {path} leaves no {role} images; add "
                             "images or change dataset.validation_fraction")
-    # One fixed permutation of the training files: sorted by class, a shuffle buffer smaller
-    # than the folder would give batches of one class.
     order = np.random.default_rng(SPLIT_SEED).permutation(len(files["train"]))
     files["train"] = [files["train"][i] for i in order]
-    datasets = {role: _dataset(items) for role, items in files.items() if items}
-    return Source(train=datasets["train"], validation=datasets["validation"],
-                  train_size=len(files["train"]), validation_size=len(files["validation"]),
-                  test=datasets.get("test"), test_size=len(files.get("test") or []),
-                  input_shape=(image_size, image_size, channels), num_classes=len(classes),
-                  preprocess=_decoder(image_size, channels), scale=1.0 / 255.0,
-                  explain=_explainer([n for r in files.values() for n, _ in r or []], path,
-                                     channels),
-                  class_names=list(classes),
-                  fingerprint=of_folder({role: items for role, items in files.items()
-                                         if items}, str(root), stats=stats))
+    return classes, files
 
 
 def _role_folders(root: Path) -> dict[str, Path | None] | None:

@@ -5,18 +5,22 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from trainer.config.errors import ConfigError
+from trainer.config.validate import cache_mode
 from trainer.data.augment import PRESETS, listed
 from trainer.data.augment import mixers as mixer_names
 from trainer.data.augmenters import batch_layers, batch_mixer, element_augmenter
+from trainer.data.caching import cached
 from trainer.data.fingerprint import of_arrays
+from trainer.data.shares import Place, dealt, lane, positions_of, replica_batches, replica_index
 from trainer.internals.keras_data import class_weight_map_fn
-from trainer.plan.scaling import balanced_batch_sizes
+from trainer.plan.scaling import balanced_batch_sizes, global_batch_sizes
 
 
 @dataclass
@@ -49,10 +53,27 @@ class Source:
         splits: where each role comes from, for the summary (e.g. TFDS's split strings).
         class_names: the classes' names, in index order, where the source knows them.
         fingerprint: each role's examples in a few bytes (`trainer.data.fingerprint`), kept
-            by the run to notice changed data; None: the roles' counts stand in.
+            by the run to notice changed data, or a function that computes them where asked
+            (an image folder's hashes: on the chief, not on every worker); None: the roles'
+            counts stand in.
         explain: turns an error raised while reading elements (a file that does not
             decode, deep inside tf.data) into the one line naming the bad data, or None
             where it is not the source's; see `data_failure`.
+        reads_in_preprocess: iterating `train` is cheap (file paths, record bytes, arrays
+            in memory) and `preprocess` does the reading and decoding: on several workers
+            each then reads and decodes only its share of every global batch (the built-in
+            sources). False: each worker iterates all of `train` (`preprocess` still runs
+            on its share alone), which the summary says.
+        check: checks the data before training, given `(workers, worker)`: this worker's
+            share of it, every `workers`-th item from `worker` on (an image folder: each
+            file's first and last bytes), so the workers check it once between them; or
+            None.
+        shard: how a worker of several reads its share of `train` without the others':
+            from TensorFlow's `tf.distribute.InputContext`, the elements
+            `train.shard(context.num_input_pipelines, context.input_pipeline_id)` would
+            give (every `num_input_pipelines`-th from `input_pipeline_id` on, in order),
+            e.g. from a file per worker. Used where the workers divide `dataset.lanes`
+            (`trainer.data.shares`); None: each worker iterates `train`.
     """
 
     train: tf.data.Dataset
@@ -68,8 +89,11 @@ class Source:
     test_size: int = 0
     splits: dict[str, str | None] | None = None
     explain: Callable[[BaseException], str | None] | None = None
-    fingerprint: dict[str, Any] | None = None
+    fingerprint: dict[str, Any] | Callable[[], dict[str, Any]] | None = None
     class_names: list[str] | None = None
+    reads_in_preprocess: bool = False
+    check: Callable[[int, int], None] | None = None
+    shard: Callable[[Any], tf.data.Dataset] | None = None
 
     def __post_init__(self) -> None:
         if self.num_outputs is None:
@@ -118,6 +142,7 @@ class Source:
                                                       else (_tuple(x), _tuple(y), w))
 
         test = None if x_test is None else slices(x_test, y_test)
+        kwargs.setdefault("reads_in_preprocess", True)  # arrays in memory
         kwargs.setdefault("fingerprint", {
             "train": of_arrays(x_train, y_train, sample_weight),
             "validation": of_arrays(x_validation, y_validation),
@@ -225,9 +250,10 @@ def data_failure(source: Source, error: BaseException) -> DataError | None:
 
 def build_pipeline(dataset: tf.data.Dataset, global_batch: int, *, training: bool,
                    preprocess: Callable | None = None, scale: float | None = None,
-                   seed: int | None = None, cache: bool = True, shuffle_buffer: int = 2048,
+                   seed: int | None = None, cache: Any = True, shuffle_buffer: int = 2048,
                    drop_remainder: bool = False, replicas: int = 1,
-                   examples: int | None = None, role: str | None = None) -> tf.data.Dataset:
+                   examples: int | None = None, place: Place | None = None,
+                   cache_file: Path | None = None, role: str | None = None) -> tf.data.Dataset:
     """Turns unbatched examples into one pass of global batches, ready for a strategy.
 
     Args:
@@ -240,19 +266,39 @@ def build_pipeline(dataset: tf.data.Dataset, global_batch: int, *, training: boo
             None leaves them as they are.
         seed: shuffle seed; with a seed the order is deterministic, without one training
             batches may come in the order parallel preprocessing finishes them.
-        cache: keep preprocessed elements in memory after the first pass.
+        cache: where preprocessed elements stay after the first pass: `memory`, `disk`
+            (in the files starting with `cache_file`) or `none` (True and False: memory
+            and none).
         shuffle_buffer: examples in the shuffle buffer.
         drop_remainder: drop a last partial training batch.
         replicas: replicas the batches are split over.
         examples: examples in `dataset`, to keep every replica's share of the last batch
             non-empty (see `trainer.plan.scaling.balanced_batch_sizes`).
+        place: evaluation on one worker of several: its positions of every global batch
+            alone are read, preprocessed and cached, as its replicas' batches in turn
+            (`trainer.data.shares`); needs `examples`.
+        cache_file: where a disk cache's files go.
         role: the split's role (`train`, `validation`, `test`): its values are checked
             finite as they are read (`finite_checked`); None checks nothing.
 
     Returns:
         A batched, prefetching `tf.data.Dataset`.
     """
-    prepared = prepare(dataset, preprocess, cache, scale, role)
+    mode = cache_mode(cache)
+    if place is not None and place.several:
+        if training or examples is None:
+            raise ValueError("build_pipeline shares evaluation batches among workers, given "
+                             "the examples; training goes through build_training_epochs")
+        positioned = positions_of(place, dataset.enumerate(), None)
+        share = prepare(positioned.map(lambda _, element: element), preprocess, mode, scale,
+                        cache_file, role)
+        batched = replica_batches(share, place, global_batch_sizes(examples, global_batch,
+                                                                   replicas))
+        if scale is not None:
+            batched = batched.map(_scaler(scale), num_parallel_calls=tf.data.AUTOTUNE)
+        return batched.prefetch(tf.data.AUTOTUNE).with_options(
+            _options(seed, ordered=True, per_worker=True))
+    prepared = prepare(dataset, preprocess, mode, scale, cache_file, role)
     batched = _batches(prepared, global_batch, training, scale, seed, shuffle_buffer,
                        drop_remainder, replicas, examples)
     # Evaluation and prediction keep the input order: predictions are written beside their
@@ -260,12 +306,39 @@ def build_pipeline(dataset: tf.data.Dataset, global_batch: int, *, training: boo
     return batched.prefetch(tf.data.AUTOTUNE).with_options(_options(seed, ordered=not training))
 
 
+@dataclass(frozen=True)
+class _Augmentation:
+    """The training batches' augmentation: per-element presets, batch layers, a mixer, and
+    the key their seeds start from."""
+
+    per_element: Callable | None
+    layers: list
+    mix: Callable | None
+    base: int
+
+    @classmethod
+    def of(cls, augment: Any, seed: int | None) -> _Augmentation:
+        items = listed(augment)
+        presets = [i for i in items if isinstance(i, str) and i in PRESETS]
+        # an unseeded run still needs seeds for the stateless ops: one drawn for this run
+        base = seed if seed is not None else int(np.random.default_rng().integers(1, 2**31 - 1))
+        return cls(element_augmenter(presets) if presets else None, batch_layers(items, seed),
+                   batch_mixer(mixer_names(items)) if mixer_names(items) else None, base)
+
+    def key(self, epoch: Any, offset: int = 0) -> Any:
+        return tf.cast(self.base, tf.int64) * 7919 + epoch + offset
+
+
 def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_epoch: int,
                           epochs: int, skip_steps: int = 0, preprocess: Callable | None = None,
-                          scale: float | None = None, seed: int | None = None, cache: bool = True,
+                          scale: float | None = None, seed: int | None = None, cache: Any = True,
                           shuffle_buffer: int = 2048, drop_remainder: bool = False,
                           replicas: int = 1, examples: int | None = None,
-                          augment: Any = None, class_weight: dict[int, float] | None = None,
+                          augment: Any = None,
+                          class_weight: dict[int, float] | None = None, lanes: int = 1,
+                          place: Place | None = None,
+                          cache_file: Callable[[int], Path] | None = None,
+                          shard: Callable | None = None,
                           role: str | None = None) -> tf.data.Dataset:
     """The training batches of epochs `first_epoch`..`epochs - 1` as one dataset.
 
@@ -274,40 +347,103 @@ def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_
     batches the interrupted run would have seen (`skip_steps` skips the k done ones).
     `augment` (the config's list, `trainer.data.augment`) transforms the training images after
     the cache, each with a seed from (seed, epoch, position). `class_weight` gives each
-    training example its class's weight as a sample weight, as Keras's `fit` does. Other
+    training example its class's weight as a sample weight, as Keras's `fit` does.
+
+    The order is dealt from `lanes` (`trainer.data.shares`). On one worker of several
+    (`place`), the dataset holds this worker's replicas' batches in turn: its positions of
+    every global batch, read, preprocessed, cached and augmented here alone (a batch mixer
+    mixes each replica's batch). `cache_file(lane)` names a disk cache's files (lane None
+    where there is one); `shard` is
+    the source's own reader of a worker's share (`Source.shard`). `role` checks the values
+    finite as they are first read (after preprocessing where that is cached). Other
     arguments as `build_pipeline`.
     """
-    prepared = prepare(dataset, preprocess, cache, scale, role)
-    items = listed(augment)
-    presets = [i for i in items if isinstance(i, str) and i in PRESETS]
-    mix = batch_mixer(mixer_names(items)) if mixer_names(items) else None
-    per_element = element_augmenter(presets) if presets else None
-    layers = batch_layers(items, seed)
-    # an unseeded run still needs seeds for the stateless ops: one drawn for this run
-    base = seed if seed is not None else int(np.random.default_rng().integers(1, 2**31 - 1))
-
+    place = place or Place()
+    mode = cache_mode(cache)
+    if place.several and examples is None:
+        raise ValueError("build_training_epochs shares batches among workers given the examples")
+    streams = _lanes(dataset, lanes, place, shard)
+    if mode != "none":  # preprocessed once, cached; each lane its own (shuffled apart)
+        streams = _cached(streams, lanes, preprocess, mode, scale, cache_file, role)
+    elif role is not None:
+        streams = [(index, finite_checked(elements, role)) for index, elements in streams]
+    extra = _Augmentation.of(augment, seed)
     weigh = class_weight_map_fn(class_weight) if class_weight else None  # Keras's rule
+    batches = None if examples is None else global_batch_sizes(examples, global_batch,
+                                                               replicas, drop_remainder)
+    end = sum(batches) if place.several and drop_remainder else None
 
     def one_epoch(epoch):
         epoch_seed = None if seed is None else seed * 7919 + epoch
-        source = prepared
-        if per_element is not None:
-            source = _per_element(prepared, per_element, shuffle_buffer, epoch_seed,
-                                  tf.cast(base, tf.int64) * 7919 + epoch)
-        batches = _batches(source, global_batch, True, scale, epoch_seed,
-                           shuffle_buffer if per_element is None else 0, drop_remainder,
-                           replicas, examples, reshuffle=False)
-        for layer in layers:
-            batches = batches.map(lambda x, *rest, layer=layer: (layer(x, training=True), *rest),
-                                  num_parallel_calls=tf.data.AUTOTUNE)
-        if mix is not None:  # a key apart from the images'
-            batches = _keyed(batches, mix, tf.cast(base, tf.int64) * 7919 + epoch + 104729)
-        if weigh is not None:
-            batches = batches.map(weigh, num_parallel_calls=tf.data.AUTOTUNE)
-        return batches
+        positioned = positions_of(place, dealt(streams, lanes, epoch_seed, shuffle_buffer),
+                                  lanes, end)
+        elements = _augmented(positioned, preprocess if mode == "none" else None, extra,
+                              epoch)
+        if place.several:
+            batched = replica_batches(elements, place, batches)
+            if scale is not None:
+                batched = batched.map(_scaler(scale), num_parallel_calls=tf.data.AUTOTUNE)
+        else:
+            batched = _batches(elements, global_batch, True, scale, None, 0, drop_remainder,
+                               replicas, examples)
+        return _batch_extras(batched, extra, epoch, weigh, place)
 
     epochs_ds = tf.data.Dataset.range(first_epoch, epochs).flat_map(one_epoch)
-    return epochs_ds.skip(skip_steps).prefetch(tf.data.AUTOTUNE).with_options(_options(seed))
+    steps = skip_steps * (place.replicas if place.several else 1)
+    return epochs_ds.skip(steps).prefetch(tf.data.AUTOTUNE).with_options(
+        _options(seed, per_worker=place.several))
+
+
+def _lanes(dataset: tf.data.Dataset, lanes: int, place: Place,
+           shard: Callable | None) -> list[tuple[int, tf.data.Dataset]]:
+    """`(lane, elements)` of the lanes this worker reads: from the source's own reader of
+    its share where it has one and the share is fixed (its lanes), else from `dataset`."""
+    read = place.lanes_read(lanes)
+    if shard is None or not place.several or not place.owns_lanes(lanes):
+        return [(index, lane(dataset, lanes, index)) for index in read]
+    share = shard(place.context())  # examples worker, worker + workers, ...: its lanes
+    return [(index, lane(share, lanes // place.workers, k)) for k, index in enumerate(read)]
+
+
+def _cached(streams: list[tuple[int, tf.data.Dataset]], lanes: int, preprocess: Callable | None,
+            mode: str, scale: float | None, cache_file: Callable | None,
+            role: str | None = None) -> list[tuple[int, tf.data.Dataset]]:
+    """Each lane preprocessed and cached (its disk files named by its lane; one lane's
+    by none)."""
+    def file(index: int) -> Path | None:
+        return None if cache_file is None else cache_file(None if lanes == 1 else index)
+
+    return [(index, prepare(elements, preprocess, mode, scale, file(index), role))
+            for index, elements in streams]
+
+
+def _augmented(positioned: tf.data.Dataset, preprocess: Callable | None,
+               extra: _Augmentation, epoch: Any) -> tf.data.Dataset:
+    """An epoch's elements from `(position, element)`: preprocessed here where nothing was
+    cached, then augmented each with the seed (epoch, position)."""
+    if preprocess is not None:
+        positioned = positioned.map(lambda p, element: (p, preprocess(*element)),
+                                    num_parallel_calls=tf.data.AUTOTUNE)
+    if extra.per_element is not None:
+        return _keyed_map(positioned, extra.per_element, extra.key(epoch))
+    return positioned.map(lambda _, element: element)
+
+
+def _batch_extras(batches: tf.data.Dataset, extra: _Augmentation, epoch: Any,
+                  weigh: Callable | None, place: Place) -> tf.data.Dataset:
+    """Batch layers, the batch mixer (each replica's batch on one worker of several) and
+    class weights, on one epoch's batches."""
+    for layer in extra.layers:
+        batches = batches.map(lambda x, *rest, layer=layer: (layer(x, training=True), *rest),
+                              num_parallel_calls=tf.data.AUTOTUNE)
+    if extra.mix is not None:  # a key apart from the images'
+        positioned = batches.enumerate()
+        if place.several:
+            positioned = positioned.map(lambda k, batch: (replica_index(place, k), batch))
+        batches = _keyed_map(positioned, extra.mix, extra.key(epoch, 104729))
+    if weigh is not None:
+        batches = batches.map(weigh, num_parallel_calls=tf.data.AUTOTUNE)
+    return batches
 
 
 def _checked_sizes(num_classes: Any, **arrays: Any) -> dict[str, int]:
@@ -333,19 +469,6 @@ def _checked_sizes(num_classes: Any, **arrays: Any) -> dict[str, int]:
     return sizes
 
 
-def _per_element(prepared: tf.data.Dataset, augment: Callable, shuffle_buffer: int,
-                 epoch_seed: int | None, key: Any) -> tf.data.Dataset:
-    """An epoch's examples shuffled, then each augmented with the seed (key, position)."""
-    source = prepared.shuffle(shuffle_buffer, seed=epoch_seed,
-                              reshuffle_each_iteration=False).enumerate()
-    return _keyed_map(source, augment, key)
-
-
-def _keyed(batches: tf.data.Dataset, mix: Callable, key: Any) -> tf.data.Dataset:
-    """Each batch mixed with the seed (key, position)."""
-    return _keyed_map(batches.enumerate(), mix, key)
-
-
 def _keyed_map(positioned: tf.data.Dataset, fn: Callable, key: Any) -> tf.data.Dataset:
     def apply(position, element):
         return fn(*element, tf.stack([key, position]))
@@ -353,29 +476,39 @@ def _keyed_map(positioned: tf.data.Dataset, fn: Callable, key: Any) -> tf.data.D
     return positioned.map(apply, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def prepare(dataset: tf.data.Dataset, preprocess: Callable | None, cache: bool,
-            scale: float | None = None, role: str | None = None) -> tf.data.Dataset:
+def prepare(dataset: tf.data.Dataset, preprocess: Callable | None, cache: Any,
+            scale: float | None = None, cache_file: Path | None = None,
+            role: str | None = None) -> tf.data.Dataset:
     """Preprocesses elements in parallel, checks them finite and caches them (the part every
     pass shares).
 
     The check (`finite_checked`, where `role` names the split) runs before the cache, so a
     cached epoch pays nothing for it. Images in the byte range (`scale` 1/255) that
     preprocessing turned into float32 (a resize does) are cached as uint8: a quarter of the
-    memory (cats_vs_dogs at 224: 3.5 GB instead of 14 GB). Without a cache they stay float32:
-    rounding every pixel costs more (`scripts/bench_input.py`: about 10-30%) than the smaller
-    batch copies save.
+    memory (cats_vs_dogs at 224: 3.5 GB instead of 14 GB). Without a cache they stay
+    float32: rounding every pixel costs more (`scripts/bench_input.py`: about 10-30%) than
+    the smaller batch copies save.
+
+    Args:
+        dataset: unbatched elements.
+        preprocess: per-element function, or None.
+        cache: `memory`, `disk` or `none` (True and False: memory and none).
+        scale: the source's scale (1/255: images in the byte range).
+        cache_file: where a disk cache's files go.
+        role: the split's role, its values checked finite (None: not checked).
     """
+    mode = cache_mode(cache)
     if preprocess is not None:
         dataset = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
     if role is not None:
         dataset = finite_checked(dataset, role)
-    if not cache:
+    if mode == "none":
         return dataset
     byte_range = scale is not None and abs(scale - 1 / 255) < 1e-12
     features = dataset.element_spec[0]
     if byte_range and isinstance(features, tf.TensorSpec) and features.dtype == tf.float32:
         dataset = dataset.map(_to_bytes, num_parallel_calls=tf.data.AUTOTUNE)
-    return dataset.cache()
+    return cached(dataset, mode, cache_file)
 
 
 # What a non-finite value found as a split is read raises (inside tf.data: an
@@ -461,12 +594,18 @@ def _scaler(scale: float) -> Callable:
     return to_unit_range
 
 
-def _options(seed: int | None, ordered: bool = False) -> tf.data.Options:
-    """With neither a seed nor `ordered`, parallel maps may hand over what finishes first."""
+def _options(seed: int | None, ordered: bool = False,
+             per_worker: bool = False) -> tf.data.Options:
+    """With neither a seed nor `ordered`, parallel maps may hand over what finishes first.
+
+    A dataset of one worker's share (`per_worker`) is not sharded again; any other, handed
+    to a strategy of several workers, is sharded by element (tf.data's `DATA` policy: each
+    worker keeps its share of every global batch)."""
     options = tf.data.Options()
     options.deterministic = ordered or seed is not None
     # In-memory data cannot be sharded by file; DATA sharding is what AUTO falls back to,
     # set explicitly so no worker logs the fallback warning.
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    policy = tf.data.experimental.AutoShardPolicy
+    options.experimental_distribute.auto_shard_policy = (policy.OFF if per_worker
+                                                         else policy.DATA)
     return options
-

@@ -33,4 +33,5 @@ def load(train_examples: int = 2048, validation_examples: int = 512, image_size:
 
     return Source(train=split(train_examples), validation=split(validation_examples),
                   train_size=train_examples, validation_size=validation_examples,
-                  input_shape=shape, num_classes=num_classes, scale=1.0 / 255.0)
+                  input_shape=shape, num_classes=num_classes, scale=1.0 / 255.0,
+                  reads_in_preprocess=True)

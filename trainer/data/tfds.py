@@ -48,10 +48,14 @@ def load(name: str, train_split: str = "train", validation_split: str = "auto",
         name, list(builder.info.splits.keys()), train_split, validation_split, test_split,
         validation_fraction)
     splits = [train_split, validation_split] + ([test_split] if test_split else [])
+    # The images stay encoded until `preprocess`: several workers each decode only their
+    # share of every global batch (trainer.data.shares).
     datasets = builder.as_dataset(
         split=splits, as_supervised=True, shuffle_files=True,
-        read_config=tfds.ReadConfig(shuffle_seed=seed))
-    own = tuple(builder.info.features["image"].shape)
+        read_config=tfds.ReadConfig(shuffle_seed=seed),
+        decoders={"image": tfds.decode.SkipDecoding()})
+    feature = builder.info.features["image"]
+    own = tuple(feature.shape)
     shape = _input_shape(name, own, image_size)
     # mnist.yaml's image_size: 28 (its own side, stated so a model's minimum can raise it)
     # reads the images as they are
@@ -62,9 +66,10 @@ def load(name: str, train_split: str = "train", validation_split: str = "auto",
         train_size=_size(builder.info, train_split, datasets[0]),
         validation_size=_size(builder.info, validation_split, datasets[1]),
         input_shape=shape, num_classes=builder.info.features["label"].num_classes,
-        preprocess=_resize(image_size) if resize else None, scale=1.0 / 255.0,
+        preprocess=_decoder(feature, image_size if resize else None), scale=1.0 / 255.0,
         test=test, test_size=_size(builder.info, test_split, test) if test_split else 0,
-        splits={"train": train_split, "validation": validation_split, "test": test_split})
+        splits={"train": train_split, "validation": validation_split, "test": test_split},
+        reads_in_preprocess=True)
 
 
 def resolve_splits(name: str, available: list[str], train: str, validation: str,
@@ -146,8 +151,12 @@ def _size(info: Any, split: str, dataset: tf.data.Dataset) -> int:
     return int(dataset.reduce(0, lambda n, _: n + 1))
 
 
-def _resize(image_size: int):
-    def resize(image, label):
-        return tf.image.resize(image, (image_size, image_size)), label
+def _decoder(feature: Any, image_size: int | None):
+    """Decodes an image as TFDS's feature does, resized where asked."""
+    def decode(encoded, label):
+        image = feature.decode_example(encoded)
+        if image_size:
+            image = tf.image.resize(image, (image_size, image_size))
+        return image, label
 
-    return resize
+    return decode

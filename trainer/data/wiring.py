@@ -12,13 +12,16 @@ import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
 
 from trainer.config.build import build_object, options_for
 from trainer.config.errors import ConfigError
+from trainer.config.validate import cache_mode
 from trainer.data.augment import check_inputs, mixers
+from trainer.data.caching import check_memory, element_bytes, worker_memory_limit_mb
 from trainer.data.pipeline import (
     DataError,
     Source,
@@ -26,10 +29,13 @@ from trainer.data.pipeline import (
     build_training_epochs,
     non_finite_found,
 )
+from trainer.data.shares import Place
+from trainer.distribute.inputs import read_per_worker
 from trainer.plan.scaling import check_micro_batches
+from trainer.rundir.layout import RunDir
 
 # Dataset options that are the pipeline's, not the source builder's.
-PIPELINE_KEYS = ("cache", "shuffle_buffer")
+PIPELINE_KEYS = ("cache", "shuffle_buffer", "memory_limit_mb", "lanes")
 
 
 @dataclass(frozen=True)
@@ -38,42 +44,51 @@ class Data:
     test batches (None without a test split).
 
     `make_train(first_epoch, end_epoch, skip_steps)` returns the training batches of those
-    epochs as one dataset, skipping the steps a resumed run already did.
+    epochs as one dataset, skipping the steps a resumed run already did. On one worker of
+    several, each is this worker's share (`trainer.distribute.inputs`: the strategy reads
+    it through `distribute_datasets_from_function`). `reading` says how, for the summary.
     """
 
     source: Any
     make_train: Callable[[int, int, int], Any]
     validation: Any
     test: Any = None
+    reading: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
 class Batching:
     """How the run batches: the global batch over `shards` (replicas x micro-batches, so
     every shard of a last partial batch is non-empty), and evaluation's `eval_batch` over
-    `replicas` (one micro-batch per replica; None: the global batch over the shards)."""
+    `replicas` (one micro-batch per replica; None: the global batch over the shards), on
+    worker `worker` of `workers`."""
 
     global_batch: int
     shards: int
     eval_batch: int | None = None
     replicas: int = 1
     drop_remainder: bool = False
+    workers: int = 1
+    worker: int = 0
+    local_workers: int = 1  # the workers on this machine, which share its memory
 
 
 def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = None,
                augment: Any = None, class_weight: dict[int, float] | None = None,
-               defaults: tuple[str, ...] = ()) -> Data:
+               defaults: tuple[str, ...] = (), run_dir: Path | None = None) -> Data:
     """Loads the dataset a config node names, with its training epochs and evaluation
     batches.
 
     Args:
         dataset: the `dataset` node (`_target_` and its options, pipeline keys included).
-        batching: the batch sizes.
+        batching: the batch sizes and this worker's place.
         seed: the run's runtime seed (shuffling, augmentation).
         augment: the `augment` presets and nodes (training only).
         class_weight: per-class weights of the training examples.
         defaults: the default group's keys a replaced `_target_` left, passed to its loader
             only where it takes them (`trainer.config.build.group_defaults`).
+        run_dir: where this process writes: `dataset.cache=disk` keeps its files there
+            (`RunDir.input_cache`); None: nowhere (disk reads once, uncached).
     """
     options = dict(dataset)
     pipeline = {key: options.pop(key) for key in PIPELINE_KEYS if key in options}
@@ -81,6 +96,8 @@ def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = N
     if not isinstance(source, Source):
         raise ConfigError(f"dataset {options['_target_']} must return a trainer.data.Source "
                           f"(Source.from_arrays for arrays); received: {type(source).__name__}")
+    if source.check is not None:  # the workers check their shares: the data once
+        source.check(batching.workers, batching.worker)
     check_inputs(augment, source.input_shape, options["_target_"])
     source = checked_sizes(source, options["_target_"])
     source = finite_explained(source, options["_target_"])
@@ -90,30 +107,134 @@ def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = N
     if not batching.drop_remainder:  # else steps_per_epoch refuses a batch above the examples
         check_micro_batches(source.train_size, batching.replicas,
                             batching.shards // batching.replicas)
-    common = dict(preprocess=source.preprocess, scale=source.scale, seed=seed, **pipeline)
+    reading = Reading.of(pipeline, batching, run_dir)
+    reading.check_memory(source)
+    common = dict(preprocess=source.preprocess, scale=source.scale, seed=seed,
+                  cache=reading.cache, shuffle_buffer=pipeline.get("shuffle_buffer", 2048))
 
     def make_train(first_epoch: int, epochs: int, skip_steps: int):
-        return build_training_epochs(source.train, batching.global_batch,
-                                     first_epoch=first_epoch, epochs=epochs,
-                                     skip_steps=skip_steps,
-                                     drop_remainder=batching.drop_remainder,
-                                     examples=source.train_size, replicas=batching.shards,
-                                     augment=augment, class_weight=class_weight,
-                                     role="train", **common)
+        def build(place: Place) -> Any:
+            return build_training_epochs(
+                source.train, batching.global_batch, first_epoch=first_epoch, epochs=epochs,
+                skip_steps=skip_steps, drop_remainder=batching.drop_remainder,
+                examples=source.train_size, replicas=batching.shards, augment=augment,
+                class_weight=class_weight, lanes=reading.lanes, place=place,
+                cache_file=reading.file("train"), shard=source.shard, role="train",
+                **common)
 
-    def evaluation(split, examples, role, cache=None):
-        options = common if cache is None else {**common, "cache": cache}
-        return build_pipeline(split, batching.eval_batch or batching.global_batch,
-                              training=False, examples=examples, role=role,
-                              replicas=(batching.shards if batching.eval_batch is None
-                                        else batching.replicas), **options)
+        return reading.shared(build)
 
     # The test split is read once, at the end: no cache holding it through the run.
-    test = (evaluation(source.test, source.test_size, "test", cache=False)
+    test = (_evaluation(source.test, source.test_size, "test", batching, reading,
+                        {**common, "cache": "none"})
             if source.test is not None and source.test_size > 0 else None)
     return Data(source=source, make_train=make_train,
-                validation=evaluation(source.validation, source.validation_size, "validation"),
-                test=test)
+                validation=_evaluation(source.validation, source.validation_size, "validation",
+                                       batching, reading, common),
+                test=test, reading=reading.report(source))
+
+
+def _evaluation(split: Any, examples: int, name: str, batching: Batching, reading: Reading,
+                options: dict[str, Any]) -> Any:
+    """A split's evaluation batches (this worker's share of each, on several)."""
+    replicas = batching.shards if batching.eval_batch is None else batching.replicas
+    file = reading.file(name)
+
+    def build(place: Place) -> Any:
+        return build_pipeline(split, batching.eval_batch or batching.global_batch,
+                              training=False, examples=examples, replicas=replicas,
+                              place=place, cache_file=None if file is None else file(None),
+                              role=name, **options)
+
+    return reading.shared(build)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How this worker reads the data: the cache mode and its files, the lanes of the
+    training order, its place among the workers (`trainer.data.shares`)."""
+
+    cache: str
+    lanes: int
+    place: Place
+    memory_limit_mb: int | None
+    run_dir: Path | None = None
+
+    @classmethod
+    def of(cls, pipeline: dict[str, Any], batching: Batching, run_dir: Path | None) -> Reading:
+        workers = batching.workers
+        place = Place(workers, batching.worker, max(1, batching.replicas // workers))
+        mode = cache_mode(pipeline.get("cache", True))
+        if mode == "disk" and run_dir is None:  # a finished run evaluated: read once
+            mode = "none"
+        return cls(mode, int(pipeline.get("lanes") or 1),
+                   place, worker_memory_limit_mb(pipeline.get("memory_limit_mb"),
+                                                 batching.local_workers), run_dir)
+
+    def file(self, split: str) -> Callable[[int | None], Path] | None:
+        """`lane -> prefix` of a split's disk cache files; None unless `cache=disk`."""
+        if self.cache != "disk" or self.run_dir is None:
+            return None
+        layout, worker = RunDir(self.run_dir), self.place.worker
+        return lambda lane: layout.input_cache(worker, split, lane)
+
+    def shared(self, build: Callable[[Place], Any]) -> Any:
+        """The dataset this worker reads: on one worker of several, its share, which the
+        strategy distributes through `distribute_datasets_from_function`."""
+        if not self.place.several:
+            return build(self.place)
+        return read_per_worker(lambda context: build(Place.of(context)), self.place.context())
+
+    def check_memory(self, source: Source) -> None:
+        """Refuses `cache=memory` where this worker's share would not fit its limit."""
+        place = self.place
+        train = (place.examples_below(source.train_size) if place.owns_lanes(self.lanes)
+                 else source.train_size)
+        validation = place.examples_below(source.validation_size)
+        size = element_bytes(_cached_spec(source))
+        check_memory(self.cache, {"training": (train, size), "validation": (validation, size)},
+                     self.memory_limit_mb)
+
+    def report(self, source: Source) -> dict[str, Any]:
+        """What the summary says about reading: the cache, and what each worker reads."""
+        place, cached = self.place, self.cache != "none"
+        notes = []
+        if not place.several:
+            reads = "one worker reads every example"
+        elif not source.reads_in_preprocess and not (source.shard is not None
+                                                      and place.owns_lanes(self.lanes)):
+            reads = (f"each of {place.workers} workers reads the whole training split and "
+                     "keeps its share of every global batch")
+            notes.append("the dataset reads its examples in its own tf.data pipeline, not in "
+                         "Source.preprocess, so every worker reads them all (element "
+                         "sharding); a Source.shard function (and dataset.lanes a multiple "
+                         "of the workers) reads a share")
+        elif cached and not place.owns_lanes(self.lanes):
+            reads = (f"each of {place.workers} workers decodes and caches the whole training "
+                     "split once, then takes its share of every global batch")
+            notes.append(f"dataset.lanes={self.lanes} is not a multiple of {place.workers} "
+                         "workers, so a worker's examples change every epoch; "
+                         f"dataset.lanes={place.workers} (or a multiple) fixes them, and each "
+                         "worker caches its share alone")
+        else:
+            reads = (f"each of {place.workers} workers reads"
+                     f"{', decodes and caches' if cached else ' and decodes'} only its share "
+                     "of every global batch")
+        return {"cache": self.cache, "lanes": self.lanes, "workers": place.workers,
+                "reads": reads, "memory_limit_mb": self.memory_limit_mb, "notes": notes}
+
+
+def _cached_spec(source: Source) -> Any:
+    """The spec of one element as the cache keeps it (preprocessed; float32 images in the
+    byte range as uint8, as `prepare` keeps them)."""
+    spec = source.train.element_spec
+    if source.preprocess is not None:
+        spec = source.train.map(source.preprocess).element_spec
+    features = spec[0]
+    byte_range = source.scale is not None and abs(source.scale - 1 / 255) < 1e-12
+    if byte_range and isinstance(features, tf.TensorSpec) and features.dtype == tf.float32:
+        spec = (tf.TensorSpec(features.shape, tf.uint8), *spec[1:])
+    return spec
 
 
 # TensorFlow's words where `assert_cardinality` finds a split longer or shorter than declared.

@@ -19,6 +19,7 @@ from trainer import __version__
 from trainer.config.errors import ConfigError
 from trainer.config.strategies import located
 from trainer.distribute.cluster import Cluster
+from trainer.distribute.inputs import dataset_function
 from trainer.distribute.multiworker import from_every_worker
 from trainer.distribute.rendezvous import IN_USE, difference, facts, meet
 from trainer.distribute.strategy import strategy_kind
@@ -123,8 +124,7 @@ def _multi_worker(tf: Any, devices: tuple[str, ...], cluster: Cluster | None,
             task_type=cluster.task_type, task_id=cluster.task_index, rpc_layer="grpc",
             num_accelerators={"GPU": gpus})
     try:
-        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver,
-                                                         communication_options=options)
+        return SharedInput(cluster_resolver=resolver, communication_options=options)
     except tf.errors.UnknownError as error:
         # the port was taken between the workers' meeting and TensorFlow's server
         if cluster is None or "Could not start gRPC server" not in str(error):
@@ -164,6 +164,20 @@ def data_facts(source: Any) -> dict[str, Any]:
              "num_classes": source.num_classes, "num_outputs": source.num_outputs,
              "fingerprint": dict(source.fingerprint or {})}
     return json.loads(json.dumps(flatten(found), default=str))  # as it travels
+
+
+class SharedInput(tf.distribute.MultiWorkerMirroredStrategy):
+    """MultiWorkerMirroredStrategy that reads a dataset built as one worker's share
+    (`trainer.distribute.inputs.read_per_worker`) through `distribute_datasets_from_function`
+    with TensorFlow's `InputContext`, where a worker reads, decodes and caches its share of
+    every global batch alone; any other dataset is distributed as TensorFlow does (each
+    worker reads all of it and keeps its share)."""
+
+    def experimental_distribute_dataset(self, dataset: Any, options: Any = None) -> Any:
+        dataset_fn = dataset_function(dataset)
+        if dataset_fn is None:
+            return super().experimental_distribute_dataset(dataset, options)
+        return self.distribute_datasets_from_function(dataset_fn, options)
 
 
 def _mirrored(tf: Any, devices: list[str], cross_device_ops: Any) -> Any:

@@ -183,3 +183,50 @@ def balanced_batch_sizes(examples: int, global_batch: int, replicas: int) -> lis
                           f"{examples} devices")
     moved = replicas - last
     return [global_batch] * (full - 1) + [global_batch - moved, last + moved]
+
+
+def global_batch_sizes(examples: int, global_batch: int, shards: int,
+                       drop_remainder: bool = False) -> list[int]:
+    """The size of every global batch of one pass, in order: full batches, then the last
+    partial one (none with `drop_remainder`), balanced as `balanced_batch_sizes` says."""
+    full, last = divmod(examples, global_batch)
+    if drop_remainder or not last:
+        return [global_batch] * full
+    return balanced_batch_sizes(examples, global_batch, shards) or [global_batch] * full + [last]
+
+
+def worker_positions(end: int, workers: int, worker: int) -> int:
+    """How many of the positions `0 .. end - 1` a worker takes: those `worker` mod `workers`."""
+    return max(0, (end - worker + workers - 1) // workers)
+
+
+def worker_batch_sizes(batches: list[int], workers: int, worker: int,
+                       replicas: int) -> list[int]:
+    """Each local replica's batch, in order, when a worker takes the positions `worker` mod
+    `workers` of every global batch and splits them over its `replicas` replicas.
+
+    Args:
+        batches: the size of every global batch of the pass (`global_batch_sizes`).
+        workers: workers in the cluster.
+        worker: this worker's index.
+        replicas: this worker's replicas.
+
+    Returns:
+        `len(batches) * replicas` sizes: replica 0's, 1's, ... share of batch 0, then of
+        batch 1, ...
+
+    Raises:
+        ConfigError: a global batch leaves a replica of this worker no example.
+    """
+    sizes, start = [], 0
+    for size in batches:
+        mine = (worker_positions(start + size, workers, worker)
+                - worker_positions(start, workers, worker))
+        share, extra = divmod(mine, replicas)
+        if share == 0:
+            raise ConfigError(f"a global batch of {size} examples leaves a replica of worker "
+                              f"{worker} of {workers} no example; use a global batch of at "
+                              f"least {workers * replicas}")
+        sizes += [share + (r < extra) for r in range(replicas)]
+        start += size
+    return sizes

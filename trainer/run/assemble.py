@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import keras
@@ -109,13 +110,16 @@ class Run:
         return monitor_mode(monitor, mode, self.metric_directions)
 
 
-def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None) -> Run:
+def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None,
+             run_dir: Path | None = None) -> Run:
     """Builds strategy, data, model and optimizer: everything that holds variables in scope.
 
     Args:
         spec: the run's resolved config.
         plan: the devices chosen (and already configured) for this process.
         cluster: the multi-worker cluster, or None on one machine.
+        run_dir: where this process writes (`dataset.cache=disk` keeps its files there);
+            None: nowhere (a finished run evaluated reads its data once).
 
     Returns:
         A `Run`.
@@ -130,8 +134,8 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None) -> Run:
     with strategy.scope():
         data = build_data(spec.dataset, Batching(
             batch.global_size, batch.shards, batch.per_replica * batch.replicas,
-            batch.replicas, spec.batch.drop_remainder), spec.runtime_seed, spec.augment,
-            spec.class_weight, spec.dataset_defaults)
+            batch.replicas, spec.batch.drop_remainder, *_place(cluster)), spec.runtime_seed,
+            spec.augment, spec.class_weight, spec.dataset_defaults, run_dir)
         agree_on_data(strategy, cluster, data.source)  # before the model's collectives
         steps = steps_per_epoch(data.source.train_size, batch.global_size,
                                 spec.batch.drop_remainder)
@@ -147,6 +151,15 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None) -> Run:
                fit_callbacks=fit_callbacks, compiled_by=compiled.by,
                weights_only=compiled.weights_only,
                own_train_step=own_step, batch_norm=batch_norm)
+
+
+def _place(cluster: Cluster | None) -> tuple[int, int, int]:
+    """(workers, this worker's index, workers on this machine): 1, 0, 1 on one machine."""
+    if cluster is None:
+        return 1, 0, 1
+    host = cluster.addresses[cluster.task_id].rpartition(":")[0]
+    local = sum(1 for a in cluster.addresses if a.rpartition(":")[0] == host)
+    return cluster.num_workers, cluster.task_id, local
 
 
 def _strategy(spec: Spec, plan: Any, cluster: Cluster | None) -> tuple:

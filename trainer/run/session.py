@@ -92,7 +92,7 @@ class Session:
     def assemble(self) -> Run:
         """Builds the run, its optimizer over every variable, and checks the free space and
         that the model exports to the formats `export` names."""
-        run = assemble(self.spec, self.plan, self.cluster)
+        run = assemble(self.spec, self.plan, self.cluster, self.run_dir)
         with run.strategy.scope():  # the optimizer's slots are distributed variables
             if not run.model.optimizer.built:  # built now: the space estimate counts them
                 run.model.optimizer.build(run.model.trainable_variables)

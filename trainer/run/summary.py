@@ -160,6 +160,7 @@ def _what_ran(spec: Any, run: Any, plan: Any, callbacks: Any) -> dict[str, Any]:
         "batch_norm": run.batch_norm,
         "deterministic": exactness(spec.deterministic, plan.kind, onednn_enabled(),
                                    random_layers(run.model), run.batch.per_replica),
+        "input": run.data.reading,
     }
 
 
@@ -263,7 +264,7 @@ def _results(spec: Any, run: Any, plan: Any, outcome: Any) -> dict[str, Any]:
         "validation_metrics": dict(outcome.validation),
         "augment": _augment(spec.augment),
         "splits": run.data.source.splits,
-        "data": of_source(run.data.source),
+        "data": of_source(run.data.source) if run.is_chief else None,  # the chief's to write
         "test_examples": run.data.source.test_size,
         "test_metrics": None if outcome.test is None else dict(outcome.test),
         "test_checkpoint": outcome.test_checkpoint,
@@ -335,6 +336,12 @@ def _global_row(batch: dict[str, Any]) -> str:
             f"{accumulate} micro-batches accumulated per optimizer step")
 
 
+def _input_row(reading: dict[str, Any]) -> str:
+    """The cache, and what each worker reads (`trainer.data.wiring.Reading.report`)."""
+    row = f"cache {reading['cache']}, {reading['reads']}"
+    return row + "".join(f"; {note}" for note in reading.get("notes") or [])
+
+
 def _optimizer_row(summary: dict[str, Any]) -> str:
     settings = summary.get("optimizer_settings") or {}
     return summary["optimizer"] + (" (" + ", ".join(f"{k}={_fmt(v)}" for k, v in
@@ -384,6 +391,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         *([("batch norm", summary["batch_norm"])] if summary.get("batch_norm") else []),
         *([("deterministic", summary["deterministic"])] if summary.get("deterministic")
           else []),
+        *([("input", _input_row(summary["input"]))] if summary.get("input") else []),
         ("epochs", _epochs_row(summary)),
         ("wall time", _time_row(summary["time"])),
         ("time to first step", "n/a (nothing left to train)"

@@ -69,7 +69,9 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
     user = build_user_callbacks(spec.callbacks, run_dir, run.monitor_mode)
     meta = {"config": spec.record,
             "global_batch": run.batch.global_size, "replicas": run.batch.replicas,
-            "accumulate": run.batch.accumulate, "data": of_source(run.data.source)}
+            "accumulate": run.batch.accumulate,
+            # the chief keeps the backups: another worker need not hash the data
+            "data": of_source(run.data.source) if run.is_chief else None}
     # Before checkpoints/ exists: a tracker that cannot start leaves a fresh run directory
     # that holds no run, which the command line then removes.
     trackers = tuple(build_trackers(spec.loggers, run_dir, meta["config"], run.is_chief,

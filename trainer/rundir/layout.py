@@ -12,6 +12,7 @@ RUN_DIR/
   model.onnx            export=[onnx]
   curves.png            loss and metrics per epoch (each epoch's end, and the run's end)
   model_inputs.json     what the model takes and its classes' names (trainer.run.inputs)
+  input_cache/          dataset.cache=disk: worker-W/SPLIT[-lane-L].* (tf.data's files)
   summary.json          written last: the run finished
   trial.json            a sweep job's outcome
 ```
@@ -61,6 +62,12 @@ class RunDir:
     def inputs(self) -> Path:
         """One example's shape and dtype, and the classes' names (`trainer.run.inputs`)."""
         return self.root / "model_inputs.json"
+
+    def input_cache(self, worker: int, split: str, lane: int | None = None) -> Path:
+        """The prefix of a disk cache's files (`dataset.cache=disk`): one per worker, split
+        and lane of the training order (`trainer.data.shares`)."""
+        name = split if lane is None else f"{split}-lane-{lane}"
+        return self.root / "input_cache" / f"worker-{worker}" / name
 
     @property
     def lock(self) -> Path:

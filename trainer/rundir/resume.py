@@ -10,7 +10,9 @@ summary. A path spelled another way (relative or absolute, through a symlink, wi
 no change where both spellings name one existing file or folder. Devices, accelerator,
 cluster, strategy and the micro-batch split may change when the global batch is fixed
 (`batch.global_size`): the run continues on another device count with the same global
-batch, learning rate, schedule position and data order.
+batch, learning rate, schedule position and data order. `dataset.cache` may move between
+`memory` and `disk` (the same elements; `true` and `false`, its older spelling, read as
+`memory` and `none`), and `dataset.memory_limit_mb` may change.
 
 Nothing here imports TensorFlow: the command line checks before Hydra writes `.hydra/`.
 """
@@ -24,6 +26,7 @@ from typing import Any
 
 from trainer.config.errors import ConfigError
 from trainer.config.schema import LrPlan
+from trainer.config.validate import cache_mode
 from trainer.rundir.layout import RunDir
 from trainer.rundir.lock import holder
 
@@ -33,7 +36,7 @@ FREE = ("epochs", "verbose", "tensorboard", "export", "resume", "checkpoint", "c
         "soft_placement", "gpu",
         "steps_per_execution", "jit_compile", "deterministic", "cluster.task_index",
         "cluster.port_base", "logger",
-        "optimized_metric", "profile", "tune", "tuner",
+        "optimized_metric", "profile", "tune", "tuner", "dataset.memory_limit_mb",
         # what dataset.image_size grows to; the size trained at is dataset.image_size's own
         "model.min_image_size")
 # Keys that only decide how the global batch is split over devices: free when the global
@@ -58,7 +61,20 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 LEGACY = {"dataset.test_fraction": 0, "dataset.test_split": None,
           "finetune.freeze_backbone": False, "finetune.unfreeze_at_epoch": None,
           "finetune.unfreeze_layers": None, "finetune.backbone_lr_scale": 1.0,
-          "augment": [], "sync_batchnorm": False}
+          "augment": [], "sync_batchnorm": False, "dataset.lanes": 1}
+# Cache modes that keep the same (byte-rounded) elements: a resume may move between them.
+SAME_ELEMENTS = {"memory", "disk"}
+
+
+def _cache_modes(flat: dict[str, Any]) -> dict[str, Any]:
+    """`dataset.cache` by its mode: `true` and `false` (the older spelling) are `memory`
+    and `none`."""
+    if "dataset.cache" not in flat:
+        return flat
+    try:
+        return {**flat, "dataset.cache": cache_mode(flat["dataset.cache"])}
+    except ConfigError:
+        return flat
 
 
 def _predates(key: str, old: dict[str, Any], now: dict[str, Any]) -> bool:
@@ -141,7 +157,7 @@ def check_resume(run_dir: Path, state: dict[str, Any] | None,
         raise ConfigError(f"cannot resume {run_dir}: it has reached epoch {reached}, and "
                           f"epochs={new['epochs']} is fewer; pass epochs>={reached} to "
                           "continue it (its checkpoints are kept)")
-    old, now = flatten(state["config"]), flatten(new)
+    old, now = _cache_modes(flatten(state["config"])), _cache_modes(flatten(new))
     changed = {k: [old.get(k), now.get(k)] for k in sorted(set(old) | set(now))
                if old.get(k) != now.get(k) and k != "resume" and not _predates(k, old, now)
                and not same_place(old.get(k), now.get(k)) and not same_reference(k, old, now)}
@@ -149,7 +165,8 @@ def check_resume(run_dir: Path, state: dict[str, Any] | None,
     saved = state.get("global_batch")
     refused, elastic = [], []
     for key, (before, after) in changed.items():
-        if _matches(key, FREE):
+        if _matches(key, FREE) or (key == "dataset.cache"
+                                   and {before, after} <= SAME_ELEMENTS):
             continue
         if _matches(key, ELASTIC):
             elastic.append(key)
