@@ -353,20 +353,16 @@ def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_
     (`place`), the dataset holds this worker's replicas' batches in turn: its positions of
     every global batch, read, preprocessed, cached and augmented here alone (a batch mixer
     mixes each replica's batch). `cache_file(lane)` names a disk cache's files (lane None
-    where there is one); `shard` is
-    the source's own reader of a worker's share (`Source.shard`). `role` checks the values
-    finite as they are first read (after preprocessing where that is cached). Other
-    arguments as `build_pipeline`.
+    where there is one); `shard` is the source's own reader of a worker's share
+    (`Source.shard`); `role` as `build_pipeline`'s. Other arguments as `build_pipeline`.
     """
     place = place or Place()
     mode = cache_mode(cache)
     if place.several and examples is None:
         raise ValueError("build_training_epochs shares batches among workers given the examples")
-    streams = _lanes(dataset, lanes, place, shard)
-    if mode != "none":  # preprocessed once, cached; each lane its own (shuffled apart)
-        streams = _cached(streams, lanes, preprocess, mode, scale, cache_file, role)
-    elif role is not None:
-        streams = [(index, finite_checked(elements, role)) for index, elements in streams]
+    # preprocessed once and cached where there is a cache; each lane its own (shuffled apart)
+    streams = _cached(_lanes(dataset, lanes, place, shard), lanes, preprocess, mode, scale,
+                      cache_file, role)
     extra = _Augmentation.of(augment, seed)
     weigh = class_weight_map_fn(class_weight) if class_weight else None  # Keras's rule
     batches = None if examples is None else global_batch_sizes(examples, global_batch,
@@ -409,7 +405,12 @@ def _cached(streams: list[tuple[int, tf.data.Dataset]], lanes: int, preprocess: 
             mode: str, scale: float | None, cache_file: Callable | None,
             role: str | None = None) -> list[tuple[int, tf.data.Dataset]]:
     """Each lane preprocessed and cached (its disk files named by its lane; one lane's
-    by none)."""
+    by none), checked finite as `role` says; without a cache, only checked (preprocessing
+    then runs in every epoch)."""
+    if mode == "none":
+        return streams if role is None else [(index, finite_checked(elements, role))
+                                             for index, elements in streams]
+
     def file(index: int) -> Path | None:
         return None if cache_file is None else cache_file(None if lanes == 1 else index)
 

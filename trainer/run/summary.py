@@ -378,20 +378,7 @@ def format_summary(summary: dict[str, Any]) -> str:
              " (auto: one device's batch)" if summary["learning_rate"].get("reference") == "auto"
              else ""))),
         ("optimizer / loss", f"{_optimizer_row(summary)} / {summary['loss']}"),
-        *([("compiled by", f"{summary['compiled_by']} (its loss, metrics and loss "
-                           "weights train)")]
-          if summary.get("compiled_by", "config") != "config" else []),
-        *([("checkpoints hold", summary["checkpoints_hold"])]
-          if str(summary.get("checkpoints_hold", "")).startswith("weights only") else []),
-        *([("train step", summary["train_step"])]
-          if summary.get("train_step") == OWN_STEP else []),
-        *([("own losses", summary["forward_losses"])] if summary.get("forward_losses") else []),
-        *([("checkpoints load with", summary["checkpoints_load_with"])]
-          if str(summary.get("checkpoints_load_with", "")).startswith("trainer") else []),
-        *([("batch norm", summary["batch_norm"])] if summary.get("batch_norm") else []),
-        *([("deterministic", summary["deterministic"])] if summary.get("deterministic")
-          else []),
-        *([("input", _input_row(summary["input"]))] if summary.get("input") else []),
+        *_model_rows(summary),
         ("epochs", _epochs_row(summary)),
         ("wall time", _time_row(summary["time"])),
         ("time to first step", "n/a (nothing left to train)"
@@ -418,6 +405,27 @@ def format_summary(summary: dict[str, Any]) -> str:
     width = max(len(name) for name, _ in rows)
     lines = [f"  {name:<{width}}  {_fmt(value)}" for name, value in rows]
     return "\n".join(["Summary", *lines])
+
+
+def _model_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The summary's rows that appear only where they say something: a compiled model, a
+    model's own step, batch norm, exactness, how the input was read."""
+    return [
+        *([("compiled by", f"{summary['compiled_by']} (its loss, metrics and loss "
+                           "weights train)")]
+          if summary.get("compiled_by", "config") != "config" else []),
+        *([("checkpoints hold", summary["checkpoints_hold"])]
+          if str(summary.get("checkpoints_hold", "")).startswith("weights only") else []),
+        *([("train step", summary["train_step"])]
+          if summary.get("train_step") == OWN_STEP else []),
+        *([("own losses", summary["forward_losses"])] if summary.get("forward_losses") else []),
+        *([("checkpoints load with", summary["checkpoints_load_with"])]
+          if str(summary.get("checkpoints_load_with", "")).startswith("trainer") else []),
+        *([("batch norm", summary["batch_norm"])] if summary.get("batch_norm") else []),
+        *([("deterministic", summary["deterministic"])] if summary.get("deterministic")
+          else []),
+        *([("input", _input_row(summary["input"]))] if summary.get("input") else []),
+    ]
 
 
 def write_summary(summary: dict[str, Any], run_dir: Path) -> None:
