@@ -106,10 +106,10 @@ import numpy as np
 from trainer.data.pipeline import Source
 
 
-def load(**_):
+def load(row=17, **_):
     rng = np.random.default_rng(0)
     x, y = rng.random((96, 8, 8, 1), dtype=np.float32), rng.integers(0, 3, 96)
-    x[17, 2, 3, 0] = np.nan
+    x[row, 2, 3, 0] = np.nan
     return Source.from_arrays(x[:64], y[:64], x[64:], y[64:], num_classes=3)
 """
 
@@ -117,6 +117,9 @@ def load(**_):
 @pytest.mark.parametrize("overrides, message", [
     (["dataset._target_=nan_data.load"], "error: dataset nan_data.load: its train split holds "
                                          "NaN or inf in its features, first at row 17"),
+    # the first validation batch, read before training to check the loss on it, too
+    (["dataset._target_=nan_data.load", "+dataset.row=64"], "error: dataset nan_data.load: "
+     "its validation split holds NaN or inf in its features, first at row 0"),
     (["optimizer.lr=inf"], "error: optimizer.lr must be a finite number; received: inf"),
     (["loss_weights=-1.0"], "error: loss_weights must be non-negative"),
 ])

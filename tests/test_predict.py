@@ -286,7 +286,12 @@ def test_a_list_of_image_paths_is_predicted_in_the_order_given(tmp_path):
     single = _rows(trainer.predict(run.run_dir, tmp_path / "one.png", tmp_path / "q.csv")[
         "output"])
     assert float(single[0]["p_cat"]) == pytest.approx(float(rows[0]["p_cat"]), abs=1e-6)
+    damaged = tmp_path / "damaged.png"  # its signature and end marker intact
+    data = bytearray(files[0].read_bytes())
+    data[len(data) // 2:len(data) // 2 + 64] = b"\xff" * 64
+    damaged.write_bytes(bytes(data))
     for given, expected in (
+            ([files[0], damaged, files[1]], f"input: {damaged} does not decode as an image"),
             ([files[0], images / "nope.png"], f"input: {images / 'nope.png'} is not a file"),
             ([images / "cat"], f"input: {images / 'cat'} is not a file"),
             (np.zeros((2, 8, 8, 3)), "this run was trained on an image folder: input is a "

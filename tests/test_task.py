@@ -297,7 +297,7 @@ def test_a_misspelt_optimizer_argument_is_one_error(tmp_path):
      "callbacks.mine._target_='keras.callbacks.EarlyStoping' cannot be imported: "),
     (["+callbacks.mine._target_=trainer.nonexistent.Cb"],
      "callbacks.mine._target_='trainer.nonexistent.Cb' cannot be imported: "
-     "ModuleNotFoundError(\"No module named 'trainer.nonexistent'\")"),
+     "ModuleNotFoundError: No module named 'trainer.nonexistent' (is it installed"),
 ])
 def test_task_errors_are_one_line_and_write_nothing(tmp_path, overrides, message):
     cfg = make_config(*QUIET, "dataset.image_size=8", *overrides)

@@ -117,7 +117,9 @@ def tune(overrides: Sequence[str] = (), what: str = "lr",
     Raises:
         TrainerError: with the command line's one line and exit code.
     """
-    return fit([*overrides, f"tune={what}"], config_dir, run_dir)
+    with one_error():  # as fit checks them: one string would be read character by character
+        given = as_overrides(overrides, "trainer.tune")
+    return fit([*given, f"tune={what}"], config_dir, run_dir)
 
 
 def _save_config(logs: Path, cfg: Any, overrides: list[str]) -> None:

@@ -45,6 +45,7 @@ import json
 import os
 import sys
 import types
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -237,8 +238,11 @@ def _read_path(path: Path, images: bool) -> tuple[list[str], Any, str]:
             data = _read_csv(path)
     except ConfigError:
         raise
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"{where} cannot be read ({one_line(error)})") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
+        # a zero-byte or cut-off .npy is NumPy's EOFError, a damaged .npz a BadZipFile
+        empty = " (an empty file)" if path.stat().st_size == 0 else ""
+        raise ConfigError(f"{where} cannot be read as a {path.suffix.lower()} file{empty}: "
+                          f"{one_line(error) or type(error).__name__}") from None
     return [], data, where
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
-from hydra.utils import get_object, instantiate
+from hydra.utils import instantiate
 
 from trainer.config.errors import ConfigError
 
@@ -22,8 +24,56 @@ def build_object(node: Any, what: str, **kwargs: Any) -> Any:
         cause = error.__cause__
         if isinstance(cause, ConfigError):
             raise cause from None
+        if _loading(cause):  # the target's module did not import
+            raise ConfigError(f"{what}._target_={node.get('_target_')!r} cannot be imported: "
+                              f"{import_failure(cause)}") from None
         raise ConfigError(f"{what}: cannot build {node.get('_target_')!r}: "
                           f"{describe(cause or error)}") from None
+
+
+def load_target(path: str) -> Any:
+    """What a dotted `_target_` path names (Hydra's `get_object`), without the three-line
+    report Hydra logs on a failure: the caller's one line (`import_failure`) says it."""
+    from hydra.utils import get_object
+
+    hydra_log = logging.getLogger("hydra.utils")
+    disabled = hydra_log.disabled
+    hydra_log.disabled = True
+    try:
+        return get_object(path)
+    finally:
+        hydra_log.disabled = disabled
+
+
+def _loading(error: BaseException | None) -> bool:
+    """Whether Hydra's `_target_` lookup raised it (its module, or the name in it, did not
+    import)."""
+    return isinstance(error, ImportError) and str(error).startswith("Error loading")
+
+
+def import_failure(error: BaseException) -> str:
+    """Why a `_target_` did not import, as its author reads it: the module's own exception
+    with the file and line it points at (a `SyntaxError` in the user's module, a
+    `NameError` at its top, a dependency it imports that is missing), or the module that
+    is nowhere, with where Python looks.
+
+    Args:
+        error: what Hydra's lookup (`load_target`, `instantiate`) raised.
+    """
+    cause = error.__cause__ if _loading(error) and error.__cause__ is not None else error
+    if isinstance(cause, SyntaxError):
+        return f"SyntaxError in {cause.filename}, line {cause.lineno}: {cause.msg}"
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(cause.__traceback__)
+              if not f.filename.startswith("<frozen") and "importlib" not in f.filename
+              and f"{os.sep}hydra{os.sep}" not in f.filename]
+    if isinstance(cause, ModuleNotFoundError) and not frames:
+        return (f"{describe(cause)} (is it installed, or its module in the working "
+                "directory?)")
+    where = (f", raised at {frames[-1].filename}, line {frames[-1].lineno} as the module was "
+             "imported") if frames else ""
+    return f"{describe(cause)}{where}"
 
 
 def describe(error: BaseException) -> str:
@@ -72,7 +122,7 @@ def options_for(node: dict[str, Any], optional: tuple[str, ...]) -> dict[str, An
     if not optional:
         return dict(node)
     try:
-        target = get_object(node["_target_"])
+        target = load_target(node["_target_"])
     except Exception:  # noqa: BLE001 - reported by build_object
         return dict(node)
     return taken_by(target, node, optional)

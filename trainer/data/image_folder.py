@@ -221,6 +221,17 @@ def _explainer(files: list[str], path: str, channels: int):
     return explain
 
 
+def undecodable(files: list[str], error: BaseException) -> str | None:
+    """The first of `files` that does not decode where `error` is TensorFlow's decoding
+    failure (its message names no file), or None: not a decoding failure, or no file found
+    within `SEARCH_S`."""
+    if not DECODE_ERRORS.search(str(error)):
+        return None
+    size = SIZE.search(str(error))
+    ordered = sorted(files, key=lambda f: 0 if size and _size(f) == int(size.group(1)) else 1)
+    return _first_undecodable(ordered, 0)
+
+
 def _size(name: str) -> int:
     try:
         return Path(name).stat().st_size

@@ -40,6 +40,7 @@ from trainer.task.build import (
     build_compiled,
     build_model,
     check_class_losses,
+    check_one_batch,
     choose_task,
     default_loss,
     logged_metrics,
@@ -238,6 +239,7 @@ def _compiled_model(spec: Spec, data: Data, global_batch: int, steps: int,
                   jit_compile=speed.jit_compile)
     build_compiled(model, x, y)
     check_class_losses(model, y)
+    check_one_batch(model, data.validation, source.num_classes)
     names, ways = logged_metrics(model)
     weights_only = make_saveable(model)
     return _Compiled(model, lr, task.loss, tuple(names), ways, task.compiled_by, weights_only)

@@ -15,6 +15,7 @@ they did for training (the working directory or `PYTHONPATH`).
 from __future__ import annotations
 
 import importlib
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from omegaconf import OmegaConf
 import trainer.models.cifar10_cnn  # noqa: F401 - registers LocalResponseNormalization
 import trainer.models.keras_app  # noqa: F401 - registers AppPreprocess
 import trainer.plan.schedule  # noqa: F401 - registers WarmupSchedule
+from trainer.config.build import describe
 from trainer.config.errors import ConfigError
 from trainer.rundir.checkpoint import verified
 from trainer.rundir.layout import RunDir
@@ -42,8 +44,28 @@ def load_checkpoint(path: str | Path) -> Any:
     """
     path = Path(path)
     verified(path)
+    readable(path)
     register_run_objects(path)
-    return keras.models.load_model(path)
+    try:
+        return keras.models.load_model(path)
+    except (KeyError, OSError, EOFError, zipfile.BadZipFile) as error:
+        # a zip archive that is not a Keras model file: Keras's raw KeyError ('config.json')
+        raise ConfigError(f"{path} is a zip archive but not a Keras model file ("
+                          f"{describe(error)}); give a .keras file a run wrote") from None
+
+
+def readable(path: Path) -> None:
+    """Refuses a path that is not a file, or not a zip archive as every `.keras` file is, in
+    one line naming it (Keras says "File not found" for an empty or cut-off one)."""
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist or is not a file; give a run's "
+                          "checkpoints/best.keras or last.keras")
+    if not zipfile.is_zipfile(path):
+        size = path.stat().st_size
+        state = "empty (0 bytes)" if size == 0 else f"damaged or cut off ({size:,} bytes)"
+        raise ConfigError(f"{path} is not a Keras model file: a .keras file is a zip "
+                          f"archive, and this one is {state}; use the run's other checkpoint "
+                          "(checkpoint=best|last), or copy it again")
 
 
 def register_run_objects(checkpoint: Path) -> None:

@@ -213,9 +213,32 @@ _whole_process = False
 
 
 def own_the_process() -> None:
-    """Says this process is the command's own (its end is the command's exit)."""
+    """Says this process is the command's own (its end is the command's exit): its end is
+    the command's exit, and a log it cannot write is one line (`one_logging_error`)."""
     global _whole_process
     _whole_process = True
+    one_logging_error()
+
+
+_log_failed: list[str] = []
+
+
+def _report_once(handler: logging.Handler, record: logging.LogRecord) -> None:
+    if _log_failed:
+        return
+    error = sys.exc_info()[1]
+    _log_failed.append(str(error))
+    print(f"warning: the log could not be written ({error}); later log records that fail "
+          "are dropped unreported", file=sys.stderr, flush=True)
+
+
+def one_logging_error() -> None:
+    """A log record that cannot be written (the run directory's disk full) is one warning
+    line for the whole process, where Python prints a `--- Logging error ---` traceback for
+    every record (about 95 of them as a disk filled mid-run); the run's own error (a full
+    disk at a backup) still ends it in one line."""
+    _log_failed.clear()
+    logging.Handler.handleError = _report_once
 
 
 def exit_with(error: BaseException) -> NoReturn:

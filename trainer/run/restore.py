@@ -22,6 +22,7 @@ import tensorflow as tf
 from trainer.config.errors import ConfigError
 from trainer.config.messages import one_line
 from trainer.data.fingerprint import check_same_data, of_source
+from trainer.data.image_folder import undecodable
 from trainer.data.pipeline import build_pipeline
 from trainer.distribute.devices import open_devices
 from trainer.run.assemble import Run, assemble
@@ -128,6 +129,11 @@ def predict_outputs(run: Any, inputs: Any, examples: int) -> Any:
     try:
         found = run.model.predict(only_inputs, verbose=0)
     except (tf.errors.InvalidArgumentError, ValueError) as error:
+        bad = (undecodable(list(inputs), error) if isinstance(inputs, list) and inputs
+               and isinstance(inputs[0], str) else None)  # image files, by path
+        if bad is not None:
+            raise ConfigError(f"input: {bad} does not decode as an image; remove it from the "
+                              "input or replace it with a good copy (nothing written)") from None
         raise ConfigError(f"the model cannot take these inputs ({one_line(error)}); the run "
                           f"was trained on examples of shape {_shapes(expected)}") from None
     if isinstance(found, dict):

@@ -192,8 +192,19 @@ def _acquire(run_dir: Path) -> int:
     # The pid goes only into a new (empty) file: an existing one is never rewritten, so a
     # start refused after this (a changed config, changed data) changes no byte.
     if os.fstat(fd).st_size == 0:
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as error:  # a full disk: before the free-space check could say so
+            os.close(fd)
+            raise ConfigError(_unwritable(f"write the lock file of run directory {run_dir}",
+                                          error)) from None
     return fd
+
+
+def _unwritable(doing: str, error: OSError) -> str:
+    """The one line for a run directory the disk refuses (full, over quota)."""
+    return (f"cannot {doing}: {error.strerror or error}; free some space (or quota) on its "
+            "disk, or choose another hydra.run.dir")
 
 
 class RunLock:
@@ -242,7 +253,10 @@ def acquire(run_dir: Path) -> RunLock:
             one), naming its pid; nothing was created or changed then.
     """
     run_dir = Path(run_dir)
-    created = make_dirs(run_dir)
+    try:
+        created = make_dirs(run_dir)
+    except OSError as error:  # a full disk has no block for a new directory either
+        raise ConfigError(_unwritable(f"create run directory {run_dir}", error)) from None
     try:
         fd = _acquire(run_dir)
     except BaseException:

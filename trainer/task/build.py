@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,10 +18,9 @@ from typing import Any
 
 import keras
 import tensorflow as tf
-from hydra.utils import get_object
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from trainer.config.build import build_object, describe, taken_by
+from trainer.config.build import build_object, describe, import_failure, load_target, taken_by
 from trainer.config.errors import ConfigError
 from trainer.config.schema import Config, LrPlan, config_dir
 from trainer.internals.keras_compile import (
@@ -34,7 +34,11 @@ from trainer.internals.keras_compile import (
     wrapped_loss,
 )
 from trainer.internals.keras_compile import output_spec as output_spec_of
-from trainer.internals.keras_step import symbolic_build
+from trainer.internals.keras_step import (
+    keeps_own_test_step,
+    keeps_own_train_step,
+    symbolic_build,
+)
 
 LOSS_EXAMPLES = ("sparse_categorical_crossentropy", "categorical_crossentropy",
                  "binary_crossentropy", "mean_squared_error", "mean_absolute_error", "huber")
@@ -84,10 +88,10 @@ def _named_loss(spec: str) -> Any:
         pass
     if "." in spec:
         try:
-            found = get_object(spec)
+            found = load_target(spec)
         except Exception as error:  # noqa: BLE001 - any import failure is the same bad value
-            raise ConfigError(f"loss {spec!r} cannot be imported: {describe(error)} (is its "
-                              "module in the working directory or installed?)") from None
+            raise ConfigError(f"loss {spec!r} cannot be imported: "
+                              f"{import_failure(error)}") from None
         if callable(found):
             return found
     raise ConfigError(f"unknown loss {spec!r}; valid: a Keras loss name such as "
@@ -520,6 +524,107 @@ def check_class_losses(model: keras.Model, y_true: Any) -> None:
                 "class indices")
 
 
+# One batch through the model and its loss before training. The symbolic build checks
+# structures and ranks, not sizes: a builder's model compiled with `mse` over 3 softmax
+# outputs and class indices as targets passed it and failed in the first step, in a 91-line
+# traceback (`Incompatible shapes: [64] vs. [64,3]`); 2 output units for classes 0..2 failed
+# once a batch held a 2 (93 lines); a model with its own `train_step` but no `test_step` and
+# no loss trained a whole epoch before validation found nothing to compute. Examples of the
+# batch probed (sizes are what is checked, not values):
+PROBED = 8
+
+
+def check_one_batch(model: keras.Model, batches: tf.data.Dataset,
+                    num_classes: int | None) -> None:
+    """Checks, before training, that the model's compiled losses take its outputs and the
+    dataset's targets, that a class loss has a unit per class, and that a model with its
+    own `train_step` can be validated.
+
+    Args:
+        model: the compiled, built model.
+        batches: the validation batches, as training's validation reads them.
+        num_classes: the dataset's classes (None: not a class target).
+
+    Raises:
+        ConfigError: one line naming the loss, the output and the target's shape.
+    """
+    entries = compiled_losses(model) or []
+    try:
+        batch = next(iter(batches.take(1)), None)
+    except tf.errors.OpError:  # bad data (a NaN, an image that does not decode): the run's
+        return                 # data checks name it, with the source's words, as it trains
+    if batch is None:
+        return
+    x, y, _ = keras.utils.unpack_x_y_sample_weight(batch)
+    x, y = (keras.tree.map_structure(lambda t: t[:PROBED], part) for part in (x, y))
+    y_pred = model(x, training=False)
+    if keeps_own_train_step(model):
+        _check_validation(model, entries)
+        return
+    for index, entry in enumerate(entries):
+        target, output = _output_part(y, entry.path, index), _output_part(y_pred, entry.path, index)
+        if target is None or output is None:
+            continue
+        what = "the model's output" if len(entries) == 1 else f"output {entry.name!r}"
+        _check_units(entry, what, output, num_classes if len(entries) == 1 else None)
+        try:
+            entry.loss(target, output)
+        except (tf.errors.InvalidArgumentError, ValueError, TypeError) as error:
+            raise ConfigError(
+                f"loss {entry.loss.name} cannot take {what} of shape {_batch_shape(output)} "
+                f"and its targets of shape {_batch_shape(target)} {target.dtype.name}: "
+                f"{_op_reason(error)}; use a loss for these targets "
+                "(sparse_categorical_crossentropy for class indices), or give the model "
+                "outputs of their shape") from None
+
+
+def _check_units(entry: Any, what: str, output: Any, num_classes: int | None) -> None:
+    """A loss over class indices needs one output unit per class of the dataset."""
+    if num_classes is None or getattr(entry.loss, "fn", None) is not (
+            keras.losses.sparse_categorical_crossentropy):
+        return
+    units = int(output.shape[-1]) if len(output.shape) > 1 else 1
+    if units < num_classes:
+        raise ConfigError(
+            f"{what} has {units} units, but the dataset has {num_classes} "
+            f"classes (labels 0..{num_classes - 1}): {entry.loss.name} needs one unit per "
+            "class; build the last layer with num_classes units (the builder's num_classes "
+            "argument)")
+
+
+def _check_validation(model: keras.Model, entries: list) -> None:
+    """A model with its own `train_step` is validated by trainer's test step (Keras's, with
+    exact weights), which needs a loss: compiled, or added in the forward pass."""
+    if keeps_own_test_step(model) or entries or model.losses:
+        return
+    name = type(model).__name__
+    raise ConfigError(
+        f"model class {name} trains with its own train_step, but has no test_step and no "
+        "loss to validate with (compiled without one, and none added in its forward pass): "
+        f"validation would fail after the first epoch; define {name}.test_step (returning "
+        "its logs, as train_step does), or give a loss (loss=... in the config)")
+
+
+def _output_part(structure: Any, path: Any, index: int) -> Any:
+    """An output's part of targets or predictions: by the loss entry's path, else by its
+    position among the flattened parts."""
+    try:
+        return functools.reduce(lambda node, key: node[key], path or (), structure)
+    except (KeyError, IndexError, TypeError):
+        flat = keras.tree.flatten(structure)
+        return flat[index] if index < len(flat) else None
+
+
+def _batch_shape(tensor: Any) -> tuple:
+    return (None, *tuple(tensor.shape)[1:])
+
+
+def _op_reason(error: BaseException) -> str:
+    """TensorFlow's sentence, without its `{{function_node ...}}` head and `[Op:Sub] name:`
+    tail."""
+    return re.sub(r"\s*\[Op:.*$|\{\{function_node [^}]*\}\}\s*", "", describe(error))
+
+
 def directions(metrics: Sequence[keras.metrics.Metric]) -> dict[str, str]:
     """Which way each metric improves (`up`/`down`), where the metric says it."""
     return {m.name: direction(m) for m in metrics if direction(m)}
@@ -542,10 +647,11 @@ def build_optimizer(node: Mapping, learning_rate: Any) -> keras.optimizers.Optim
     arguments = {k: v for k, v in options.items() if k not in LrPlan.keys() and k != "_target_"}
     target = options["_target_"]
     try:
-        cls = get_object(target)
-    except Exception:  # noqa: BLE001 - any import failure is the same bad value
-        raise ConfigError(f"optimizer._target_={target!r} cannot be imported; use a Keras "
-                          "optimizer class such as keras.optimizers.AdamW") from None
+        cls = load_target(target)
+    except Exception as error:  # noqa: BLE001 - any import failure is the same bad value
+        raise ConfigError(f"optimizer._target_={target!r} cannot be imported: "
+                          f"{import_failure(error)}; use a Keras optimizer class such as "
+                          "keras.optimizers.AdamW, or your own") from None
     try:
         optimizer = cls(learning_rate=learning_rate, **arguments)
     except (TypeError, ValueError) as error:
@@ -594,11 +700,10 @@ def _callback_class(name: str, target: Any) -> Callable | None:
     if not isinstance(target, str):
         return None
     try:
-        return get_object(target)
+        return load_target(target)
     except Exception as error:  # noqa: BLE001 - any import failure is the same bad value
         raise ConfigError(f"callbacks.{name}._target_={target!r} cannot be imported: "
-                          f"{describe(error)} (is its module installed, or in the working "
-                          "directory?)") from None
+                          f"{import_failure(error)}") from None
 
 
 def _paths_in_run_dir(node: Mapping, run_dir: Path) -> dict[str, str]:
@@ -630,10 +735,10 @@ def build_model(node: Mapping, input_shape: tuple[int, ...], num_classes: int | 
         train: makes the training split, called only for a builder that names `train`.
     """
     try:
-        target = get_object(node["_target_"])
-    except Exception:  # noqa: BLE001 - any import failure is the same bad value
-        raise ConfigError(f"model._target_={node['_target_']!r} cannot be imported; is its module "
-                          "in the working directory or installed?") from None
+        target = load_target(node["_target_"])
+    except Exception as error:  # noqa: BLE001 - any import failure is the same bad value
+        raise ConfigError(f"model._target_={node['_target_']!r} cannot be imported: "
+                          f"{import_failure(error)}") from None
     node = taken_by(target, dict(node), defaults)
     offered = {"input_shape": input_shape, "num_classes": num_classes,
                "num_outputs": num_outputs, "train": train}
