@@ -26,9 +26,9 @@ Output: a CSV file (default `RUN_DIR/predictions.csv`: `index`, `input` (the fil
 images), and for a classifier `class`, `class_name` where the run knows the names, then one
 `p_<class>` column per class; otherwise one `output_<i>` column per output value), or a
 `.npy` file of the raw outputs; a model with several outputs writes `.npz` (one array per
-output). An existing file is replaced only with `overwrite=true`, and never the input
-itself; the file is written under a temporary name and renamed, and a failure leaves
-nothing behind. NaN or Inf in the inputs or the outputs is one line naming the rows
+output, named as the model names its outputs). An existing file is replaced only with
+`overwrite=true`, and never the input itself; the file is written under a temporary name
+and renamed, and a failure leaves nothing behind. NaN or Inf in the inputs or the outputs is one line naming the rows
 (counted from 0, as `index`), nothing written. Prints where it wrote and how many rows;
 exit 2 on bad input, with one line naming the file, the array or the row and what the model
 takes. A run that did not finish (no summary) is used with a warning line saying where it
@@ -116,7 +116,8 @@ def predict_run(run_dir: str | Path, input: Any, output: str | Path | None = Non
         raise ConfigError(f"the model's outputs hold NaN or Inf for {rows(which, len(names))}; "
                           f"nothing written: look at those inputs, or predict with the other "
                           "checkpoint (checkpoint=best|last)")
-    _write(output, names, outputs, _classes(opened, source), opened.images, overwrite)
+    _write(output, names, outputs, _classes(opened, source), opened.images, overwrite,
+           output_names(restored.run.model, outputs))
     return {"output": str(output), "rows": len(names), "checkpoint": str(restored.checkpoint),
             "replicas": restored.replicas}
 
@@ -280,15 +281,25 @@ def _number(text: str) -> bool:
         return False
 
 
+def output_names(model: Any, outputs: Any) -> list[str]:
+    """A name per output of a model with several (a list of them): the model's own
+    (`keras.Model(inputs, [label, score])` names them by their layers), else `output_<i>`."""
+    count = len(outputs) if isinstance(outputs, (list, tuple)) else 0
+    names = [str(n) for n in (getattr(model, "output_names", None) or [])]
+    if len(names) == count and len(set(names)) == count:
+        return names
+    return [f"output_{i}" for i in range(count)]
+
+
 def _write(output: Path, names: list[str], outputs: Any, classes: tuple, images: bool,
-           overwrite: bool) -> None:
+           overwrite: bool, output_keys: list[str] = ()) -> None:
     """Writes the predictions atomically (a temporary name, then renamed); on a failure
     nothing is left: neither the temporary file nor a folder made for it."""
     made = [p for p in reversed(output.parents) if not p.exists()]
     tmp = output.with_name(f".tmp-{os.getpid()}-{output.name}")
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
-        _write_file(tmp, output.suffix, names, outputs, classes, images)
+        _write_file(tmp, output.suffix, names, outputs, classes, images, output_keys)
         if output.exists() and not overwrite:  # appeared meanwhile
             raise ConfigError(f"output={output} exists; pass overwrite=true to replace it, or "
                               "name another output=")
@@ -306,10 +317,10 @@ def _write(output: Path, names: list[str], outputs: Any, classes: tuple, images:
 
 
 def _write_file(path: Path, suffix: str, names: list[str], outputs: Any, classes: tuple,
-                images: bool) -> None:
+                images: bool, output_keys: list[str] = ()) -> None:
     if isinstance(outputs, (dict, list, tuple)):
-        named = outputs if isinstance(outputs, dict) else {
-            f"output_{i}": o for i, o in enumerate(outputs)}
+        keys = list(output_keys) or [f"output_{i}" for i in range(len(outputs))]
+        named = outputs if isinstance(outputs, dict) else dict(zip(keys, outputs, strict=True))
         if suffix != ".npz":
             raise ConfigError(f"the model has {len(named)} outputs; pass output=FILE.npz")
         with open(path, "wb") as f:

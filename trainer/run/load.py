@@ -9,12 +9,16 @@ config names: a loss function by its dotted name (`loss: my_task.my_loss`, saved
 `my_task>my_loss`) and the module of a model builder (`model._target_: my_task.build`, whose
 custom layers register on import). Those are read from the run's `.hydra/config.yaml` beside
 `checkpoints/` and registered as training registered them, so their modules must import as
-they did for training (the working directory or `PYTHONPATH`).
+they did for training (the working directory or `PYTHONPATH`). A class of the user's that
+nothing registers (a custom layer without `@keras.saving.register_keras_serializable`, which
+plain Keras cannot locate) is taken from the module the checkpoint records for it, and given
+to Keras as `custom_objects`.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -47,7 +51,7 @@ def load_checkpoint(path: str | Path) -> Any:
     readable(path)
     register_run_objects(path)
     try:
-        return keras.models.load_model(path)
+        return keras.models.load_model(path, custom_objects=unregistered_classes(path))
     except (KeyError, OSError, EOFError, zipfile.BadZipFile) as error:
         # a zip archive that is not a Keras model file: Keras's raw KeyError ('config.json')
         raise ConfigError(f"{path} is a zip archive but not a Keras model file ("
@@ -90,6 +94,48 @@ def register_run_objects(checkpoint: Path) -> None:
                               "PYTHONPATH") from None
     for loss in _losses(cfg.get("loss")):
         build_loss(loss)  # registers a user's function as training did
+
+
+def unregistered_classes(checkpoint: Path) -> dict[str, type]:
+    """The user's classes a checkpoint holds that no registration names (a custom layer
+    without `@keras.saving.register_keras_serializable`), by class name, as Keras's
+    `custom_objects` takes them: read from the module its config records, which must import
+    here as it did for training (the working directory or `PYTHONPATH`).
+
+    Raises:
+        ConfigError: such a module does not import, or no longer has the class.
+    """
+    try:
+        with zipfile.ZipFile(checkpoint) as archive:
+            config = json.loads(archive.read("config.json"))
+    except (KeyError, OSError, ValueError, zipfile.BadZipFile):
+        return {}  # Keras's loading says what is wrong with the file
+    found: dict[str, type] = {}
+    for module, name in _user_classes(config):
+        try:
+            found[name] = getattr(importlib.import_module(module), name)
+        except Exception as error:  # noqa: BLE001 - any import failure is the same line
+            raise ConfigError(f"{checkpoint} holds {module}.{name}, which does not import "
+                              f"here ({type(error).__name__}: {error}); load it where the run "
+                              "trained, or put its module on PYTHONPATH") from None
+    return found
+
+
+def _user_classes(node: Any) -> set[tuple[str, str]]:
+    """(module, class name) of every serialized object whose module is not Keras's, Python's
+    or trainer's and which no registration names (`registered_name` without a package)."""
+    found: set[tuple[str, str]] = set()
+    if isinstance(node, dict):
+        module, name = node.get("module"), node.get("class_name")
+        registered = str(node.get("registered_name") or "")
+        if (isinstance(module, str) and isinstance(name, str) and ">" not in registered
+                and module.split(".")[0] not in (*OURS, "builtins")):
+            found.add((module, name))
+        node = list(node.values())
+    if isinstance(node, list):
+        for value in node:
+            found |= _user_classes(value)
+    return found
 
 
 def _losses(node: Any) -> list[Any]:

@@ -8,8 +8,10 @@ from typing import Any
 
 import keras
 import tensorflow as tf
+from omegaconf import OmegaConf
 
 from trainer.config.image_size import describe_choice
+from trainer.config.schema import config_dir
 from trainer.data.augment import describe
 from trainer.data.fingerprint import of_source
 from trainer.internals.tf_runtime import onednn_enabled
@@ -64,6 +66,8 @@ def custom_objects(model: Any) -> list[str]:
                 name = node.get("config")
             if isinstance(name, str) and ">" in name:
                 found.add(name)
+            elif _unregistered(node):  # Keras finds it in custom_objects alone
+                found.add(f"{node['module']}.{node['class_name']}")
             node = list(node.values())
         if isinstance(node, (list, tuple)):
             for value in node:
@@ -71,6 +75,14 @@ def custom_objects(model: Any) -> list[str]:
 
     walk(keras.saving.serialize_keras_object(model))
     return sorted(found)
+
+
+def _unregistered(node: dict) -> bool:
+    """Whether a serialized object is a class of the user's that no registration names
+    (its module is neither Keras's nor Python's)."""
+    module, name = node.get("module"), node.get("class_name")
+    return (isinstance(module, str) and isinstance(name, str)
+            and module.split(".")[0] not in ("keras", "builtins", "tensorflow"))
 
 
 def _loads_with(run: Any) -> str | None:
@@ -112,19 +124,73 @@ def build_summary(spec: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, c
             **_results(spec, run, plan, outcome)}
 
 
+def named(group: str, choice: str | None, target: str) -> str:
+    """What the summary calls the model or dataset: the group's choice (`cnn`, a project's
+    `mlp`), or the `_target_` where the run replaced the choice's (`model._target_=wine.build`
+    on the default `cnn` trained `wine.build`, not the cnn); without a choice (`train(cfg)`
+    outside a Hydra job), the target's module."""
+    if not choice:
+        return _name(target)
+    shipped = config_dir() / group / f"{choice}.yaml"
+    try:
+        own = OmegaConf.load(shipped).get("_target_") if shipped.is_file() else None
+    except Exception:  # noqa: BLE001 - an unreadable file names nothing
+        own = None
+    return target if own is not None and own != target else choice
+
+
+def _image_size(spec: Any, run: Any, model: str, dataset: str) -> dict[str, Any] | None:
+    """The image side and why, where the data are images of that side (a dataset that
+    replaced the images' `_target_` gets their `image_size` option too, and may ignore
+    it)."""
+    choice = spec.image_size
+    shape = tuple(run.data.source.input_shape or ())
+    if choice is None or len(shape) != 3 or shape[:2] != (choice["size"], choice["size"]):
+        return None
+    return {**choice, "why": describe_choice(choice, model, dataset)}
+
+
+def device_notes(plan: Any) -> list[str]:
+    """How the devices were read on this machine (the plan's notes), and the host CPU split
+    into logical devices, which share its cores (the README's promise)."""
+    notes = list(plan.notes)
+    if plan.kind == "cpu" and plan.logical_cpus > 1 and not notes:
+        notes.append(f"the host CPU as {plan.logical_cpus} logical devices, one replica on "
+                     f"each of {len(plan.names)}: they share its cores (no speed-up; for "
+                     "checking a multi-device run)")
+    return notes
+
+
+# Keras's callbacks that set the optimizer's rate themselves.
+RATE_SETTERS = (keras.callbacks.LearningRateScheduler, keras.callbacks.ReduceLROnPlateau)
+
+
+def final_rate(run: Any, callbacks: Any) -> dict[str, Any]:
+    """The optimizer's rate at the end where a callback set it away from the run's plan
+    (`{"final": 1e-05, "set_by": ["LearningRateScheduler"]}`); empty where the plan held.
+    A schedule cannot be set (Keras refuses), so only a constant rate is compared."""
+    if not isinstance(run.lr.schedule, (int, float)):
+        return {}
+    optimizer = getattr(run.model.optimizer, "inner_optimizer", None) or run.model.optimizer
+    final = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+    if abs(final - float(run.lr.schedule)) <= 1e-6 * abs(float(run.lr.schedule)):
+        return {}
+    setters = [type(c).__name__ for c in callbacks.user if isinstance(c, RATE_SETTERS)]
+    return {"final": final, "set_by": setters or ["a callback"]}
+
+
 def _what_ran(spec: Any, run: Any, plan: Any, callbacks: Any) -> dict[str, Any]:
     cluster = run.cluster
-    model = spec.choices.get("model") or _name(spec.model["_target_"])
-    dataset = spec.choices.get("dataset") or _name(spec.dataset["_target_"])
+    model = named("model", spec.choices.get("model"), spec.model["_target_"])
+    dataset = named("dataset", spec.choices.get("dataset"), spec.dataset["_target_"])
     return {
         "model": model,
         "dataset": dataset,
-        "image_size": None if spec.image_size is None else {
-            **spec.image_size, "why": describe_choice(spec.image_size, model, dataset)},
+        "image_size": _image_size(spec, run, model, dataset),
         "parameters": _parameters(run.model),
         "accelerator": plan.kind,
         "devices": list(plan.names),
-        "device_notes": list(plan.notes),
+        "device_notes": device_notes(plan),
         "replicas": run.strategy.num_replicas_in_sync,
         "strategy": run.strategy_name,
         "cross_device_ops": run.cross_device_ops,
@@ -132,7 +198,7 @@ def _what_ran(spec: Any, run: Any, plan: Any, callbacks: Any) -> dict[str, Any]:
                   "accumulate": run.batch.accumulate, "global": run.batch.global_size,
                   "max_per_replica": spec.batch.max_per_replica,
                   "drop_remainder": spec.batch.drop_remainder},
-        "learning_rate": run.lr.report(),
+        "learning_rate": {**run.lr.report(), **final_rate(run, callbacks)},
         "optimizer": _optimizer_name(run.model.optimizer),
         "optimizer_settings": optimizer_settings(run.model.optimizer),
         "compiled_by": run.compiled_by,
@@ -342,6 +408,15 @@ def _input_row(reading: dict[str, Any]) -> str:
     return row + "".join(f"; {note}" for note in reading.get("notes") or [])
 
 
+def _rate_row(rate: dict[str, Any]) -> str:
+    auto = " (auto: one device's batch)" if rate.get("reference") == "auto" else ""
+    text = ("{base:.6g} -> {scaled:.6g} ({rule}, reference batch {reference_batch}{auto}, "
+            "warm-up {warmup_steps} steps, decay {decay})").format(**rate, auto=auto)
+    if rate.get("final") is not None:
+        text += f"; {rate['final']:.6g} at the end, set by {', '.join(rate['set_by'])}"
+    return text
+
+
 def _optimizer_row(summary: dict[str, Any]) -> str:
     settings = summary.get("optimizer_settings") or {}
     return summary["optimizer"] + (" (" + ", ".join(f"{k}={_fmt(v)}" for k, v in
@@ -372,11 +447,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("strategy", f"{summary['strategy']} (cross-device ops: {summary['cross_device_ops']})"),
         ("batch per replica", _micro_row(summary["batch"])),
         ("batch global", _global_row(summary["batch"])),
-        ("learning rate", "{base:.6g} -> {scaled:.6g} ({rule}, reference batch "
-                          "{reference_batch}{auto}, warm-up {warmup_steps} steps, decay {decay})"
-         .format(**summary["learning_rate"], auto=(
-             " (auto: one device's batch)" if summary["learning_rate"].get("reference") == "auto"
-             else ""))),
+        ("learning rate", _rate_row(summary["learning_rate"])),
         ("optimizer / loss", f"{_optimizer_row(summary)} / {summary['loss']}"),
         *_model_rows(summary),
         ("epochs", _epochs_row(summary)),
