@@ -27,12 +27,12 @@ images), and for a classifier `class`, `class_name` where the run knows the name
 `p_<class>` column per class; otherwise one `output_<i>` column per output value), or a
 `.npy` file of the raw outputs; a model with several outputs writes `.npz` (one array per
 output, named as the model names its outputs). An existing file is replaced only with
-`overwrite=true`, and never the input itself; the file is written under a temporary name
-and renamed, and a failure leaves nothing behind. NaN or Inf in the inputs or the outputs
-is one line naming the rows (counted from 0, as `index`), nothing written. Prints where it wrote and how many rows;
-exit 2 on bad input, with one line naming the file, the array or the row and what the model
-takes. A run that did not finish (no summary) is used with a warning line saying where it
-stopped and which epoch's weights the checkpoint holds.
+`overwrite=true`, and never the input itself; the file is written under a temporary name and
+renamed, and a failure leaves nothing behind. NaN or Inf in the inputs or the outputs is one
+line naming the rows (counted from 0, as `index`), nothing written. Prints where it wrote
+and how many rows; exit 2 on bad input, with one line naming the file, the array or the row
+and what the model takes. A run that did not finish (no summary) is used with a warning line
+saying where it stopped and which epoch's weights the checkpoint holds.
 
 `trainer.predict(RUN_DIR, "input.npy")` is the same in Python (this module is callable).
 """
