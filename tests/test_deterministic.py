@@ -32,10 +32,11 @@ def test_the_preflight_sets_it_in_the_environment_tensorflow_starts_with(tmp_pat
     environ: dict[str, str] = {}
     checked = preflight(make_config("deterministic=true", "logger=[]"),
                         run_dir=tmp_path / "run", environ=environ)
-    checked.abandon()
+    checked.owner.end()
     assert environ.get(ONEDNN) == "0"
     environ = {}
-    preflight(make_config("logger=[]"), run_dir=tmp_path / "other", environ=environ).abandon()
+    preflight(make_config("logger=[]"), run_dir=tmp_path / "other",
+              environ=environ).owner.end()
     assert ONEDNN not in environ
 
 
