@@ -47,9 +47,9 @@ class Result:
 
     @property
     def checkpoints(self) -> dict[str, Path]:
-        """`best` and `last` checkpoints that exist, by name."""
+        """`best`, `last` and `averaged` checkpoints that exist, by name."""
         layout = RunDir(self.run_dir)
-        return {name: layout.checkpoint(name) for name in ("best", "last")
+        return {name: layout.checkpoint(name) for name in ("best", "last", "averaged")
                 if layout.checkpoint(name).is_file()}
 
     @property

@@ -133,7 +133,7 @@ class Session:
         """Validation and test, each example once."""
         return final_evaluations(run, self.callbacks, trained, self.spec.epochs,
                                         self.spec.checkpoint.test_with, self.request,
-                                        self.startup)
+                                        self.startup, self.spec.checkpoint.average_best)
 
     def report(self, run: Run, outcome: Outcome) -> dict[str, Any] | None:
         """The summary of a run that was not stopped (None for one that was)."""

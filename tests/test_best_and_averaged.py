@@ -1,0 +1,226 @@
+"""The k best checkpoints and the averaged model (`checkpoint.keep_best`, `average_best`,
+`optimizer.ema`).
+
+`keep_best=3` leaves three checkpoints, the three best epochs by the monitored metric, named
+by epoch and value and hashed like the others; `average_best=3` tests their element-wise
+mean once and saves it as `averaged.keras`; `optimizer.ema=true` under two replicas, with
+Keras's `fit` and with trainer's own loop, saves and tests the optimizer's moving average,
+which is the average of the weights every step trained (recomputed here from them), not the
+raw weights; a resumed run keeps the same ones as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from tests.conftest import make_config
+from tests.test_resume import SigtermAt
+from trainer.config.errors import ConfigError, Interrupted
+from trainer.evaluate import evaluate_run, load_checkpoint
+from trainer.run.preflight import check_config
+from trainer.run.reopen import checkpoint_of
+from trainer.run.train import train
+from trainer.rundir.checkpoint import KeptBest
+from trainer.rundir.checksum import sha256
+from trainer.rundir.layout import RunDir
+
+TINY = ["verbose=0", "dataset.image_size=8", "logger=[]", "model=small"]
+BEST = [*TINY, "epochs=5", "checkpoint.monitor=val_loss", "checkpoint.keep_best=3",
+        "checkpoint.average_best=3"]
+
+
+def _trained(run_dir: Path, *overrides: str, callbacks=()) -> dict:
+    """A run in code, its config recorded as a command-line run's (for `trainer.evaluate`)."""
+    cfg = make_config(*overrides)
+    summary = train(cfg, run_dir, callbacks=callbacks)
+    (run_dir / ".hydra").mkdir(exist_ok=True)
+    OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
+    return summary
+
+
+def _kept(layout: RunDir, k: int = 2, done: int = 0, mode: str = "min") -> KeptBest:
+    return KeptBest(layout, k, "val_loss", mode, done)
+
+
+def _write(kept: KeptBest, epoch: int, value: float) -> Path | None:
+    path = kept.place(epoch, value)
+    if path is not None:
+        path.write_text(f"epoch {epoch}")
+        kept.add(path, epoch, value)
+    return path
+
+
+def test_the_list_keeps_the_k_best_and_removes_the_rest(tmp_path):
+    layout = RunDir(tmp_path)
+    kept = _kept(layout)
+    for epoch, value in [(1, 0.5), (2, 0.4), (3, 0.7), (4, 0.4), (5, 0.1)]:
+        _write(kept, epoch, value)
+    assert [(r.epoch, r.value) for r in kept.kept] == [(5, 0.1), (2, 0.4)]  # a tie: the earlier
+    assert sorted(p.name for p in layout.all_ranked()) == [
+        "best-epoch002-val_loss0.4000.keras", "best-epoch005-val_loss0.1000.keras"]
+    assert kept.place(6, float("nan")) is None
+    listed = json.loads(layout.kept_best.read_text())
+    assert [e["file"] for e in listed["kept"]] == ["best-epoch005-val_loss0.1000.keras",
+                                                    "best-epoch002-val_loss0.4000.keras"]
+    maxed = _kept(RunDir(tmp_path / "max"), mode="max")
+    for epoch, value in [(1, 0.5), (2, 0.4), (3, 0.7)]:
+        _write(maxed, epoch, value)
+    assert [r.epoch for r in maxed.kept] == [3, 1]
+
+
+def test_a_resume_keeps_the_epochs_its_backup_holds_and_removes_strays(tmp_path):
+    """A kill after a new best was written, or after the list dropped one, leaves files the
+    list does not name; a resume from an earlier backup drops the epochs it trains again."""
+    layout = RunDir(tmp_path)
+    kept = _kept(layout, k=3)
+    for epoch, value in [(1, 0.5), (2, 0.4), (3, 0.3)]:
+        _write(kept, epoch, value)
+    stray = layout.ranked(4, "val_loss", 0.2)
+    stray.write_text("written when the kill came")
+    resumed = _kept(layout, k=3, done=2)  # the backup holds epochs 1 and 2
+    assert [r.epoch for r in resumed.kept] == [2, 1]
+    assert sorted(p.name for p in layout.all_ranked()) == [
+        "best-epoch001-val_loss0.5000.keras", "best-epoch002-val_loss0.4000.keras"]
+    fewer = _kept(layout, k=1, done=2)  # keep_best lowered on the resume
+    assert [r.epoch for r in fewer.kept] == [2]
+    assert [p.name for p in layout.all_ranked()] == ["best-epoch002-val_loss0.4000.keras"]
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (["checkpoint.keep_best=2", "checkpoint.average_best=3"],
+     "checkpoint.average_best=3 averages the best checkpoints kept, and "
+     "checkpoint.keep_best=2 keeps fewer"),
+    (["checkpoint.keep_best=-1"], "checkpoint.keep_best must be a whole number >= 0"),
+    (["checkpoint.keep_best=3", "checkpoint.average_best=3", "optimizer.ema=true"],
+     "optimizer.ema=true and checkpoint.average_best=3 would make two averaged models"),
+    (["optimizer.ema_momentum=1.5"], "optimizer.ema_momentum must be a number in [0, 1)"),
+    (["optimizer.ema=maybe"], "optimizer.ema must be true or false"),
+])
+def test_averaging_settings_that_cannot_work_are_one_line(overrides, named):
+    with pytest.raises(ConfigError) as refused:
+        check_config(make_config(*TINY, *overrides))
+    assert named in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_checkpoint_averaged_of_a_run_without_one_names_the_way(tmp_path):
+    layout = RunDir(tmp_path)
+    layout.checkpoints.mkdir()
+    for name in ("best", "last"):
+        layout.checkpoint(name).write_text("a checkpoint")
+    with pytest.raises(ConfigError, match=r"the run kept no averaged model: optimizer.ema=true "
+                       r"or checkpoint.average_best=k make one\); valid: checkpoint=best or "
+                       r"checkpoint=last$"):
+        checkpoint_of(tmp_path, "averaged")
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """Five epochs keeping the three best by val_loss, and their mean tested."""
+    run_dir = tmp_path_factory.mktemp("best") / "run"
+    return run_dir, _trained(run_dir, *BEST)
+
+
+def test_keep_best_3_leaves_the_best_three_named_by_epoch_and_value(finished):
+    run_dir, summary = finished
+    layout = RunDir(run_dir)
+    losses = summary["history"]["val_loss"]
+    best = sorted(range(1, len(losses) + 1), key=lambda e: (losses[e - 1], e))[:3]
+    files = layout.all_ranked()
+    assert [p.name for p in files] == sorted(
+        f"best-epoch{e:03d}-val_loss{losses[e - 1]:.4f}.keras" for e in best)
+    for path in files:  # hashed like best.keras and last.keras
+        assert Path(f"{path}.sha256").read_text().strip() == sha256(path)
+    assert [(k["epoch"], k["val_loss"]) for k in summary["best_checkpoints"]] == [
+        (e, losses[e - 1]) for e in best]
+    # best.keras is the best of them, the same bytes (a hard link, not a second write)
+    assert sha256(layout.checkpoint("best")) == sha256(
+        Path(summary["best_checkpoints"][0]["checkpoint"]))
+
+
+def test_average_best_tests_the_mean_of_the_best_checkpoints_once(finished):
+    run_dir, summary = finished
+    averaged = summary["averaged"]
+    assert averaged["kind"] == "best" and averaged["split"] == "test"
+    assert averaged["of"] == [k["checkpoint"] for k in summary["best_checkpoints"]]
+    models = [load_checkpoint(path) for path in averaged["of"]]
+    mean = load_checkpoint(RunDir(run_dir).checkpoint("averaged"))
+    for i, weight in enumerate(mean.get_weights()):
+        expected = np.mean([m.get_weights()[i] for m in models], axis=0)
+        np.testing.assert_allclose(weight, expected, rtol=1e-6, atol=1e-6)
+    assert not np.allclose(mean.get_weights()[0], models[0].get_weights()[0])
+    again = evaluate_run(run_dir, ["checkpoint=averaged", "split=test"])
+    assert again["metrics"] == pytest.approx(averaged["metrics"], abs=1e-5)
+    assert summary["test_metrics"] != averaged["metrics"]
+
+
+class Trajectory(keras.callbacks.Callback):
+    """The trainable weights after every training step (steps_per_execution=1)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: list[list[np.ndarray]] = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps.append([np.array(v) for v in self.model.trainable_weights])
+
+
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_ema_under_two_replicas_is_the_average_of_every_step_and_is_what_was_tested(
+        tmp_path, loop):
+    momentum = 0.9
+    trajectory = Trajectory()
+    summary = _trained(tmp_path / "run", *TINY, "epochs=1", "accelerator=cpu", "devices=2",
+                       f"loop={loop}", "steps_per_execution=1", "optimizer.ema=true",
+                       f"optimizer.ema_momentum={momentum}",
+                       # no best.keras to link: last.keras is written as fit ends
+                       "checkpoint.save_best=false", callbacks=[trajectory])
+    averaged = summary["averaged"]
+    assert summary["replicas"] == 2
+    assert averaged["kind"] == "ema" and averaged["momentum"] == momentum
+    assert averaged["split"] == "test" and set(averaged["metrics"]) == {"accuracy", "loss"}
+    # Keras's EMA: the first step's weights, then momentum * average + (1 - momentum) * new
+    ema = trajectory.steps[0]
+    for weights in trajectory.steps[1:]:
+        ema = [momentum * a + (1 - momentum) * w for a, w in zip(ema, weights, strict=True)]
+    layout = RunDir(tmp_path / "run")
+    found = load_checkpoint(layout.checkpoint("averaged"))
+    last = load_checkpoint(layout.checkpoint("last"))
+    for saved, expected, raw, trained in zip(found.trainable_weights, ema,
+                                             last.trainable_weights, trajectory.steps[-1],
+                                             strict=True):
+        np.testing.assert_allclose(np.array(saved), expected, rtol=1e-4, atol=1e-5)
+        np.testing.assert_array_equal(np.array(raw), trained)  # last.keras: the raw weights
+    assert not np.allclose(np.array(found.trainable_weights[0]), trajectory.steps[-1][0],
+                           atol=1e-3)
+    again = evaluate_run(tmp_path / "run", ["checkpoint=averaged", "split=test"])
+    assert again["metrics"] == pytest.approx(averaged["metrics"], abs=1e-5)
+    assert summary["test_metrics"] != averaged["metrics"]
+
+
+@pytest.mark.slow  # three runs: an uninterrupted one, a stopped one and its resume
+@pytest.mark.parametrize("averaging", [["checkpoint.keep_best=3", "checkpoint.average_best=3"],
+                                       ["checkpoint.keep_best=2", "optimizer.ema=true"]])
+def test_a_resumed_run_keeps_and_averages_what_the_uninterrupted_one_does(tmp_path,
+                                                                          averaging):
+    config = [*TINY, "epochs=4", "checkpoint.monitor=val_loss", "deterministic=true",
+              "model.dropout=0.0", "checkpoint.backup_every=5", *averaging]
+    reference = train(make_config(*config), tmp_path / "reference")
+    with pytest.raises(Interrupted):
+        train(make_config(*config), tmp_path / "run", callbacks=[SigtermAt(2, 7)])
+    resumed = train(make_config(*config), tmp_path / "run")
+    assert resumed["resumed_from"]["epoch"] == 3
+    names = [Path(k["checkpoint"]).name for k in resumed["best_checkpoints"]]
+    assert names == [Path(k["checkpoint"]).name for k in reference["best_checkpoints"]]
+    assert sorted(p.name for p in RunDir(tmp_path / "run").all_ranked()) == sorted(names)
+    expected = load_checkpoint(RunDir(tmp_path / "reference").checkpoint("averaged"))
+    found = load_checkpoint(RunDir(tmp_path / "run").checkpoint("averaged"))
+    for a, b in zip(expected.get_weights(), found.get_weights(), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
+    assert resumed["averaged"]["metrics"] == pytest.approx(reference["averaged"]["metrics"],
+                                                           abs=1e-6)
