@@ -29,10 +29,11 @@ from trainer.run.train import train
 from trainer.rundir.checkpoint import KeptBest
 from trainer.rundir.checksum import sha256
 from trainer.rundir.layout import RunDir
+from trainer.rundir.resume import check_resume
 
 TINY = ["verbose=0", "dataset.image_size=8", "logger=[]", "model=small"]
 BEST = [*TINY, "epochs=5", "checkpoint.monitor=val_loss", "checkpoint.keep_best=3",
-        "checkpoint.average_best=3"]
+        "checkpoint.average_best=3", "export=[saved_model]", "checkpoint.export_with=averaged"]
 
 
 def _trained(run_dir: Path, *overrides: str, callbacks=()) -> dict:
@@ -101,6 +102,9 @@ def test_a_resume_keeps_the_epochs_its_backup_holds_and_removes_strays(tmp_path)
      "optimizer.ema=true and checkpoint.average_best=3 would make two averaged models"),
     (["optimizer.ema_momentum=1.5"], "optimizer.ema_momentum must be a number in [0, 1)"),
     (["optimizer.ema=maybe"], "optimizer.ema must be true or false"),
+    (["checkpoint.export_with=averaged"], "checkpoint.export_with=averaged exports the "
+     "averaged model, and this run keeps none"),
+    (["checkpoint.export_with=best"], "checkpoint.export_with must be one of last, averaged"),
 ])
 def test_averaging_settings_that_cannot_work_are_one_line(overrides, named):
     with pytest.raises(ConfigError) as refused:
@@ -121,7 +125,7 @@ def test_checkpoint_averaged_of_a_run_without_one_names_the_way(tmp_path):
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
-    """Five epochs keeping the three best by val_loss, and their mean tested."""
+    """Five epochs keeping the three best by val_loss, their mean tested and exported."""
     run_dir = tmp_path_factory.mktemp("best") / "run"
     return run_dir, _trained(run_dir, *BEST)
 
@@ -157,6 +161,21 @@ def test_average_best_tests_the_mean_of_the_best_checkpoints_once(finished):
     again = evaluate_run(run_dir, ["checkpoint=averaged", "split=test"])
     assert again["metrics"] == pytest.approx(averaged["metrics"], abs=1e-5)
     assert summary["test_metrics"] != averaged["metrics"]
+
+
+def test_export_with_averaged_serves_the_averaged_model(finished):
+    import tensorflow as tf
+
+    run_dir, summary = finished
+    layout = RunDir(run_dir)
+    assert summary["exported_model"] == str(layout.checkpoint("averaged"))
+    x = np.random.default_rng(0).random((4, 8, 8, 1), np.float32)
+    loaded = tf.saved_model.load(summary["exports"]["saved_model"])  # kept: its variables
+    served = loaded.serve(x).numpy()
+    averaged = load_checkpoint(layout.checkpoint("averaged")).predict(x, verbose=0)
+    last = load_checkpoint(layout.checkpoint("last")).predict(x, verbose=0)
+    np.testing.assert_allclose(served, averaged, atol=1e-5)
+    assert not np.allclose(served, last, atol=1e-4)
 
 
 class Trajectory(keras.callbacks.Callback):
@@ -224,3 +243,31 @@ def test_a_resumed_run_keeps_and_averages_what_the_uninterrupted_one_does(tmp_pa
         np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
     assert resumed["averaged"]["metrics"] == pytest.approx(reference["averaged"]["metrics"],
                                                            abs=1e-6)
+
+
+def test_a_backup_from_before_weight_averaging_resumes_and_turning_it_on_is_refused():
+    """A backup's config from before `optimizer.ema` was a key trained without an average;
+    turning the average on (or off) on a resume would train something else."""
+    old = {"optimizer": {"_target_": "keras.optimizers.Adam", "lr": 0.001}, "epochs": 2,
+           "checkpoint": {"keep_best": 0}}
+    state = {"epoch": 1, "step": 0, "global_batch": 64, "config": old}
+    now = {**old, "epochs": 3, "checkpoint": {"keep_best": 3, "average_best": 2},
+           "optimizer": {**old["optimizer"], "ema": False, "ema_momentum": 0.99}}
+    assert check_resume(Path("r"), state, now) == {
+        "checkpoint.average_best": [None, 2], "checkpoint.keep_best": [0, 3], "epochs": [2, 3]}
+    now["optimizer"]["ema"] = True
+    with pytest.raises(ConfigError, match=r"optimizer.ema from None to True"):
+        check_resume(Path("r"), state, now)
+
+
+def test_the_space_check_counts_the_kept_and_averaged_checkpoints():
+    from types import SimpleNamespace
+
+    from trainer.run.guards import more_checkpoints
+
+    plain = SimpleNamespace(keep_best=0, average_best=0)
+    assert more_checkpoints(plain, None) == 0
+    assert more_checkpoints(SimpleNamespace(keep_best=3, average_best=2), None) == 4 + 2
+    ema = keras.optimizers.Adam(use_ema=True)
+    assert more_checkpoints(plain, ema) == 2
+    assert more_checkpoints(plain, keras.optimizers.Adam()) == 0

@@ -127,6 +127,8 @@ class CheckpointConfig:
     keep_best: int = 0
     # the mean of the `average_best` best of them, tested at the end (0: none)
     average_best: int = 0
+    # the weights `export` writes: last (the final ones) | averaged (averaged.keras)
+    export_with: str = "last"
     backup_every: int = 0
     nan_check_every: int = 10
 

@@ -491,7 +491,7 @@ def validate_averaging(checkpoint: Any, opt: Any) -> None:
              f"checkpoints kept, and checkpoint.keep_best={keep} keeps fewer; pass "
              f"checkpoint.keep_best={average} (or more), or checkpoint.average_best<={keep}")
     if not isinstance(opt, DictConfig):
-        return
+        opt = DictConfig({})
     ema, momentum = opt.get("ema", False), opt.get("ema_momentum", 0.99)
     _require(isinstance(ema, bool), f"optimizer.ema must be true or false; received: {ema!r}")
     ema = ema or opt.get("use_ema") is True  # Keras's own argument, passed on as it is
@@ -501,6 +501,11 @@ def validate_averaging(checkpoint: Any, opt: Any) -> None:
     _require(not (ema and average), f"optimizer.ema=true and checkpoint.average_best="
              f"{average} would make two averaged models; a run keeps one: drop "
              "optimizer.ema, or pass checkpoint.average_best=0")
+    _one_of("checkpoint.export_with", checkpoint.export_with, ("last", "averaged"))
+    _require(checkpoint.export_with != "averaged" or ema or average, "checkpoint.export_with="
+             "averaged exports the averaged model, and this run keeps none; pass "
+             "optimizer.ema=true or checkpoint.average_best=k (with keep_best>=k), or "
+             "checkpoint.export_with=last")
 
 
 def _is_loss(loss: Any) -> bool:

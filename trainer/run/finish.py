@@ -178,11 +178,19 @@ def check_export(run: Run, formats: tuple[str, ...]) -> None:
     check_exportable(run.model, formats, run.data.validation)
 
 
-def export(run: Run, run_dir: Path, formats: tuple[str, ...], report: dict[str, Any]) -> None:
+def export(run: Run, run_dir: Path, formats: tuple[str, ...], report: dict[str, Any],
+           export_with: str = "last") -> None:
     """Writes the formats `export` names (each checked against the Keras outputs) and says
-    where in the summary."""
+    where in the summary: the final weights, or with `export_with=averaged` the averaged
+    model's (`checkpoints/averaged.keras`, loaded into the model)."""
     if not formats:
         return
+    averaged = (report.get("averaged") or {}).get("checkpoint")
+    if export_with == "averaged" and averaged is not None:
+        model = run.model
+        model.load_weights(averaged)
+        hold_first_replicas_weights(run.strategy, model)
+        report["exported_model"] = averaged
     report["exports"] = export_model(run.model, run_dir, formats, run.data.validation)
     if "saved_model" in report["exports"]:  # its key before export formats
         report["saved_model"] = report["exports"]["saved_model"]

@@ -96,7 +96,7 @@ class Session:
         with run.strategy.scope():  # the optimizer's slots are distributed variables
             if not run.model.optimizer.built:  # built now: the space estimate counts them
                 run.model.optimizer.build(run.model.trainable_variables)
-        self._needed = check_space(run, self.run_dir, self.spec.export)
+        self._needed = check_space(run, self.run_dir, self.spec.export, self.spec.checkpoint)
         check_export(run, self.spec.export)
         self.run = run
         return run
@@ -147,7 +147,7 @@ class Session:
         """The formats `export` names, into the summary; then a stop asked for is honoured."""
         if report is None:
             return
-        export(run, self.run_dir, self.spec.export, report)
+        export(run, self.run_dir, self.spec.export, report, self.spec.checkpoint.export_with)
         stop_if_asked(self.request, "the export", self.run_dir, run.is_chief)
 
     def finish(self, run: Run, report: dict[str, Any] | None) -> dict[str, Any]:
