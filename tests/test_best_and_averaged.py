@@ -271,3 +271,16 @@ def test_the_space_check_counts_the_kept_and_averaged_checkpoints():
     ema = keras.optimizers.Adam(use_ema=True)
     assert more_checkpoints(plain, ema) == 2
     assert more_checkpoints(plain, keras.optimizers.Adam()) == 0
+
+
+def test_a_resume_with_another_monitor_leaves_the_old_ranking_alone(tmp_path):
+    layout = RunDir(tmp_path)
+    kept = _kept(layout)
+    for epoch, value in [(1, 0.5), (2, 0.4)]:
+        _write(kept, epoch, value)
+    other = KeptBest(layout, 2, "val_accuracy", "max", 2)
+    assert other.kept == []
+    _write(other, 3, 0.9)
+    assert sorted(p.name for p in layout.all_ranked()) == [
+        "best-epoch001-val_loss0.5000.keras", "best-epoch002-val_loss0.4000.keras",
+        "best-epoch003-val_accuracy0.9000.keras"]

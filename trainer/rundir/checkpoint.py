@@ -48,8 +48,10 @@ class KeptBest:
     name, renamed, its hash beside it) before the list names it, and a file dropped from
     the list is removed after, so a kill at any point leaves the list naming whole files;
     a file the list does not name (written or dropped when the kill came) is removed when a
-    run opens the directory again. A resumed run keeps the epochs its backup holds and drops
-    the later ones, which it trains again. Ties keep the earlier epoch.
+    run opens the directory again. Files ranked by another monitor (a resume that changed
+    `checkpoint.monitor`) are left as they are, out of the list. A resumed run keeps the
+    epochs its backup holds and drops the later ones, which it trains again. Ties keep the
+    earlier epoch.
 
     Args:
         layout: the run directory.
@@ -86,7 +88,7 @@ class KeptBest:
                                            "kept": [{"file": r.path.name, "epoch": r.epoch,
                                                      "value": r.value} for r in kept]})
         named = {r.path.name for r in kept}
-        for path in self.layout.all_ranked():
+        for path in self.layout.all_ranked(self.monitor):  # another monitor's: left alone
             if path.name not in named:
                 path.unlink(missing_ok=True)
                 Path(f"{path}{SUFFIX}").unlink(missing_ok=True)

@@ -22,6 +22,7 @@ RUN_DIR/
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,9 +54,14 @@ class RunDir:
         (counted from 1) and its value: `checkpoints/best-epoch003-val_loss0.1234.keras`."""
         return self.checkpoints / f"{RANKED}{epoch:03d}-{monitor}{value:.4f}.keras"
 
-    def all_ranked(self) -> list[Path]:
-        """Every file named as one of the k best, listed or not."""
-        return sorted(self.checkpoints.glob(f"{RANKED}*.keras"))
+    def all_ranked(self, monitor: str | None = None) -> list[Path]:
+        """Every file named as one of the k best (by `monitor`, where given), listed or
+        not."""
+        found = sorted(self.checkpoints.glob(f"{RANKED}*.keras"))
+        if monitor is None:
+            return found
+        named = re.compile(rf"{RANKED}\d+-{re.escape(monitor)}-?\d+\.\d+\.keras")
+        return [path for path in found if named.fullmatch(path.name)]
 
     @property
     def kept_best(self) -> Path:
