@@ -25,6 +25,7 @@ from trainer.config.errors import ConfigError, Interrupted
 from trainer.evaluate import evaluate_run, load_checkpoint
 from trainer.run.preflight import check_config
 from trainer.run.reopen import checkpoint_of
+from trainer.run.summary import format_summary
 from trainer.run.train import train
 from trainer.rundir.checkpoint import KeptBest
 from trainer.rundir.checksum import sha256
@@ -161,6 +162,14 @@ def test_average_best_tests_the_mean_of_the_best_checkpoints_once(finished):
     again = evaluate_run(run_dir, ["checkpoint=averaged", "split=test"])
     assert again["metrics"] == pytest.approx(averaged["metrics"], abs=1e-5)
     assert summary["test_metrics"] != averaged["metrics"]
+    rows = dict(line.strip().split("  ", 1) for line in format_summary(summary).splitlines()[1:])
+    assert float(rows["test (averaged) accuracy"]) == pytest.approx(
+        averaged["metrics"]["accuracy"], abs=1e-5)
+    assert rows["test (averaged) model"].strip() == (
+        "averaged.keras (mean of the 3 best checkpoints, evaluated once)")
+    assert rows["best checkpoints"].strip() == ", ".join(
+        Path(k["checkpoint"]).name for k in summary["best_checkpoints"])
+    assert json.loads((run_dir / "summary.json").read_text())["averaged"] == averaged
 
 
 def test_export_with_averaged_serves_the_averaged_model(finished):
@@ -189,7 +198,8 @@ class Trajectory(keras.callbacks.Callback):
         self.steps.append([np.array(v) for v in self.model.trainable_weights])
 
 
-@pytest.mark.parametrize("loop", ["fit", "custom"])
+# trainer's own loop is the heavier twin (its step traced anew): `-m slow`
+@pytest.mark.parametrize("loop", ["fit", pytest.param("custom", marks=pytest.mark.slow)])
 def test_ema_under_two_replicas_is_the_average_of_every_step_and_is_what_was_tested(
         tmp_path, loop):
     momentum = 0.9
@@ -220,6 +230,8 @@ def test_ema_under_two_replicas_is_the_average_of_every_step_and_is_what_was_tes
     again = evaluate_run(tmp_path / "run", ["checkpoint=averaged", "split=test"])
     assert again["metrics"] == pytest.approx(averaged["metrics"], abs=1e-5)
     assert summary["test_metrics"] != averaged["metrics"]
+    assert ("averaged.keras (EMA of the weights, momentum 0.9, evaluated once)"
+            in format_summary(summary))
 
 
 @pytest.mark.slow  # three runs: an uninterrupted one, a stopped one and its resume
