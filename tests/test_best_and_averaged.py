@@ -47,7 +47,9 @@ def _trained(run_dir: Path, *overrides: str, callbacks=()) -> dict:
 
 
 def _kept(layout: RunDir, k: int = 2, done: int = 0, mode: str = "min") -> KeptBest:
-    return KeptBest(layout, k, "val_loss", mode, done)
+    found = KeptBest(layout, k, "val_loss", mode, done)
+    layout.checkpoints.mkdir(parents=True, exist_ok=True)  # as the run's callbacks do
+    return found
 
 
 def _write(kept: KeptBest, epoch: int, value: float) -> Path | None:
@@ -61,6 +63,7 @@ def _write(kept: KeptBest, epoch: int, value: float) -> Path | None:
 def test_the_list_keeps_the_k_best_and_removes_the_rest(tmp_path):
     layout = RunDir(tmp_path)
     kept = _kept(layout)
+    assert not layout.holds_run()  # nothing written before the first epoch ends
     for epoch, value in [(1, 0.5), (2, 0.4), (3, 0.7), (4, 0.4), (5, 0.1)]:
         _write(kept, epoch, value)
     assert [(r.epoch, r.value) for r in kept.kept] == [(5, 0.1), (2, 0.4)]  # a tie: the earlier

@@ -74,7 +74,8 @@ class KeptBest:
                         float(e["value"])) for e in saved.get("kept", [])
                  if saved.get("monitor") == self.monitor]
         kept = self._ranked(r for r in found if r.epoch <= done and r.path.is_file())
-        self._commit(kept)
+        if self.layout.kept_best.exists() or self.layout.all_ranked(self.monitor):
+            self._commit(kept)  # a fresh run writes nothing before its first epoch ends
         return kept
 
     def _ranked(self, entries: Any) -> list[Ranked]:
