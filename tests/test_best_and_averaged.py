@@ -299,3 +299,18 @@ def test_a_resume_with_another_monitor_leaves_the_old_ranking_alone(tmp_path):
     assert sorted(p.name for p in layout.all_ranked()) == [
         "best-epoch001-val_loss0.5000.keras", "best-epoch002-val_loss0.4000.keras",
         "best-epoch003-val_accuracy0.9000.keras"]
+
+
+def test_a_fit_result_names_the_averaged_checkpoint_and_metrics(tmp_path):
+    from trainer.api import Result
+
+    layout = RunDir(tmp_path)
+    layout.checkpoints.mkdir()
+    for name in ("best", "last", "averaged"):
+        layout.checkpoint(name).write_text("a checkpoint")
+    summary = {"validation_metrics": {"accuracy": 0.5}, "test_metrics": {"accuracy": 0.6},
+               "averaged": {"split": "test", "metrics": {"accuracy": 0.7}}}
+    result = Result(summary, tmp_path)
+    assert sorted(result.checkpoints) == ["averaged", "best", "last"]
+    assert result.metrics == {"val_accuracy": 0.5, "test_accuracy": 0.6,
+                              "test_averaged_accuracy": 0.7}
