@@ -96,8 +96,9 @@ def checkpoint_of(run_dir: Path, which: str) -> Path:
         there = [name for name in CHECKPOINTS if RunDir(run_dir).checkpoint(name).is_file()]
         why = (" (the run kept no averaged model: optimizer.ema=true or "
                "checkpoint.average_best=k make one)" if which == "averaged" else "")
-        raise ConfigError(f"no checkpoint {checkpoint}{why}; valid: "
-                          f"{' or '.join(f'checkpoint={n}' for n in there) or 'none'}")
+        valid = (f"valid: {' or '.join(f'checkpoint={n}' for n in there)}" if there
+                 else "the run has written none yet")
+        raise ConfigError(f"no checkpoint {checkpoint}{why}; {valid}")
     return checkpoint
 
 
