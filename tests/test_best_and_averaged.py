@@ -86,6 +86,9 @@ def test_a_resume_keeps_the_epochs_its_backup_holds_and_removes_strays(tmp_path)
     kept = _kept(layout, k=3)
     for epoch, value in [(1, 0.5), (2, 0.4), (3, 0.3)]:
         _write(kept, epoch, value)
+    listed = layout.kept_best.stat().st_mtime_ns
+    assert [r.epoch for r in _kept(layout, k=3, done=3).kept] == [3, 2, 1]
+    assert layout.kept_best.stat().st_mtime_ns == listed  # unchanged: not written again
     stray = layout.ranked(4, "val_loss", 0.2)
     stray.write_text("written when the kill came")
     resumed = _kept(layout, k=3, done=2)  # the backup holds epochs 1 and 2

@@ -74,8 +74,12 @@ class KeptBest:
                         float(e["value"])) for e in saved.get("kept", [])
                  if saved.get("monitor") == self.monitor]
         kept = self._ranked(r for r in found if r.epoch <= done and r.path.is_file())
-        if self.layout.kept_best.exists() or self.layout.all_ranked(self.monitor):
-            self._commit(kept)  # a fresh run writes nothing before its first epoch ends
+        strays = {p.name for p in self.layout.all_ranked(self.monitor)} - {
+            r.path.name for r in kept}
+        # written only where it changes: a fresh run writes nothing before its first epoch
+        # ends, and a resume of the list as it is leaves it byte for byte
+        if kept != found or strays or (saved and saved.get("mode") != self.mode):
+            self._commit(kept)
         return kept
 
     def _ranked(self, entries: Any) -> list[Ranked]:
