@@ -317,3 +317,26 @@ def test_a_fit_result_names_the_averaged_checkpoint_and_metrics(tmp_path):
     assert sorted(result.checkpoints) == ["averaged", "best", "last"]
     assert result.metrics == {"val_accuracy": 0.5, "test_accuracy": 0.6,
                               "test_averaged_accuracy": 0.7}
+
+
+def test_a_loss_scaled_optimizer_keeps_the_raw_weights_in_fit_and_swaps_in_its_average():
+    """Mixed precision wraps the optimizer in Keras's LossScaleOptimizer: `fit` calls the
+    wrapper, the average lives in the inner one."""
+    from trainer.internals.keras_optimizer import raw_weights_kept, swap_in_ema, uses_ema
+
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    optimizer = keras.optimizers.LossScaleOptimizer(
+        keras.optimizers.SGD(0.1, use_ema=True, ema_momentum=0.5))
+    model.compile(optimizer=optimizer, loss="mse")
+    x, y = np.ones((8, 3), np.float32), np.zeros((8, 2), np.float32)
+    trajectory = Trajectory()
+    with raw_weights_kept(optimizer):
+        model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[trajectory])
+    assert uses_ema(optimizer) and "finalize_variable_values" not in vars(optimizer)
+    for now, trained in zip(model.get_weights(), trajectory.steps[-1], strict=True):
+        np.testing.assert_array_equal(now, trained)  # fit's end swapped nothing in
+    swap_in_ema(optimizer)
+    first, second = trajectory.steps
+    for now, a, b in zip(model.get_weights(), first, second, strict=True):
+        np.testing.assert_allclose(now, 0.5 * a + 0.5 * b, rtol=1e-6)
