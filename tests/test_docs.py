@@ -92,6 +92,17 @@ def test_no_reference_to_files_outside_the_repository():
 # command added to the docs without either fails `test_every_documented_command_is_tested`.
 RUNS_AS_WRITTEN = "tests/test_readme_examples.py::test_a_documented_command_runs"
 TESTED_BY = {
+    # docs/resume.md: the k best checkpoints and averaged weights
+    "python -m trainer checkpoint.monitor=val_loss checkpoint.keep_best=3 "
+    "checkpoint.average_best=3":
+        "tests/test_best_and_averaged.py::"
+        "test_keep_best_3_leaves_the_best_three_named_by_epoch_and_value",
+    "python -m trainer optimizer.ema=true optimizer.ema_momentum=0.999":
+        "tests/test_best_and_averaged.py::"
+        "test_ema_under_two_replicas_is_the_average_of_every_step_and_is_what_was_tested",
+    "python -m trainer.evaluate RUN_DIR checkpoint=averaged split=test":
+        "tests/test_best_and_averaged.py::"
+        "test_average_best_tests_the_mean_of_the_best_checkpoints_once",
     # the README
     "python -m trainer": RUNS_AS_WRITTEN,
     "python -m trainer model=mobilenet devices=[0,1]":

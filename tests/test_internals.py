@@ -49,7 +49,8 @@ def test_importing_the_room_under_an_untested_keras_warns_once():
     """Every Keras-side module of the room checks at import; the process sees one line."""
     code = ("import trainer.internals as room; room.TESTED['keras'] = ('3.0', '3.0'); "
             "import trainer.internals.keras_step, trainer.internals.keras_compile, "
-            "trainer.internals.keras_data, trainer.internals.keras_callbacks")
+            "trainer.internals.keras_data, trainer.internals.keras_callbacks, "
+            "trainer.internals.keras_optimizer")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, cwd=REPO, env={**os.environ,
                                                      "TF_CPP_MIN_LOG_LEVEL": "3"})

@@ -47,17 +47,21 @@ class Result:
 
     @property
     def checkpoints(self) -> dict[str, Path]:
-        """`best` and `last` checkpoints that exist, by name."""
+        """`best`, `last` and `averaged` checkpoints that exist, by name."""
         layout = RunDir(self.run_dir)
-        return {name: layout.checkpoint(name) for name in ("best", "last")
+        return {name: layout.checkpoint(name) for name in ("best", "last", "averaged")
                 if layout.checkpoint(name).is_file()}
 
     @property
     def metrics(self) -> dict[str, float]:
-        """The final validation metrics, and the test metrics with a `test_` prefix."""
+        """The final validation metrics, the test metrics with a `test_` prefix, and the
+        averaged model's where the run kept one (`test_averaged_accuracy`)."""
         found = {f"val_{k}": v for k, v in self.summary.get("validation_metrics", {}).items()}
         found.update({f"test_{k}": v
                       for k, v in (self.summary.get("test_metrics") or {}).items()})
+        averaged = self.summary.get("averaged") or {}
+        found.update({f"{averaged['split']}_averaged_{k}": v
+                      for k, v in averaged.get("metrics", {}).items()})
         return found
 
 

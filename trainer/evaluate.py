@@ -26,7 +26,8 @@ process.quiet_logs()
 
 
 def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, Any]:
-    """Evaluates a run's best (or, with `checkpoint=last`, last) checkpoint.
+    """Evaluates a run's best (or, with `checkpoint=last`, last; `checkpoint=averaged`, its
+    averaged model's) checkpoint.
 
     Args:
         run_dir: a run directory written by `python -m trainer`.

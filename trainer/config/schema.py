@@ -111,6 +111,11 @@ class LrPlan:
         return cls(**{k: opt[k] for k in cls.keys() if k in opt})
 
 
+# The optimizer node's keys of trainer's weight averaging: `ema` turns on Keras's `use_ema` at
+# `ema_momentum` (passed to the class only then), so any optimizer node may carry them.
+EMA_KEYS = ("ema", "ema_momentum")
+
+
 @dataclass
 class CheckpointConfig:
     monitor: str = "val_accuracy"
@@ -118,6 +123,12 @@ class CheckpointConfig:
     save_best: bool = True
     # the checkpoint the test split is evaluated with at the end: best | last
     test_with: str = "best"
+    # the k best epochs by `monitor`, kept as files of their own (0: none)
+    keep_best: int = 0
+    # the mean of the `average_best` best of them, tested at the end (0: none)
+    average_best: int = 0
+    # the weights `export` writes: last (the final ones) | averaged (averaged.keras)
+    export_with: str = "last"
     backup_every: int = 0
     nan_check_every: int = 10
 

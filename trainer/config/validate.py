@@ -306,6 +306,7 @@ def validate(cfg: DictConfig) -> Parsed:
     export = export_formats(cfg.export)
     _validate_weights(cfg)
     _one_of("checkpoint.test_with", cfg.checkpoint.test_with, ("best", "last"))
+    validate_averaging(cfg.checkpoint, cfg.optimizer)
     metric = cfg.optimized_metric
     _require(metric is None or (isinstance(metric, str) and metric), "optimized_metric must be "
              f"a metric name such as val_accuracy, or null; received: {metric!r}")
@@ -472,6 +473,39 @@ def _validate_optimizer(opt: Any) -> None:
              f"optimizer.decay_rate must be in (0, 1]; received: {plan.decay_rate!r}")
     _require(plan.decay_epochs > 0,
              f"optimizer.decay_epochs must be positive; received: {plan.decay_epochs!r}")
+
+
+def _whole(name: str, value: Any) -> int:
+    _require(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+             f"{name} must be a whole number >= 0 (0: off); received: {value!r}")
+    return value
+
+
+def validate_averaging(checkpoint: Any, opt: Any) -> None:
+    """The k best checkpoints and the averaged model: `checkpoint.keep_best` and
+    `average_best` whole numbers, the average taken over kept checkpoints only, and one
+    averaged model a run (the best checkpoints' mean, or the optimizer's EMA)."""
+    keep = _whole("checkpoint.keep_best", checkpoint.keep_best)
+    average = _whole("checkpoint.average_best", checkpoint.average_best)
+    _require(average <= keep, f"checkpoint.average_best={average} averages the best "
+             f"checkpoints kept, and checkpoint.keep_best={keep} keeps fewer; pass "
+             f"checkpoint.keep_best={average} (or more), or checkpoint.average_best<={keep}")
+    if not isinstance(opt, DictConfig):
+        opt = DictConfig({})
+    ema, momentum = opt.get("ema", False), opt.get("ema_momentum", 0.99)
+    _require(isinstance(ema, bool), f"optimizer.ema must be true or false; received: {ema!r}")
+    ema = ema or opt.get("use_ema") is True  # Keras's own argument, passed on as it is
+    _require(isinstance(momentum, (int, float)) and not isinstance(momentum, bool)
+             and 0 <= momentum < 1, "optimizer.ema_momentum must be a number in [0, 1) "
+             f"(Keras's default: 0.99); received: {momentum!r}")
+    _require(not (ema and average), f"optimizer.ema=true and checkpoint.average_best="
+             f"{average} would make two averaged models; a run keeps one: drop "
+             "optimizer.ema, or pass checkpoint.average_best=0")
+    _one_of("checkpoint.export_with", checkpoint.export_with, ("last", "averaged"))
+    _require(checkpoint.export_with != "averaged" or ema or average, "checkpoint.export_with="
+             "averaged exports the averaged model, and this run keeps none; pass "
+             "optimizer.ema=true or checkpoint.average_best=k (with keep_best>=k), or "
+             "checkpoint.export_with=last")
 
 
 def _is_loss(loss: Any) -> bool:

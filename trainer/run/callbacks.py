@@ -1,16 +1,20 @@
-"""Callbacks Keras does not ship: time to first step and steady throughput."""
+"""Callbacks Keras does not ship: time to first step and steady throughput, atomic
+checkpoints (the k best among them), the run's progress bar, the watchdog."""
 
 from __future__ import annotations
 
 import os
 import threading
 import time
+from typing import Any
 
 import keras
 
 from trainer.internals.keras_callbacks import CheckpointHooks, ProgbarAt
 from trainer.rundir.atomic import write_json
+from trainer.rundir.checkpoint import KeptBest
 from trainer.rundir.checksum import read_beside, write_beside, write_checksum
+from trainer.rundir.layout import RunDir
 
 
 class Throughput(keras.callbacks.Callback):
@@ -259,3 +263,65 @@ class StepWatchdog(keras.callbacks.Callback):
             if since is not None and time.monotonic() - since > self.timeout_s:
                 self.on_timeout(time.monotonic() - since)
                 return
+
+
+class KeepBestCheckpoints(keras.callbacks.Callback):
+    """Keeps the k best epochs by the monitored metric as checkpoints of their own
+    (`checkpoint.keep_best`), `best-epoch003-val_loss0.1234.keras`, each written under a
+    temporary name and renamed with its hash beside it; the list and the pruning are
+    `trainer.rundir.checkpoint.KeptBest`'s. An epoch `best.keras` was just written at is a
+    hard link to it, not a second write.
+
+    Args:
+        kept: the list of the k best (read back on a resume).
+        best: the `best.keras` callback, called before this one at epoch ends (None).
+    """
+
+    def __init__(self, kept: KeptBest, best: AtomicModelCheckpoint | None = None) -> None:
+        super().__init__()
+        self.kept, self.best = kept, best
+        self.seconds = 0.0  # spent writing
+
+    @classmethod
+    def of(cls, layout: RunDir, saving: Any, mode: str, done: int,
+           best: AtomicModelCheckpoint | None) -> KeepBestCheckpoints:
+        """The k best of `saving` (the checkpoint config) in a run directory, `done` epochs
+        into the run (later ones, from before a resume, are dropped)."""
+        return cls(KeptBest(layout, saving.keep_best, saving.monitor, mode, done), best)
+
+    def on_epoch_end(self, epoch, logs=None):
+        value = (logs or {}).get(self.kept.monitor)
+        if value is None:
+            return
+        value = float(value)
+        path = self.kept.place(epoch + 1, value)
+        if path is None:
+            return
+        began = time.perf_counter()
+        tmp = path.with_name(f".tmp-{path.name}")
+        linked = self._linked(epoch, tmp)
+        if not linked:
+            self.model.save(tmp)
+        os.replace(tmp, path)
+        digest = read_beside(self.best.filepath) if linked else None
+        if digest is None:
+            write_beside(path)
+        else:
+            write_checksum(path, digest)
+        self.kept.add(path, epoch + 1, value)
+        self.seconds += time.perf_counter() - began
+
+    def _same(self, epoch: int) -> bool:
+        return (self.best is not None and self.best.saved_epoch == epoch
+                and os.path.exists(self.best.filepath))
+
+    def _linked(self, epoch: int, tmp) -> bool:
+        if not self._same(epoch):
+            return False
+        try:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            os.link(self.best.filepath, tmp)
+            return True
+        except OSError:
+            return False

@@ -16,6 +16,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from trainer.internals.keras_optimizer import raw_weights_kept
 from trainer.internals.keras_step import forget_train_function
 from trainer.run.assemble import Run
 from trainer.run.callbacks import RunProgress
@@ -131,7 +132,10 @@ class _Driver:
             if self.loop is not None:
                 return self.loop.fit(dataset, **kwargs)
             kwargs["callbacks"] = [*run.fit_callbacks, *kwargs["callbacks"]]
-            return run.model.fit(dataset, shuffle=False, **kwargs)  # already shuffled
+            # fit would end by swapping an EMA into the weights: they stay as trained (the
+            # next segment goes on from them); the average is tested at the run's end
+            with raw_weights_kept(run.model.optimizer):
+                return run.model.fit(dataset, shuffle=False, **kwargs)  # already shuffled
         except StopNow:
             if spec.verbose in (1, "auto"):
                 print(flush=True)  # end the progress bar's line

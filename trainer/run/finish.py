@@ -1,5 +1,7 @@
 """The end of a run: every validation example evaluated once, the test split once with the
-checkpoint validation chose, and a stop asked for there honoured before the summary.
+checkpoint validation chose, the averaged model (the optimizer's EMA, or the mean of the
+best checkpoints) saved and tested once, and a stop asked for there honoured before the
+summary.
 
 Every worker decides alike (each has its own copy of the checkpoints), and every replica of
 every worker evaluates the chief's weights, which the checkpoints hold (batch normalization's
@@ -11,21 +13,26 @@ the model.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from trainer.config.errors import Interrupted
 from trainer.config.messages import one_line
 from trainer.distribute.multiworker import backup_place, hold_first_replicas_weights
+from trainer.internals.keras_optimizer import ema_momentum, swap_in_ema, uses_ema
 from trainer.models.export import check_exportable, export_model
 from trainer.run.assemble import Run
 from trainer.run.drive import Trained
 from trainer.run.loop import CustomLoop
 from trainer.run.wiring import Callbacks
 from trainer.rundir.backup import StopRequest
-from trainer.rundir.checksum import verify_beside
+from trainer.rundir.checksum import verify_beside, write_beside
+from trainer.rundir.layout import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +50,25 @@ class Outcome:
     startup_s: float | None = None  # process start to train()
     build_s: float | None = None  # train() to the first fit: devices, TensorFlow, data, model
     evaluation_s: float | None = None  # the final validation and test evaluations
+    averaged: dict[str, Any] | None = None  # the averaged model's test (`test_averaged`)
+
+
+@dataclass(frozen=True)
+class Averaged:
+    """The averaged model's weights: `ema` (the optimizer's moving average, `optimizer.ema`)
+    or `best` (the mean of the best checkpoints, `checkpoint.average_best`), and what the
+    summary says of it (`about`)."""
+
+    kind: str
+    weights: list
+    about: dict[str, Any]
 
 
 def final_evaluations(run: Run, callbacks: Callbacks, trained: Trained, epochs: int,
-                      test_with: str, request: StopRequest, startup_s: float | None
-                      ) -> Outcome:
-    """Validation, then test, once each; a stopped run is not evaluated (other workers may
-    be gone)."""
+                      test_with: str, request: StopRequest, startup_s: float | None,
+                      average_best: int = 0) -> Outcome:
+    """Validation, then test, once each, then the averaged model's test where the run
+    keeps one; a stopped run is not evaluated (other workers may be gone)."""
     done, model = trained.epochs_done, run.model
     if callbacks.backup.interrupted:
         return Outcome(trained.history, {}, done, False, startup_s=startup_s,
@@ -63,6 +82,8 @@ def final_evaluations(run: Run, callbacks: Callbacks, trained: Trained, epochs: 
     hold_first_replicas_weights(run.strategy, model)  # last.keras's, on every replica
     final = evaluate_split(run, run.data.validation, trained.loop)
     stop_if_asked(request, "the final validation", run_dir, run.is_chief)
+    # before a test checkpoint's load, which restores that epoch's optimizer (its EMA) too
+    averaged = averaged_weights(run, callbacks, average_best)
     test, checkpoint = None, None
     if run.data.test is not None:
         checkpoint = (test_checkpoint(test_with, callbacks) if trained.history else None)
@@ -75,9 +96,80 @@ def final_evaluations(run: Run, callbacks: Callbacks, trained: Trained, epochs: 
         if last is not None:
             model.set_weights(last)
         stop_if_asked(request, "the test evaluation", run_dir, run.is_chief)
+    tested = None if averaged is None else test_averaged(run, averaged, trained.loop, run_dir)
+    stop_if_asked(request, "the averaged model's test", run_dir, run.is_chief)
     return Outcome(trained.history, final, done, trained.stopped_early and done < epochs,
                    test, None if checkpoint is None else str(checkpoint), startup_s,
-                   trained.build_s, time.perf_counter() - evaluating)
+                   trained.build_s, time.perf_counter() - evaluating, tested)
+
+
+def averaged_weights(run: Run, callbacks: Callbacks, average_best: int) -> Averaged | None:
+    """The averaged model's weights, the model left holding its last ones: the optimizer's
+    moving average where it keeps one, else the element-wise mean of the `average_best`
+    best checkpoints (a damaged one left out, with a warning); None where the run keeps
+    no averaged model."""
+    model = run.model
+    if uses_ema(model.optimizer):
+        last = model.get_weights()
+        swap_in_ema(model.optimizer)
+        found = model.get_weights()
+        model.set_weights(last)
+        return Averaged("ema", found, {"momentum": ema_momentum(model.optimizer)})
+    if not average_best or callbacks.kept is None:
+        return None
+    paths = [r.path for r in callbacks.kept.kept.kept[:average_best]]
+    intact = [p for p in paths if _intact(p)]
+    for path in sorted(set(paths) - set(intact)):
+        log.warning("%s is damaged (its SHA-256 does not match); the average leaves it out",
+                    path)
+    if not intact:
+        return None
+    last = model.get_weights()
+    total = None
+    for path in intact:
+        model.load_weights(path)
+        found = model.get_weights()
+        total = found if total is None else [_add(a, b) for a, b in zip(total, found,
+                                                                          strict=True)]
+    model.set_weights(last)
+    mean = [_mean(t, len(intact), like) for t, like in zip(total, last, strict=True)]
+    return Averaged("best", mean, {"of": [str(p) for p in intact]})
+
+
+def _add(total: Any, value: Any) -> Any:
+    """A running sum of one weight over checkpoints (a whole-number weight: the best's)."""
+    if not np.issubdtype(np.asarray(value).dtype, np.floating):
+        return total
+    return np.asarray(total, np.float64) + value
+
+
+def _mean(total: Any, count: int, like: Any) -> Any:
+    like = np.asarray(like)
+    if not np.issubdtype(like.dtype, np.floating):
+        return np.asarray(total)
+    return (np.asarray(total, np.float64) / count).astype(like.dtype)
+
+
+def test_averaged(run: Run, averaged: Averaged, loop: Any, run_dir: Path) -> dict[str, Any]:
+    """Saves the averaged model as `checkpoints/averaged.keras` (atomically, its hash
+    beside it) and evaluates it once on the test split (the validation split where there
+    is no test split); the model holds its last weights again after."""
+    model = run.model
+    last = model.get_weights()
+    model.set_weights(averaged.weights)
+    hold_first_replicas_weights(run.strategy, model)
+    path = RunDir(run_dir).checkpoint("averaged")
+    tmp = path.with_name(f".tmp-{path.name}")
+    model.save(tmp)
+    os.replace(tmp, path)
+    write_beside(path)
+    split, data = (("test", run.data.test) if run.data.test is not None
+                   else ("validation", run.data.validation))
+    metrics = evaluate_split(run, data, loop)
+    model.set_weights(last)
+    hold_first_replicas_weights(run.strategy, model)
+    return {"kind": averaged.kind, **averaged.about, "checkpoint": str(path), "split": split,
+            "metrics": metrics}
 
 
 def check_export(run: Run, formats: tuple[str, ...]) -> None:
@@ -86,11 +178,19 @@ def check_export(run: Run, formats: tuple[str, ...]) -> None:
     check_exportable(run.model, formats, run.data.validation)
 
 
-def export(run: Run, run_dir: Path, formats: tuple[str, ...], report: dict[str, Any]) -> None:
+def export(run: Run, run_dir: Path, formats: tuple[str, ...], report: dict[str, Any],
+           export_with: str = "last") -> None:
     """Writes the formats `export` names (each checked against the Keras outputs) and says
-    where in the summary."""
+    where in the summary: the final weights, or with `export_with=averaged` the averaged
+    model's (`checkpoints/averaged.keras`, loaded into the model)."""
     if not formats:
         return
+    averaged = (report.get("averaged") or {}).get("checkpoint")
+    if export_with == "averaged" and averaged is not None:
+        model = run.model
+        model.load_weights(averaged)
+        hold_first_replicas_weights(run.strategy, model)
+        report["exported_model"] = averaged
     report["exports"] = export_model(run.model, run_dir, formats, run.data.validation)
     if "saved_model" in report["exports"]:  # its key before export formats
         report["saved_model"] = report["exports"]["saved_model"]

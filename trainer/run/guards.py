@@ -11,16 +11,29 @@ from trainer.config.errors import ConfigError, WorkerLost
 from trainer.data.pipeline import data_failure
 from trainer.distribute.cluster import Cluster
 from trainer.distribute.multiworker import backup_place, lost_message, peer_failure
+from trainer.internals.keras_optimizer import uses_ema
 from trainer.rundir.space import check_free_space, disk_full, full_message, needed_bytes
 
 
-def check_space(run: Any, run_dir: Path, export: tuple[str, ...]) -> int:
+def check_space(run: Any, run_dir: Path, export: tuple[str, ...], saving: Any = None) -> int:
     """The bytes the run will write at its peak, checked against the free space (the
-    chief's, which writes the run directory); the optimizer must be built."""
-    needed = needed_bytes(run.model, export=export)
+    chief's, which writes the run directory), the k best checkpoints and the averaged
+    model of `saving` (the checkpoint config) counted; the optimizer must be built."""
+    needed = needed_bytes(run.model, export=export,
+                          checkpoints=more_checkpoints(saving, run.model.optimizer))
     if run.is_chief:
         check_free_space(run_dir, needed)
     return needed
+
+
+def more_checkpoints(saving: Any, optimizer: Any) -> int:
+    """Checkpoints beyond best and last at the peak: the k best and a new one's temporary
+    file before the worst is dropped; `averaged.keras` and its temporary file."""
+    if saving is None:
+        return 0
+    kept = saving.keep_best + 1 if saving.keep_best else 0
+    averaged = saving.average_best or (optimizer is not None and uses_ema(optimizer))
+    return kept + (2 if averaged else 0)
 
 
 def translate(error: Exception, run: Any, run_dir: Path, needed: int,

@@ -25,7 +25,7 @@ from trainer.run.resolve import Spec, resolve
 from trainer.rundir.layout import RunDir
 from trainer.rundir.resume import latest_state
 
-CHECKPOINTS = ("best", "last")
+CHECKPOINTS = ("best", "last", "averaged")
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,8 @@ def unfinished(opened: Reopened) -> str | None:
 
 def _holds(opened: Reopened, state: dict) -> str:
     """`, the best val_loss (0.52) of epoch 1`: which epoch `best.keras` was written at."""
+    if opened.which == "averaged":
+        return ", the averaged model of its training"
     if opened.which != "best":
         return ", the weights at the end of its training"
     try:
@@ -88,11 +90,15 @@ SPLITS = ("validation", "test")
 
 
 def checkpoint_of(run_dir: Path, which: str) -> Path:
-    """The run's `best` or `last` checkpoint, which must exist."""
+    """The run's `best`, `last` or `averaged` checkpoint, which must exist."""
     checkpoint = RunDir(run_dir).checkpoint(which)
     if not checkpoint.is_file():
-        raise ConfigError(f"no checkpoint {checkpoint}; valid: checkpoint=best or "
-                          "checkpoint=last of a finished run")
+        there = [name for name in CHECKPOINTS if RunDir(run_dir).checkpoint(name).is_file()]
+        why = (" (the run kept no averaged model: optimizer.ema=true or "
+               "checkpoint.average_best=k make one)" if which == "averaged" else "")
+        valid = (f"valid: {' or '.join(f'checkpoint={n}' for n in there)}" if there
+                 else "the run has written none yet")
+        raise ConfigError(f"no checkpoint {checkpoint}{why}; {valid}")
     return checkpoint
 
 

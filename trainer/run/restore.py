@@ -50,7 +50,7 @@ class Restored:
 def restore_run(run: str | Path | Reopened, overrides: list[str] = (),
                 same_data: bool = True) -> Restored:
     """A run's model, data and strategy on this machine's devices, with the checkpoint
-    `checkpoint=best|last` names loaded.
+    `checkpoint=best|last|averaged` names loaded.
 
     Args:
         run: a run directory (composed again with `overrides`), or a run `reopen`ed already.
@@ -89,7 +89,7 @@ def _other_outputs(opened: Reopened, source: Any) -> str:
 def load_weights_checked(model: Any, checkpoint: Path, which: str) -> None:
     """Loads a checkpoint checked against its hash; damage is one line naming the file and
     the other checkpoint to use."""
-    other = "last" if which == "best" else "best"
+    other = "last" if which != "last" else "best"
     verified(checkpoint)
     try:
         with warnings.catch_warnings():

@@ -96,7 +96,7 @@ class Session:
         with run.strategy.scope():  # the optimizer's slots are distributed variables
             if not run.model.optimizer.built:  # built now: the space estimate counts them
                 run.model.optimizer.build(run.model.trainable_variables)
-        self._needed = check_space(run, self.run_dir, self.spec.export)
+        self._needed = check_space(run, self.run_dir, self.spec.export, self.spec.checkpoint)
         check_export(run, self.spec.export)
         self.run = run
         return run
@@ -133,7 +133,7 @@ class Session:
         """Validation and test, each example once."""
         return final_evaluations(run, self.callbacks, trained, self.spec.epochs,
                                         self.spec.checkpoint.test_with, self.request,
-                                        self.startup)
+                                        self.startup, self.spec.checkpoint.average_best)
 
     def report(self, run: Run, outcome: Outcome) -> dict[str, Any] | None:
         """The summary of a run that was not stopped (None for one that was)."""
@@ -147,7 +147,7 @@ class Session:
         """The formats `export` names, into the summary; then a stop asked for is honoured."""
         if report is None:
             return
-        export(run, self.run_dir, self.spec.export, report)
+        export(run, self.run_dir, self.spec.export, report, self.spec.checkpoint.export_with)
         stop_if_asked(self.request, "the export", self.run_dir, run.is_chief)
 
     def finish(self, run: Run, report: dict[str, Any] | None) -> dict[str, Any]:

@@ -121,7 +121,10 @@ def build_summary(spec: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, c
     """
     return {"run_dir": str(run_dir), **_what_ran(spec, run, plan, callbacks),
             **_how_it_ran(spec, run, outcome, callbacks, started, start, changes),
-            **_results(spec, run, plan, outcome)}
+            **_results(spec, run, plan, outcome),
+            "best_checkpoints": (callbacks.kept.kept.report() if callbacks.kept is not None
+                                 else None),
+            "averaged": outcome.averaged}
 
 
 def named(group: str, choice: str | None, target: str) -> str:
@@ -466,6 +469,7 @@ def format_summary(summary: dict[str, Any]) -> str:
                 else "the final weights")
         rows.append(("test checkpoint", f"{used} ({summary['test_examples']} examples, "
                      "evaluated once)"))
+    rows += _averaged_rows(summary)
     if summary.get("augment"):
         rows.append(("augmentation", f"{', '.join(summary['augment']['applied'])} in the "
                      f"{summary['augment']['where']}"))
@@ -476,6 +480,26 @@ def format_summary(summary: dict[str, Any]) -> str:
     width = max(len(name) for name, _ in rows)
     lines = [f"  {name:<{width}}  {_fmt(value)}" for name, value in rows]
     return "\n".join(["Summary", *lines])
+
+
+def _averaged_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The k best checkpoints kept, and the averaged model's metrics (`test (averaged)
+    accuracy`) and what it averaged."""
+    rows = []
+    kept = summary.get("best_checkpoints")
+    if kept:
+        rows.append(("best checkpoints", ", ".join(Path(k["checkpoint"]).name for k in kept)))
+    averaged = summary.get("averaged")
+    if not averaged:
+        return rows
+    split = averaged["split"]
+    rows += [(f"{split} (averaged) {k}", v) for k, v in averaged["metrics"].items()]
+    what = (f"EMA of the weights, momentum {averaged['momentum']:g}"
+            if averaged["kind"] == "ema" else
+            f"mean of the {len(averaged['of'])} best checkpoints")
+    rows.append((f"{split} (averaged) model", f"{Path(averaged['checkpoint']).name} ({what}, "
+                 "evaluated once)"))
+    return rows
 
 
 def _model_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:

@@ -14,7 +14,12 @@ from typing import Any
 from trainer.data.fingerprint import of_source
 from trainer.distribute.multiworker import on_stuck, stop_agreement
 from trainer.run.assemble import Run
-from trainer.run.callbacks import AtomicModelCheckpoint, StepWatchdog, Throughput
+from trainer.run.callbacks import (
+    AtomicModelCheckpoint,
+    KeepBestCheckpoints,
+    StepWatchdog,
+    Throughput,
+)
 from trainer.run.resolve import Spec
 from trainer.rundir.backup import Backup, BackupStore
 from trainer.rundir.layout import RunDir
@@ -36,6 +41,7 @@ class Callbacks:
     watchdog: Any
     user: tuple
     curves: Any = None  # draws curves.png (the chief's), after the backup
+    kept: Any = None  # the k best checkpoints (checkpoint.keep_best), after best.keras
     trial: Any = None  # a job of trainer's Optuna sweeper: its trial (trainer.track.pruning)
 
     def all(self) -> list:
@@ -43,7 +49,7 @@ class Callbacks:
         follows the checkpoints: at an epoch's end it links the best one just written; the
         curves follow the backup, whose history then holds the epoch; the Optuna trial
         follows the trackers, which log a pruned trial's last epoch too."""
-        found = [self.throughput, *self.checkpoints, self.backup, self.curves,
+        found = [self.throughput, *self.checkpoints, self.kept, self.backup, self.curves,
                  *self.trackers, self.trial, self.watchdog, *self.user]
         return [c for c in found if c is not None]
 
@@ -65,7 +71,8 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
     """
     check_metric_name(spec.optimized_metric, run.logged, tested=run.data.test is not None)
     saving = spec.checkpoint
-    best_mode = (run.monitor_mode(saving.monitor, saving.mode) if saving.save_best else None)
+    best_mode = (run.monitor_mode(saving.monitor, saving.mode)
+                 if saving.save_best or saving.keep_best else None)
     user = build_user_callbacks(spec.callbacks, run_dir, run.monitor_mode)
     meta = {"config": spec.record,
             "global_batch": run.batch.global_size, "replicas": run.batch.replicas,
@@ -87,6 +94,9 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
             save_best_only=True, mode=best_mode))
     if saving.save_best:
         saved[0].same_as = saved[1]  # a final epoch that was the best: last links best
+    kept = (KeepBestCheckpoints.of(layout, saving, best_mode, start[0],
+                                   saved[1] if saving.save_best else None)
+            if saving.keep_best else None)  # read back: the epochs the backup holds
     backup = Backup(BackupStore(layout.backup, meta=meta), saving.backup_every,
                     saving.nan_check_every, request, *start,
                     agree=stop_agreement(run.strategy) if run.workers > 1 else None,
@@ -99,7 +109,7 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
     return Callbacks(
         throughput=Throughput(run.data.source.train_size, run.batch.global_size, started),
         backup=backup, checkpoints=tuple(saved), trackers=trackers, watchdog=watchdog,
-        user=(*user, *extra),
+        user=(*user, *extra), kept=kept,
         trial=optuna_trial(spec.optimized_metric, run.logged, run.workers),
         curves=Curves(run_dir, lambda: backup.history, saving.monitor if saving.save_best
                       else None, best_mode) if run.is_chief else None)

@@ -4,7 +4,9 @@
 RUN_DIR/
   .hydra/config.yaml    the composed config (Hydra's)
   .lock                 held by the one process that runs here
-  checkpoints/          last.keras, best.keras (+ NAME.sha256 beside each)
+  checkpoints/          last.keras, best.keras (+ NAME.sha256 beside each); with
+                        checkpoint.keep_best=k the k best, best-epoch003-val_loss0.1234.keras,
+                        listed in kept_best.json; averaged.keras (EMA or the best k's mean)
   backup/ckpt-*/        the newest backups: weights, optimizer, state.json
   tensorboard/          TensorBoard's logs (logger=[tensorboard])
   saved_model/          export=true or export=[saved_model,...]
@@ -20,10 +22,12 @@ RUN_DIR/
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 LOCK = ".lock"
+RANKED = "best-epoch"  # the k best checkpoints' names begin so
 # Where each export format goes, inside the run directory.
 EXPORTS = {"saved_model": "saved_model", "tflite": "model.tflite", "onnx": "model.onnx"}
 
@@ -42,8 +46,28 @@ class RunDir:
         return self.root / "checkpoints"
 
     def checkpoint(self, which: str) -> Path:
-        """`checkpoints/best.keras` or `checkpoints/last.keras`."""
+        """`checkpoints/best.keras`, `last.keras` or `averaged.keras`."""
         return self.checkpoints / f"{which}.keras"
+
+    def ranked(self, epoch: int, monitor: str, value: float) -> Path:
+        """One of the k best checkpoints (`checkpoint.keep_best`), named by its epoch
+        (counted from 1) and its value: `checkpoints/best-epoch003-val_loss0.1234.keras`."""
+        return self.checkpoints / f"{RANKED}{epoch:03d}-{monitor}{value:.4f}.keras"
+
+    def all_ranked(self, monitor: str | None = None) -> list[Path]:
+        """Every file named as one of the k best (by `monitor`, where given), listed or
+        not."""
+        found = sorted(self.checkpoints.glob(f"{RANKED}*.keras"))
+        if monitor is None:
+            return found
+        named = re.compile(rf"{RANKED}\d+-{re.escape(monitor)}-?\d+\.\d+\.keras")
+        return [path for path in found if named.fullmatch(path.name)]
+
+    @property
+    def kept_best(self) -> Path:
+        """Which of the k best checkpoints are kept, with their epochs and values: written
+        after a new one and before a dropped one is removed, so it is the truth."""
+        return self.checkpoints / "kept_best.json"
 
     @property
     def backup(self) -> Path:

@@ -61,7 +61,9 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 LEGACY = {"dataset.test_fraction": 0, "dataset.test_split": None,
           "finetune.freeze_backbone": False, "finetune.unfreeze_at_epoch": None,
           "finetune.unfreeze_layers": None, "finetune.backbone_lr_scale": 1.0,
-          "augment": [], "sync_batchnorm": False, "dataset.lanes": 1}
+          "augment": [], "sync_batchnorm": False, "dataset.lanes": 1,
+          # weight averaging came later: no run before it kept an EMA
+          "optimizer.ema": False, "optimizer.ema_momentum": 0.99}
 # Cache modes that keep the same (byte-rounded) elements: a resume may move between them.
 SAME_ELEMENTS = {"memory", "disk"}
 

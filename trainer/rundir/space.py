@@ -11,7 +11,11 @@ variables (`state_bytes`; a weights file or `.keras` checkpoint of them is under
 - `checkpoints/last.keras`: written at the end as `.tmp-last.keras` (or linked to
   `best.keras`); a resumed finished run keeps its old `last.keras` all along: 1.
 
-So 5 copies at most (measured on the default model, Adam: 3.0x for a fresh 3-epoch run,
+- `checkpoint.keep_best=k`: k more, plus a new one's temporary file before the list drops
+  the worst; an averaged model (`optimizer.ema`, `checkpoint.average_best`) 2 more, its
+  `averaged.keras` and the temporary file it is written as (the EMA's own slots are part of
+  the optimizer's variables).
+So 5 copies at most without them (measured on the default model, Adam: 3.0x for a fresh 3-epoch run,
 3.7x for one resumed to 5 epochs, 4.0x with mid-epoch backups, 4.7x for the run of
 tests/test_fault_tolerance.py, which checks the estimate against its measured peak). With
 `export=true`, `saved_model/` holds the model's weights twice (measured: 2.0x, optimizer
@@ -70,14 +74,15 @@ def _itemsize(dtype: Any) -> int:
         return 4
 
 
-def needed_bytes(model: Any, export: bool = False) -> int:
+def needed_bytes(model: Any, export: bool = False, checkpoints: int = 0) -> int:
     """An upper bound of what a run directory holds at its peak (see the module's notes).
 
     Args:
         model: the compiled model, its optimizer built.
         export: whether the run writes a SavedModel (`export=true`).
+        checkpoints: checkpoints beyond best and last (the k best, the averaged model).
     """
-    copies = COPIES * state_bytes(model)
+    copies = (COPIES + checkpoints) * state_bytes(model)
     if export:
         copies += EXPORT_COPIES * weights_bytes(model)
     return int(copies * MARGIN) + OVERHEAD

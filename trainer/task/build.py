@@ -22,7 +22,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from trainer.config.build import build_object, describe, import_failure, load_target, taken_by
 from trainer.config.errors import ConfigError
-from trainer.config.schema import Config, LrPlan, config_dir
+from trainer.config.schema import EMA_KEYS, Config, LrPlan, config_dir
 from trainer.internals.keras_compile import (
     compile_arguments,
     compiled_losses,
@@ -384,7 +384,7 @@ def optimizer_named(node: Mapping[str, Any]) -> bool:
     """Whether the config names an optimizer: its `_target_` or a class argument differs
     from the default group option's (the learning-rate plan's keys do not count)."""
     def arguments(options: Mapping[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in options.items() if k not in LrPlan.keys()}
+        return {k: v for k, v in options.items() if k not in (*LrPlan.keys(), *EMA_KEYS)}
 
     return arguments(node) != arguments(default_optimizer())
 
@@ -423,7 +423,16 @@ def optimizer_for(task: Task, node: Mapping, learning_rate: Any) -> keras.optimi
     if task.optimizer is None:
         return build_optimizer(node, learning_rate)
     kept = task.optimizer
-    return type(kept).from_config({**kept.get_config(), "learning_rate": learning_rate})
+    return type(kept).from_config({**kept.get_config(), "learning_rate": learning_rate,
+                                   **ema_arguments(node)})
+
+
+def ema_arguments(node: Mapping) -> dict[str, Any]:
+    """Keras's arguments for `optimizer.ema=true` (`use_ema` at `ema_momentum`); none where
+    it is off, so an optimizer class without them still builds."""
+    if not node.get("ema", False):
+        return {}
+    return {"use_ema": True, "ema_momentum": float(node.get("ema_momentum", 0.99))}
 
 
 def optimizer_settings(optimizer: keras.optimizers.Optimizer) -> dict[str, Any]:
@@ -644,7 +653,9 @@ def build_optimizer(node: Mapping, learning_rate: Any) -> keras.optimizers.Optim
     """
     options = (OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig)
                else dict(node))
-    arguments = {k: v for k, v in options.items() if k not in LrPlan.keys() and k != "_target_"}
+    arguments = {k: v for k, v in options.items()
+                 if k not in (*LrPlan.keys(), *EMA_KEYS, "_target_")}
+    arguments.update(ema_arguments(options))
     target = options["_target_"]
     try:
         cls = load_target(target)

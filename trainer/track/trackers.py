@@ -154,6 +154,9 @@ class MlflowTracker(Tracker):
         if summary is not None:
             final = {f"final_{k}": v for k, v in summary.get("validation_metrics", {}).items()}
             final.update({f"test_{k}": v for k, v in (summary.get("test_metrics") or {}).items()})
+            averaged = summary.get("averaged") or {}
+            final.update({f"{averaged['split']}_averaged_{k}": v
+                          for k, v in averaged.get("metrics", {}).items()})
             if summary.get("examples_per_sec"):
                 final["examples_per_sec"] = summary["examples_per_sec"]
             final["wall_s"] = summary["time"]["wall_s"]
