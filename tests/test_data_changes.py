@@ -296,3 +296,24 @@ def test_a_rerun_refused_for_changed_data_leaves_every_file_as_it_was_cli_and_ap
     assert hydra.output_subdir == ".hydra" and "output_subdir" not in str(hydra.overrides.hydra)
     assert trainer.fit([*args, "epochs=2"], run_dir=api).summary["epochs_done"] == 2
     assert OmegaConf.load(api / ".hydra" / "config.yaml").epochs == 2
+
+
+def test_workers_compare_a_folders_listing_without_reading_its_files(tmp_path, monkeypatch):
+    """The cluster's data agreement reads an image folder's listing (paths, sizes, classes:
+    `of_folder`'s `sha256`) and hashes no file, so each worker decodes only its share; the
+    run's record still gets the content hash where it is asked for."""
+    from trainer.data import image_folder
+    from trainer.distribute.runtime import data_facts
+
+    _folder(tmp_path / "data", per_class=6)
+    monkeypatch.setenv("TRAINER_CACHE_DIR", str(tmp_path / "cache"))
+    source = image_folder.load(path=str(tmp_path / "data"), image_size=8)
+    hashed = []
+    monkeypatch.setattr(fingerprint, "file_hash", lambda path: hashed.append(path) or "0" * 32)
+    facts = data_facts(source)
+    assert hashed == []
+    full = source.fingerprint()
+    assert len(hashed) == 12
+    for role, found in full.items():
+        assert facts[f"fingerprint.{role}.sha256"] == found["sha256"]
+        assert facts[f"fingerprint.{role}.examples"] == found["examples"]

@@ -121,6 +121,38 @@ def of_folder(roles: Mapping[str, Iterable[tuple[str, int]]], root: str,
     return found
 
 
+class Deferred:
+    """A folder's fingerprint hashed only where it is asked for (called: the run's record,
+    on the chief), with its `listing`: each role's files, sizes and classes (`of_folder`'s
+    `sha256`, from the listing's `stat`s alone), which every worker of a cluster compares
+    without reading a file (each then decodes only its share)."""
+
+    def __init__(self, compute: Any, roles: Mapping[str, Iterable[tuple[str, int]]],
+                 root: str, stats: Mapping[str, os.stat_result] | None = None) -> None:
+        self._compute, self._found = compute, None
+        self.listing = of_listing(roles, root, stats)
+
+    def __call__(self) -> dict[str, Any]:
+        if self._found is None:
+            self._found = self._compute()
+        return self._found
+
+
+def of_listing(roles: Mapping[str, Iterable[tuple[str, int]]], root: str,
+               stats: Mapping[str, os.stat_result] | None = None) -> dict[str, dict[str, Any]]:
+    """Each role's `examples` and `sha256` as `of_folder` gives them (paths relative to
+    `root`, sizes, classes), without reading or hashing a file."""
+    given = stats or {}
+    found = {}
+    for role, files in roles.items():
+        names = "".join(f"{os.path.relpath(path, root)}\t"
+                        f"{(given.get(path) or os.stat(path)).st_size}\t{label}\n"
+                        for path, label in files)
+        found[role] = {"examples": names.count("\n"),
+                       "sha256": hashlib.sha256(names.encode()).hexdigest()[:32]}
+    return found
+
+
 def cache_dir() -> Path:
     """Where trainer keeps what it may recompute: `TRAINER_CACHE_DIR`, else
     `$XDG_CACHE_HOME/trainer`, else `~/.cache/trainer`."""

@@ -8,7 +8,6 @@ fixed fractions, the same files on every run whatever the seed. No file is in tw
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import stat
@@ -17,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from trainer.data.fingerprint import of_folder
+from trainer.data.fingerprint import Deferred, of_folder
 from trainer.data.pipeline import DataError, Source
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
@@ -51,6 +50,7 @@ def load(path: str, image_size: int = 64, channels: int = 3, validation_fraction
     classes, files = split_files(path, validation_fraction, test_fraction, stats)
     names = [name for role_files in files.values() for name, _ in role_files or []]
     datasets = {role: _dataset(items) for role, items in files.items() if items}
+    listed = {role: items for role, items in files.items() if items}
     return Source(train=datasets["train"], validation=datasets["validation"],
                   train_size=len(files["train"]), validation_size=len(files["validation"]),
                   test=datasets.get("test"), test_size=len(files.get("test") or []),
@@ -60,9 +60,8 @@ def load(path: str, image_size: int = 64, channels: int = 3, validation_fraction
                   class_names=list(classes), reads_in_preprocess=True,
                   check=lambda workers, worker: _check_files(names[worker::workers]),
                   # hashed where the run keeps it (the chief), not by every worker
-                  fingerprint=functools.cache(lambda: of_folder(
-                      {role: items for role, items in files.items() if items}, str(root),
-                      stats=stats)))
+                  fingerprint=Deferred(lambda: of_folder(listed, str(root), stats=stats),
+                                       listed, str(root), stats))
 
 
 def split_files(path: str, validation_fraction: float = 0.1, test_fraction: float = 0.1,
