@@ -173,6 +173,7 @@ class DigitsConfig:
     shuffle_buffer: int = 2048
     memory_limit_mb: int | None = None
     lanes: int = 1
+    service: str | None = None
 
 
 @dataclass
@@ -187,6 +188,7 @@ class SyntheticConfig:
     shuffle_buffer: int = 2048
     memory_limit_mb: int | None = None
     lanes: int = 1
+    service: str | None = None
 
 
 @dataclass
@@ -204,6 +206,7 @@ class TfdsConfig:
     shuffle_buffer: int = 10000
     memory_limit_mb: int | None = None
     lanes: int = 1
+    service: str | None = None
 
 
 @dataclass
@@ -218,6 +221,7 @@ class ImageFolderConfig:
     shuffle_buffer: int = 10000
     memory_limit_mb: int | None = None
     lanes: int = 1
+    service: str | None = None
 
 
 @dataclass
@@ -236,6 +240,7 @@ class TfrecordConfig:
     shuffle_buffer: int = 10000
     memory_limit_mb: int | None = None
     lanes: int = 1
+    service: str | None = None
 
 
 @dataclass

@@ -29,13 +29,14 @@ from trainer.data.pipeline import (
     build_training_epochs,
     non_finite_found,
 )
+from trainer.data.service import Service, service_report
 from trainer.data.shares import Place
 from trainer.distribute.inputs import read_per_worker
 from trainer.plan.scaling import check_micro_batches
 from trainer.rundir.layout import RunDir
 
 # Dataset options that are the pipeline's, not the source builder's.
-PIPELINE_KEYS = ("cache", "shuffle_buffer", "memory_limit_mb", "lanes")
+PIPELINE_KEYS = ("cache", "shuffle_buffer", "memory_limit_mb", "lanes", "service")
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = N
                 examples=source.train_size, replicas=batching.shards, augment=augment,
                 class_weight=class_weight, lanes=reading.lanes, place=place,
                 cache_file=reading.file("train"), shard=source.shard, role="train",
-                **common)
+                service=reading.service(), **common)
 
         return reading.shared(build)
 
@@ -159,6 +160,8 @@ class Reading:
     place: Place
     memory_limit_mb: int | None
     run_dir: Path | None = None
+    service_value: Any = None
+    _service: list = dataclasses.field(default_factory=list, compare=False)
 
     @classmethod
     def of(cls, pipeline: dict[str, Any], batching: Batching, run_dir: Path | None) -> Reading:
@@ -169,7 +172,16 @@ class Reading:
             mode = "none"
         return cls(mode, int(pipeline.get("lanes") or 1),
                    place, worker_memory_limit_mb(pipeline.get("memory_limit_mb"),
-                                                 batching.local_workers), run_dir)
+                                                 batching.local_workers), run_dir,
+                   pipeline.get("service"))
+
+    def service(self) -> Service | None:
+        """The tf.data service the training split is read on (`dataset.service`), started
+        or checked the first time training asks for it (evaluation never does); None
+        without one."""
+        if not self._service:
+            self._service.append(Service.of(self.service_value))
+        return self._service[0]
 
     def file(self, split: str) -> Callable[[int | None], Path] | None:
         """`lane -> prefix` of a split's disk cache files; None unless `cache=disk`."""
@@ -221,7 +233,8 @@ class Reading:
                      f"{', decodes and caches' if cached else ' and decodes'} only its share "
                      "of every global batch")
         return {"cache": self.cache, "lanes": self.lanes, "workers": place.workers,
-                "reads": reads, "memory_limit_mb": self.memory_limit_mb, "notes": notes}
+                "reads": reads, "memory_limit_mb": self.memory_limit_mb, "notes": notes,
+                "service": service_report(self.service_value)}
 
 
 def _cached_spec(source: Source) -> Any:
