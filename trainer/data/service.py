@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from trainer.config.errors import ConfigError
 from trainer.config.validate import service_of
+from trainer.data.pipeline import out_of_order_found
 
 _SERVICE = tf.data.experimental.service
 # Seconds a running dispatcher has to accept a connection before it counts as unreachable.
@@ -66,7 +67,12 @@ class Service:
             return None
         kind, where = parsed
         if kind == "local":
-            return cls(str(value), start_local(where), True)
+            targets = start_local(where)
+            print(f"dataset.service={value}: tf.data dispatchers at "
+                  f"{', '.join(t.partition('://')[2] for t in targets)}, one worker each "
+                  f"(ports {', '.join(map(str, local_ports()))}), in this process until the "
+                  "run ends", flush=True)
+            return cls(str(value), targets, True)
         check_reachable(where, str(value))
         return cls(str(value), (f"grpc://{where}",), False)
 
@@ -88,11 +94,24 @@ def service_report(value: Any) -> dict[str, Any] | None:
     place = (f"{streams} tf.data service{'s' if streams > 1 else ''} of one worker each, "
              "started in this process" if kind == "local"
              else f"the tf.data dispatcher at grpc://{where} (one worker)")
-    split = (f", each producing every {streams}-th example of this worker's share"
+    split = (f", service k producing the examples k, k + {streams}, ... of this worker's share"
              if streams > 1 else "")
     return {"value": str(value), "mode": "parallel_epochs", "streams": streams, "exact": True,
             "says": f"{place}; parallel_epochs{split}: each example once per epoch, in the "
                     "one-machine order (the same batches as without the service)"}
+
+
+def out_of_order_message(error: BaseException, value: str) -> str | None:
+    """The one line for a served element found out of place (`_in_order`'s failure), or
+    None for another error."""
+    found = out_of_order_found(error)
+    if found is None:
+        return None
+    position, expected = found
+    return (f"dataset.service={value}: the tf.data service sent the example at position "
+            f"{position} where {expected} was due: its dispatcher runs several workers, each "
+            "producing the whole split (parallel_epochs); run one worker per dispatcher, or use "
+            "dataset.service=local:K (K services beside the run)")
 
 
 def start_local(count: int) -> tuple[str, ...]:

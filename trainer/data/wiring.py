@@ -29,7 +29,7 @@ from trainer.data.pipeline import (
     build_training_epochs,
     non_finite_found,
 )
-from trainer.data.service import Service, service_report
+from trainer.data.service import Service, out_of_order_message, service_report
 from trainer.data.shares import Place
 from trainer.distribute.inputs import read_per_worker
 from trainer.plan.scaling import check_micro_batches
@@ -102,6 +102,7 @@ def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = N
     check_inputs(augment, source.input_shape, options["_target_"])
     source = checked_sizes(source, options["_target_"])
     source = finite_explained(source, options["_target_"])
+    source = served_explained(source, pipeline.get("service"))
     source = one_hot_if_mixing(augment, source)
     check_class_weight(class_weight, source)
     check_no_missing_inputs(source, max(batching.shards, batching.replicas))
@@ -306,6 +307,22 @@ def finite_explained(source: Source, target: str) -> Source:
         return (f"dataset {target}: its {role} split holds NaN or inf in its {part}, first at "
                 f"row {row} (counted from 0); the weights would train to NaN on it: drop or "
                 "fill such rows (numpy.isfinite finds them)")
+
+    return dataclasses.replace(source, explain=explained)
+
+
+def served_explained(source: Source, value: Any) -> Source:
+    """The source, an example a tf.data service sent out of place (`dataset.service`)
+    explained in one line naming the service and the remedy."""
+    if service_report(value) is None:
+        return source
+    explain = source.explain
+
+    def explained(error: BaseException) -> str | None:
+        message = out_of_order_message(error, str(value))
+        if message is None and explain is not None:
+            return explain(error)
+        return message
 
     return dataclasses.replace(source, explain=explained)
 
