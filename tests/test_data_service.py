@@ -24,6 +24,7 @@ from trainer.data import service
 from trainer.data.pipeline import build_training_epochs
 from trainer.data.shares import Place
 from trainer.run.train import train
+from trainer.rundir.resume import check_resume
 
 PORTS_LINE = re.compile(r"dataset\.service=local:\d+: .*\(ports ([\d, ]+)\)")
 
@@ -55,6 +56,17 @@ def test_service_values_are_checked():
     for bad in ("local:0", "local:two", "grpc://host", "host:5050", "grpc://h:70000"):
         with pytest.raises(ConfigError, match=r"^dataset\.service must be local:K .*received"):
             service_of(bad)
+
+
+def test_a_resume_may_add_move_or_drop_the_service(tmp_path):
+    """Where the preprocessing runs changes no batch: a free key of a resume, reported."""
+    state = {"epoch": 0, "step": 0, "config": {"epochs": 2, "dataset": {"service": "local:4"}}}
+    for value in ("local:2", "grpc://10.0.0.1:5050", None):
+        assert check_resume(tmp_path, state, {"epochs": 2, "dataset": {"service": value}}) == {
+            "dataset.service": ["local:4", value]}
+    with pytest.raises(ConfigError, match="dataset.lanes from 1 to 2"):  # not free
+        check_resume(tmp_path, {**state, "config": {"epochs": 2, "dataset": {"lanes": 1}}},
+                     {"epochs": 2, "dataset": {"lanes": 2}})
 
 
 def _batches(served, place, lanes, cache, drop=False):
