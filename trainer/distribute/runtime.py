@@ -158,11 +158,14 @@ def agree_on_data(strategy: Any, cluster: Cluster | None, source: Any) -> None:
 
 
 def data_facts(source: Any) -> dict[str, Any]:
-    """What every worker's copy of the data must share, read from a `Source`."""
+    """What every worker's copy of the data must share, read from a `Source` (a fingerprint
+    the source computes where asked, an image folder's hashes, computed here: each worker's
+    copy is compared)."""
+    fingerprint = source.fingerprint() if callable(source.fingerprint) else source.fingerprint
     found = {"train_size": source.train_size, "validation_size": source.validation_size,
              "test_size": source.test_size, "input_shape": source.input_shape,
              "num_classes": source.num_classes, "num_outputs": source.num_outputs,
-             "fingerprint": dict(source.fingerprint or {})}
+             "fingerprint": dict(fingerprint or {})}
     return json.loads(json.dumps(flatten(found), default=str))  # as it travels
 
 
