@@ -354,9 +354,8 @@ def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_
     every global batch, read, preprocessed, cached and augmented here alone (a batch mixer
     mixes each replica's batch). `cache_file(lane)` names a disk cache's files (lane None
     where there is one); `shard` is the source's own reader of a worker's share
-    (`Source.shard`); `role` as `build_pipeline`'s. `service` (`trainer.data.service`):
-    the elements are read on the tf.data service, the same batches (`_served_epochs`).
-    Other arguments as `build_pipeline`.
+    (`Source.shard`); `service` reads the elements on a tf.data service (`_served_epochs`).
+    `role` and the other arguments as `build_pipeline`'s.
     """
     place = place or Place()
     if place.several and examples is None:
@@ -373,8 +372,7 @@ def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_
                                 (first_epoch, epochs), weigh)
         return served.skip(steps).prefetch(tf.data.AUTOTUNE).with_options(
             _options(seed, per_worker=place.several))
-    # preprocessed once and cached where there is a cache; each lane its own (shuffled apart)
-    streams = reading.streams(dataset, place)
+    streams = reading.streams(dataset, place)  # each lane preprocessed (and cached) apart
     end = sum(batches) if place.several and drop_remainder else None
 
     def one_epoch(epoch):

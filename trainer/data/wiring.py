@@ -29,7 +29,7 @@ from trainer.data.pipeline import (
     build_training_epochs,
     non_finite_found,
 )
-from trainer.data.service import Service, out_of_order_message, service_report
+from trainer.data.service import Service, out_of_order_message, service_report, stop_local
 from trainer.data.shares import Place
 from trainer.distribute.inputs import read_per_worker
 from trainer.plan.scaling import check_micro_batches
@@ -134,6 +134,12 @@ def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = N
                 validation=_evaluation(source.validation, source.validation_size, "validation",
                                        batching, reading, common),
                 test=test, reading=reading.report(source))
+
+
+def stop_services() -> None:
+    """Stops the tf.data servers `dataset.service=local:K` started in this process (the
+    run's end; idempotent)."""
+    stop_local()
 
 
 def _evaluation(split: Any, examples: int, name: str, batching: Batching, reading: Reading,

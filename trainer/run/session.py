@@ -20,9 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from trainer.data.service import stop_local
 from trainer.distribute.devices import open_devices, set_determinism
-from trainer.run.assemble import Run, assemble
+from trainer.run.assemble import Run, assemble, release
 from trainer.run.drive import Trained, prepare_finetune, train_epochs
 from trainer.run.finish import (
     Outcome,
@@ -82,7 +81,7 @@ class Session:
                 translate(error, self.run, self.run_dir, self._needed, self.cluster,
                                  epoch)
         finally:
-            stop_local()
+            release()
             if self._scratch:
                 shutil.rmtree(self.run_dir, ignore_errors=True)
 
