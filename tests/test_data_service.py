@@ -111,6 +111,9 @@ def test_a_dispatcher_of_several_workers_is_one_line(stopped_after):
     address = dispatcher.target.partition("://")[2]
     workers = [svc.WorkerServer(svc.WorkerConfig(dispatcher_address=address)) for _ in range(2)]
     try:
+        deadline = time.monotonic() + 30  # both registered: a job then has a task on each
+        while dispatcher._num_workers() < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
         served = service.Service.of(f"grpc://127.0.0.1:{address.rpartition(':')[2]}")
         with pytest.raises(tf.errors.InvalidArgumentError) as raised:
             _batches(served, None, 1, "none")
