@@ -17,7 +17,7 @@ medians over the repeats are printed:
   no counting wrapper: a Python call cannot run on the service): what handing the
   preprocessing to TensorFlow's tf.data service costs on one machine.
 
-    python scripts/bench_workers.py                # one run per side: about 6 minutes on 2 cores
+    python scripts/bench_workers.py                # a run per side: 6 runs, 5-8 min on 2 cores
     python scripts/bench_workers.py --repeats 3    # medians of 3 (a release note's numbers)
 """
 
