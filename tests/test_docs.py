@@ -131,6 +131,9 @@ TESTED_BY = {
         "tests/test_fault_tolerance.py::test_finished_run_is_not_overwritten_unless_resumed",
     "python -m trainer.launch --workers 2 epochs=3 hydra.run.dir=runs/two":
         "tests/test_multiworker.py::test_two_workers_train_like_one",
+    "python -m trainer.launch --workers 2 dataset.service=local:2 epochs=3 "
+    "hydra.run.dir=runs/served":
+        "tests/test_data_service.py::test_two_workers_each_with_local_services_train_like_one",
     "python -m trainer -m optimizer.lr=0.01,0.1 batch.per_replica=32,64":
         "tests/test_sweep.py::test_a_grid_sweep_runs_every_job_and_names_the_failed_one",
     "python -m trainer -m hparams_search=digits_optuna":

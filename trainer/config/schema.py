@@ -184,6 +184,7 @@ class DigitsConfig:
     shuffle_buffer: int = 2048
     memory_limit_mb: int | None = None
     lanes: int = 1
+    service: str | None = None
 
 
 @dataclass
@@ -198,6 +199,7 @@ class SyntheticConfig:
     shuffle_buffer: int = 2048
     memory_limit_mb: int | None = None
     lanes: int = 1
+    service: str | None = None
 
 
 @dataclass
@@ -215,6 +217,7 @@ class TfdsConfig:
     shuffle_buffer: int = 10000
     memory_limit_mb: int | None = None
     lanes: int = 1
+    service: str | None = None
 
 
 @dataclass
@@ -229,6 +232,7 @@ class ImageFolderConfig:
     shuffle_buffer: int = 10000
     memory_limit_mb: int | None = None
     lanes: int = 1
+    service: str | None = None
 
 
 @dataclass
@@ -247,6 +251,7 @@ class TfrecordConfig:
     shuffle_buffer: int = 10000
     memory_limit_mb: int | None = None
     lanes: int = 1
+    service: str | None = None
 
 
 @dataclass

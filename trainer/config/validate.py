@@ -8,6 +8,7 @@ fine-tuning options) live with that part and are run beside these by the pre-fli
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
@@ -411,6 +412,32 @@ def cache_mode(value: Any) -> str:
     return text
 
 
+# `dataset.service`: where the training split's preprocessing runs (TensorFlow's tf.data
+# service): K one-worker services started in this process, or a running dispatcher.
+SERVICE_LOCAL = re.compile(r"local:(\d+)")
+SERVICE_GRPC = re.compile(r"grpc://([^\s:/]+|\[[0-9a-fA-F:]+\]):(\d+)")
+SERVICE_MAX_LOCAL = 64
+
+
+def service_of(value: Any) -> tuple[str, Any] | None:
+    """`dataset.service` parsed: `("local", K)`, `("grpc", "HOST:PORT")` or None (off).
+
+    Raises:
+        ConfigError: any other value, named with the valid forms.
+    """
+    if value is None or str(value).strip().lower() in ("", "none", "null", "off"):
+        return None
+    text = str(value).strip()
+    local, grpc = SERVICE_LOCAL.fullmatch(text), SERVICE_GRPC.fullmatch(text)
+    if local and 1 <= int(local[1]) <= SERVICE_MAX_LOCAL:
+        return "local", int(local[1])
+    if grpc and 1 <= int(grpc[2]) <= 65535:
+        return "grpc", f"{grpc[1]}:{grpc[2]}"
+    raise ConfigError(f"dataset.service must be local:K (K tf.data service workers started "
+                      f"beside the run, 1 <= K <= {SERVICE_MAX_LOCAL}), grpc://HOST:PORT (a "
+                      f"running tf.data dispatcher) or null (no service); received: {value!r}")
+
+
 def _validate_builders(model: DictConfig, dataset: DictConfig) -> None:
     """Ranges of the arguments the built-in models and datasets share, by name."""
     for key in ("image_size", "channels", "train_examples", "validation_examples",
@@ -419,6 +446,12 @@ def _validate_builders(model: DictConfig, dataset: DictConfig) -> None:
             _positive_int(f"dataset.{key}", dataset[key])
     if dataset.get("cache") is not None:
         cache_mode(dataset.cache)
+    service = service_of(dataset.get("service"))
+    if service is not None and service[0] == "grpc" and dataset.get("cache") is not None:
+        _require(cache_mode(dataset.cache) != "disk", "dataset.cache=disk writes its files "
+                 "where the preprocessing runs, which with dataset.service="
+                 f"{dataset.service} is another machine's tf.data workers; use "
+                 "dataset.cache=memory (kept by those workers) or none")
     for key in ("input_size", "min_image_size"):
         if model.get(key) is not None:
             _positive_int(f"model.{key}", model[key])

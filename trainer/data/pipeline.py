@@ -339,7 +339,7 @@ def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_
                           place: Place | None = None,
                           cache_file: Callable[[int], Path] | None = None,
                           shard: Callable | None = None,
-                          role: str | None = None) -> tf.data.Dataset:
+                          role: str | None = None, service: Any = None) -> tf.data.Dataset:
     """The training batches of epochs `first_epoch`..`epochs - 1` as one dataset.
 
     Each epoch's order comes from the seed and the epoch's number alone, not from how many
@@ -354,27 +354,29 @@ def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_
     every global batch, read, preprocessed, cached and augmented here alone (a batch mixer
     mixes each replica's batch). `cache_file(lane)` names a disk cache's files (lane None
     where there is one); `shard` is the source's own reader of a worker's share
-    (`Source.shard`); `role` as `build_pipeline`'s. Other arguments as `build_pipeline`.
+    (`Source.shard`); `service` reads the elements on a tf.data service (`_served_epochs`).
+    `role` and the other arguments as `build_pipeline`'s.
     """
     place = place or Place()
-    mode = cache_mode(cache)
     if place.several and examples is None:
         raise ValueError("build_training_epochs shares batches among workers given the examples")
-    # preprocessed once and cached where there is a cache; each lane its own (shuffled apart)
-    streams = _cached(_lanes(dataset, lanes, place, shard), lanes, preprocess, mode, scale,
-                      cache_file, role)
     extra = _Augmentation.of(augment, seed)
+    reading = _Reading(preprocess, cache_mode(cache), scale, seed, shuffle_buffer, lanes,
+                       cache_file, shard, role, extra)
     weigh = class_weight_map_fn(class_weight) if class_weight else None  # Keras's rule
     batches = None if examples is None else global_batch_sizes(examples, global_batch,
                                                                replicas, drop_remainder)
+    steps = skip_steps * (place.replicas if place.several else 1)
+    if service is not None:
+        served = _served_epochs(dataset, service, reading, place, batches, drop_remainder,
+                                (first_epoch, epochs), weigh)
+        return served.skip(steps).prefetch(tf.data.AUTOTUNE).with_options(
+            _options(seed, per_worker=place.several))
+    streams = reading.streams(dataset, place)  # each lane preprocessed (and cached) apart
     end = sum(batches) if place.several and drop_remainder else None
 
     def one_epoch(epoch):
-        epoch_seed = None if seed is None else seed * 7919 + epoch
-        positioned = positions_of(place, dealt(streams, lanes, epoch_seed, shuffle_buffer),
-                                  lanes, end)
-        elements = _augmented(positioned, preprocess if mode == "none" else None, extra,
-                              epoch)
+        elements = reading.epoch(streams, place, epoch, end)
         if place.several:
             batched = replica_batches(elements, place, batches)
             if scale is not None:
@@ -385,9 +387,108 @@ def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_
         return _batch_extras(batched, extra, epoch, weigh, place)
 
     epochs_ds = tf.data.Dataset.range(first_epoch, epochs).flat_map(one_epoch)
-    steps = skip_steps * (place.replicas if place.several else 1)
     return epochs_ds.skip(steps).prefetch(tf.data.AUTOTUNE).with_options(
         _options(seed, per_worker=place.several))
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """How an epoch's elements are read, preprocessed, cached, dealt and augmented: the
+    part a tf.data service runs where `dataset.service` names one."""
+
+    preprocess: Callable | None
+    mode: str
+    scale: float | None
+    seed: int | None
+    shuffle_buffer: int
+    lanes: int
+    cache_file: Callable | None
+    shard: Callable | None
+    role: str | None
+    extra: _Augmentation
+
+    def streams(self, dataset: tf.data.Dataset, place: Place,
+                suffix: str = "") -> list[tuple[int, tf.data.Dataset]]:
+        """`(lane, elements)` of the lanes `place` reads, preprocessed and cached (a disk
+        cache's files named with `suffix` too)."""
+        file = self.cache_file
+        if file is not None and suffix:
+            def file(lane, named=self.cache_file):
+                return named(lane).with_name(named(lane).name + suffix)
+        return _cached(_lanes(dataset, self.lanes, place, self.shard), self.lanes,
+                       self.preprocess, self.mode, self.scale, file, self.role)
+
+    def epoch(self, streams: list[tuple[int, tf.data.Dataset]], place: Place, epoch: Any,
+              end: int | None, keep_position: bool = False) -> tf.data.Dataset:
+        """One epoch's elements of `place` (`(position, element)` with `keep_position`)."""
+        epoch_seed = None if self.seed is None else self.seed * 7919 + epoch
+        positioned = positions_of(place, dealt(streams, self.lanes, epoch_seed,
+                                               self.shuffle_buffer), self.lanes, end)
+        return _augmented(positioned, self.preprocess if self.mode == "none" else None,
+                          self.extra, epoch, keep_position)
+
+
+def _served_epochs(dataset: tf.data.Dataset, service: Any, reading: _Reading, place: Place,
+                   batches: list[int], drop_remainder: bool, span: tuple[int, int],
+                   weigh: Callable | None) -> tf.data.Dataset:
+    """This worker's batches of the epochs in `span`, their elements read on the tf.data
+    service (`trainer.data.service`): service `k` of K produces the elements `k`, `k + K`,
+    ... of this worker's share of each epoch (those of worker `w + W * k` of `W * K`, so a
+    service caches only its lanes where `W * K` divides them), in order; they come back
+    round-robin, each checked at its position, and are batched here as without a service."""
+    count, (first_epoch, epochs) = len(service.targets), span
+    end = sum(batches) if drop_remainder else None
+    per_epoch = place.examples_below(sum(batches))
+    produced = []
+    for k in range(count):
+        sub = Place(place.workers * count, place.worker + place.workers * k, place.replicas)
+        lanes = reading.streams(dataset, sub, f"-service{k}" if count > 1 else "")
+
+        def epoch_of(epoch, lanes=lanes, sub=sub):
+            return reading.epoch(lanes, sub, epoch, end, keep_position=True)
+
+        stream = tf.data.Dataset.range(first_epoch, epochs).flat_map(epoch_of)
+        stream = stream.batch(SERVICE_CHUNK).prefetch(tf.data.AUTOTUNE).with_options(
+            _options(reading.seed, ordered=True, per_worker=True))
+        produced.append(service.distributed(stream, k).unbatch())
+    choice = tf.data.Dataset.range(per_epoch).map(lambda m: m % count).repeat(
+        epochs - first_epoch)
+    merged = tf.data.Dataset.choose_from_datasets(produced, choice, stop_on_empty_dataset=True)
+    sizes = place.batch_sizes(batches) if place.several else batches
+    batched = _in_order(merged, place, per_epoch).batch(max(sizes)).rebatch(
+        tf.constant(sizes, tf.int64))
+    if reading.scale is not None:
+        batched = batched.map(_scaler(reading.scale), num_parallel_calls=tf.data.AUTOTUNE)
+    keyed = batched.enumerate().map(lambda b, batch: (first_epoch + b // len(sizes),
+                                                      b % len(sizes), batch))
+    return _extras(keyed, reading.extra, weigh, place)
+
+
+# Elements go over a tf.data service's wire in chunks of this many (one RPC each).
+SERVICE_CHUNK = 32
+# What the position check of a served element says where a service sent another.
+OUT_OF_ORDER = "trainer:service-order"
+_OUT_OF_ORDER_FOUND = re.compile(rf"\[{OUT_OF_ORDER}\] \[(\d+)\] \[(\d+)\]")
+
+
+def _in_order(merged: tf.data.Dataset, place: Place, per_epoch: int) -> tf.data.Dataset:
+    """The served `(position, element)`s as elements, each checked to be at the position
+    this worker expects (a dispatcher of several workers sends a copy per worker)."""
+    def check(index, position, element):
+        expected = place.worker + place.workers * (index % per_epoch)
+        guard = tf.debugging.Assert(tf.equal(position, expected),
+                                    [OUT_OF_ORDER, position, expected])
+        with tf.control_dependencies([guard]):
+            return tf.nest.map_structure(tf.identity, element)
+
+    return merged.enumerate().map(lambda i, served: check(i, *served),
+                                  num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def out_of_order_found(error: BaseException) -> tuple[int, int] | None:
+    """(position received, position expected) where `error` is `_in_order`'s failure."""
+    found = _OUT_OF_ORDER_FOUND.search(str(error))
+    return None if found is None else (int(found[1]), int(found[2]))
 
 
 def _lanes(dataset: tf.data.Dataset, lanes: int, place: Place,
@@ -419,29 +520,41 @@ def _cached(streams: list[tuple[int, tf.data.Dataset]], lanes: int, preprocess: 
 
 
 def _augmented(positioned: tf.data.Dataset, preprocess: Callable | None,
-               extra: _Augmentation, epoch: Any) -> tf.data.Dataset:
+               extra: _Augmentation, epoch: Any, keep_position: bool = False) -> tf.data.Dataset:
     """An epoch's elements from `(position, element)`: preprocessed here where nothing was
-    cached, then augmented each with the seed (epoch, position)."""
+    cached, then augmented each with the seed (epoch, position); `(position, element)`
+    again with `keep_position`."""
     if preprocess is not None:
         positioned = positioned.map(lambda p, element: (p, preprocess(*element)),
                                     num_parallel_calls=tf.data.AUTOTUNE)
     if extra.per_element is not None:
-        return _keyed_map(positioned, extra.per_element, extra.key(epoch))
-    return positioned.map(lambda _, element: element)
+        return _keyed_map(positioned, extra.per_element, extra.key(epoch), keep_position)
+    return positioned if keep_position else positioned.map(lambda _, element: element)
 
 
 def _batch_extras(batches: tf.data.Dataset, extra: _Augmentation, epoch: Any,
                   weigh: Callable | None, place: Place) -> tf.data.Dataset:
     """Batch layers, the batch mixer (each replica's batch on one worker of several) and
     class weights, on one epoch's batches."""
+    return _extras(batches.enumerate().map(lambda k, batch: (epoch, k, batch)), extra, weigh,
+                   place)
+
+
+def _extras(keyed: tf.data.Dataset, extra: _Augmentation, weigh: Callable | None,
+            place: Place) -> tf.data.Dataset:
+    """`_batch_extras` on `(epoch, index in the epoch, batch)`s."""
     for layer in extra.layers:
-        batches = batches.map(lambda x, *rest, layer=layer: (layer(x, training=True), *rest),
-                              num_parallel_calls=tf.data.AUTOTUNE)
+        keyed = keyed.map(lambda e, k, batch, layer=layer:
+                          (e, k, (layer(batch[0], training=True), *batch[1:])),
+                          num_parallel_calls=tf.data.AUTOTUNE)
     if extra.mix is not None:  # a key apart from the images'
-        positioned = batches.enumerate()
-        if place.several:
-            positioned = positioned.map(lambda k, batch: (replica_index(place, k), batch))
-        batches = _keyed_map(positioned, extra.mix, extra.key(epoch, 104729))
+        def mix(e, k, batch):
+            index = replica_index(place, k) if place.several else k
+            return extra.mix(*batch, tf.stack([extra.key(e, 104729), index]))
+
+        batches = keyed.map(mix, num_parallel_calls=tf.data.AUTOTUNE)
+    else:
+        batches = keyed.map(lambda e, k, batch: batch)
     if weigh is not None:
         batches = batches.map(weigh, num_parallel_calls=tf.data.AUTOTUNE)
     return batches
@@ -470,9 +583,11 @@ def _checked_sizes(num_classes: Any, **arrays: Any) -> dict[str, int]:
     return sizes
 
 
-def _keyed_map(positioned: tf.data.Dataset, fn: Callable, key: Any) -> tf.data.Dataset:
+def _keyed_map(positioned: tf.data.Dataset, fn: Callable, key: Any,
+               keep_position: bool = False) -> tf.data.Dataset:
     def apply(position, element):
-        return fn(*element, tf.stack([key, position]))
+        out = fn(*element, tf.stack([key, position]))
+        return (position, out) if keep_position else out
 
     return positioned.map(apply, num_parallel_calls=tf.data.AUTOTUNE)
 

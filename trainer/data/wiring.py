@@ -29,13 +29,14 @@ from trainer.data.pipeline import (
     build_training_epochs,
     non_finite_found,
 )
+from trainer.data.service import Service, out_of_order_message, service_report, stop_local
 from trainer.data.shares import Place
 from trainer.distribute.inputs import read_per_worker
 from trainer.plan.scaling import check_micro_batches
 from trainer.rundir.layout import RunDir
 
 # Dataset options that are the pipeline's, not the source builder's.
-PIPELINE_KEYS = ("cache", "shuffle_buffer", "memory_limit_mb", "lanes")
+PIPELINE_KEYS = ("cache", "shuffle_buffer", "memory_limit_mb", "lanes", "service")
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = N
     check_inputs(augment, source.input_shape, options["_target_"])
     source = checked_sizes(source, options["_target_"])
     source = finite_explained(source, options["_target_"])
+    source = served_explained(source, pipeline.get("service"))
     source = one_hot_if_mixing(augment, source)
     check_class_weight(class_weight, source)
     check_no_missing_inputs(source, max(batching.shards, batching.replicas))
@@ -120,7 +122,7 @@ def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = N
                 examples=source.train_size, replicas=batching.shards, augment=augment,
                 class_weight=class_weight, lanes=reading.lanes, place=place,
                 cache_file=reading.file("train"), shard=source.shard, role="train",
-                **common)
+                service=reading.service(), **common)
 
         return reading.shared(build)
 
@@ -132,6 +134,12 @@ def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = N
                 validation=_evaluation(source.validation, source.validation_size, "validation",
                                        batching, reading, common),
                 test=test, reading=reading.report(source))
+
+
+def stop_services() -> None:
+    """Stops the tf.data servers `dataset.service=local:K` started in this process (the
+    run's end; idempotent)."""
+    stop_local()
 
 
 def _evaluation(split: Any, examples: int, name: str, batching: Batching, reading: Reading,
@@ -159,6 +167,8 @@ class Reading:
     place: Place
     memory_limit_mb: int | None
     run_dir: Path | None = None
+    service_value: Any = None
+    _service: list = dataclasses.field(default_factory=list, compare=False)
 
     @classmethod
     def of(cls, pipeline: dict[str, Any], batching: Batching, run_dir: Path | None) -> Reading:
@@ -169,7 +179,16 @@ class Reading:
             mode = "none"
         return cls(mode, int(pipeline.get("lanes") or 1),
                    place, worker_memory_limit_mb(pipeline.get("memory_limit_mb"),
-                                                 batching.local_workers), run_dir)
+                                                 batching.local_workers), run_dir,
+                   pipeline.get("service"))
+
+    def service(self) -> Service | None:
+        """The tf.data service the training split is read on (`dataset.service`), started
+        or checked the first time training asks for it (evaluation never does); None
+        without one."""
+        if not self._service:
+            self._service.append(Service.of(self.service_value))
+        return self._service[0]
 
     def file(self, split: str) -> Callable[[int | None], Path] | None:
         """`lane -> prefix` of a split's disk cache files; None unless `cache=disk`."""
@@ -221,7 +240,8 @@ class Reading:
                      f"{', decodes and caches' if cached else ' and decodes'} only its share "
                      "of every global batch")
         return {"cache": self.cache, "lanes": self.lanes, "workers": place.workers,
-                "reads": reads, "memory_limit_mb": self.memory_limit_mb, "notes": notes}
+                "reads": reads, "memory_limit_mb": self.memory_limit_mb, "notes": notes,
+                "service": service_report(self.service_value)}
 
 
 def _cached_spec(source: Source) -> Any:
@@ -293,6 +313,22 @@ def finite_explained(source: Source, target: str) -> Source:
         return (f"dataset {target}: its {role} split holds NaN or inf in its {part}, first at "
                 f"row {row} (counted from 0); the weights would train to NaN on it: drop or "
                 "fill such rows (numpy.isfinite finds them)")
+
+    return dataclasses.replace(source, explain=explained)
+
+
+def served_explained(source: Source, value: Any) -> Source:
+    """The source, an example a tf.data service sent out of place (`dataset.service`)
+    explained in one line naming the service and the remedy."""
+    if service_report(value) is None:
+        return source
+    explain = source.explain
+
+    def explained(error: BaseException) -> str | None:
+        message = out_of_order_message(error, str(value))
+        if message is None and explain is not None:
+            return explain(error)
+        return message
 
     return dataclasses.replace(source, explain=explained)
 

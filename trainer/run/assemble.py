@@ -20,7 +20,14 @@ import keras
 
 from trainer.config.errors import ConfigError
 from trainer.config.metrics import monitor_mode
-from trainer.data.wiring import Batching, Data, build_data, loss_for_labels, model_ready
+from trainer.data.wiring import (
+    Batching,
+    Data,
+    build_data,
+    loss_for_labels,
+    model_ready,
+    stop_services,
+)
 from trainer.distribute.cluster import Cluster, choose_communication
 from trainer.distribute.runtime import (
     agree_on_data,
@@ -152,6 +159,12 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None,
                fit_callbacks=fit_callbacks, compiled_by=compiled.by,
                weights_only=compiled.weights_only,
                own_train_step=own_step, batch_norm=batch_norm)
+
+
+def release() -> None:
+    """Stops what a run's data started outside its objects, which end with the run: the
+    tf.data servers of `dataset.service=local:K` (idempotent; nothing without them)."""
+    stop_services()
 
 
 def _place(cluster: Cluster | None) -> tuple[int, int, int]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.distribute.devices import open_devices, set_determinism
-from trainer.run.assemble import Run, assemble
+from trainer.run.assemble import Run, assemble, release
 from trainer.run.drive import Trained, prepare_finetune, train_epochs
 from trainer.run.finish import (
     Outcome,
@@ -69,7 +69,8 @@ class Session:
     def close(self, error: BaseException | None) -> None:
         """The session's guards, called once by the run's owner as the run ends: the
         watchdog stopped, the trackers finished as FAILED after a failure, the failure
-        raised as the error a user reads where it has one, a scratch directory removed."""
+        raised as the error a user reads where it has one, the tf.data servers of
+        `dataset.service=local:K` stopped, a scratch directory removed."""
         try:
             if self.callbacks is not None and self.callbacks.watchdog is not None:
                 self.callbacks.watchdog.stop()  # a failed fit never reaches on_train_end
@@ -80,6 +81,7 @@ class Session:
                 translate(error, self.run, self.run_dir, self._needed, self.cluster,
                                  epoch)
         finally:
+            release()
             if self._scratch:
                 shutil.rmtree(self.run_dir, ignore_errors=True)
 

@@ -408,6 +408,8 @@ def _global_row(batch: dict[str, Any]) -> str:
 def _input_row(reading: dict[str, Any]) -> str:
     """The cache, and what each worker reads (`trainer.data.wiring.Reading.report`)."""
     row = f"cache {reading['cache']}, {reading['reads']}"
+    if reading.get("service"):
+        row += f"; preprocessed on {reading['service']['says']}"
     return row + "".join(f"; {note}" for note in reading.get("notes") or [])
 
 

@@ -12,7 +12,8 @@ cluster, strategy and the micro-batch split may change when the global batch is 
 (`batch.global_size`): the run continues on another device count with the same global
 batch, learning rate, schedule position and data order. `dataset.cache` may move between
 `memory` and `disk` (the same elements; `true` and `false`, its older spelling, read as
-`memory` and `none`), and `dataset.memory_limit_mb` may change.
+`memory` and `none`), and `dataset.memory_limit_mb` and `dataset.service` (where the
+preprocessing runs: the same batches) may change.
 
 Nothing here imports TensorFlow: the command line checks before Hydra writes `.hydra/`.
 """
@@ -37,6 +38,8 @@ FREE = ("epochs", "verbose", "tensorboard", "export", "resume", "checkpoint", "c
         "steps_per_execution", "jit_compile", "deterministic", "cluster.task_index",
         "cluster.port_base", "logger",
         "optimized_metric", "profile", "tune", "tuner", "dataset.memory_limit_mb",
+        # where the preprocessing runs: the same batches with or without a tf.data service
+        "dataset.service",
         # what dataset.image_size grows to; the size trained at is dataset.image_size's own
         "model.min_image_size")
 # Keys that only decide how the global batch is split over devices: free when the global
