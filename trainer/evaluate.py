@@ -44,8 +44,10 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
     run = restored.run
     data = run.data.validation if split == "validation" else run.data.test
     if data is None:
-        raise ConfigError(f"the dataset of {run_dir} has no test split; valid: "
-                          "split=validation")
+        other = "test" if split == "validation" else "validation"
+        valid = (f"valid: split={other}" if getattr(run.data, other) is not None
+                 else "it has neither a validation nor a test split")
+        raise ConfigError(f"the dataset of {run_dir} has no {split} split; {valid}")
     metrics = evaluate_split(run, data)
     examples = (run.data.source.validation_size if split == "validation"
                 else run.data.source.test_size)

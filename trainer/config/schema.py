@@ -170,6 +170,8 @@ class DigitsConfig:
     validation_fraction: float = 0.1
     test_fraction: float = 0.1
     cache: str = "memory"
+    # false: the source\'s order every epoch (Keras\'s fit(shuffle=False))
+    shuffle: bool = True
     shuffle_buffer: int = 2048
     memory_limit_mb: int | None = None
     lanes: int = 1
@@ -184,6 +186,8 @@ class SyntheticConfig:
     channels: int = 3
     num_classes: int = 10
     cache: str = "memory"
+    # false: the source\'s order every epoch (Keras\'s fit(shuffle=False))
+    shuffle: bool = True
     shuffle_buffer: int = 2048
     memory_limit_mb: int | None = None
     lanes: int = 1
@@ -201,6 +205,8 @@ class TfdsConfig:
     download: bool = True
     image_size: int | None = None
     cache: str = "memory"
+    # false: the source\'s order every epoch (Keras\'s fit(shuffle=False))
+    shuffle: bool = True
     shuffle_buffer: int = 10000
     memory_limit_mb: int | None = None
     lanes: int = 1
@@ -215,6 +221,8 @@ class ImageFolderConfig:
     validation_fraction: float = 0.1
     test_fraction: float = 0.1
     cache: str = "memory"
+    # false: the source\'s order every epoch (Keras\'s fit(shuffle=False))
+    shuffle: bool = True
     shuffle_buffer: int = 10000
     memory_limit_mb: int | None = None
     lanes: int = 1
@@ -233,6 +241,8 @@ class TfrecordConfig:
     num_classes: int | None = None
     label_offset: int = 0
     cache: str = "memory"
+    # false: the source\'s order every epoch (Keras\'s fit(shuffle=False))
+    shuffle: bool = True
     shuffle_buffer: int = 10000
     memory_limit_mb: int | None = None
     lanes: int = 1

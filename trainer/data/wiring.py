@@ -22,6 +22,7 @@ from trainer.config.errors import ConfigError
 from trainer.config.validate import cache_mode
 from trainer.data.augment import check_inputs, mixers
 from trainer.data.caching import check_memory, element_bytes, worker_memory_limit_mb
+from trainer.data.given import as_source
 from trainer.data.pipeline import (
     DataError,
     Source,
@@ -35,7 +36,7 @@ from trainer.plan.scaling import check_micro_batches
 from trainer.rundir.layout import RunDir
 
 # Dataset options that are the pipeline's, not the source builder's.
-PIPELINE_KEYS = ("cache", "shuffle_buffer", "memory_limit_mb", "lanes")
+PIPELINE_KEYS = ("cache", "shuffle", "shuffle_buffer", "memory_limit_mb", "lanes")
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,9 @@ class Data:
     validation: Any
     test: Any = None
     reading: dict[str, Any] | None = None
+    # batches that show the model's inputs and targets: the validation batches, or without
+    # validation (None) the first training examples, batched as evaluation batches them
+    probe: Any = None
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,8 @@ class Batching:
 
 def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = None,
                augment: Any = None, class_weight: dict[int, float] | None = None,
-               defaults: tuple[str, ...] = (), run_dir: Path | None = None) -> Data:
+               defaults: tuple[str, ...] = (), run_dir: Path | None = None,
+               source: Source | None = None) -> Data:
     """Loads the dataset a config node names, with its training epochs and evaluation
     batches.
 
@@ -89,13 +94,12 @@ def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = N
             only where it takes them (`trainer.config.build.group_defaults`).
         run_dir: where this process writes: `dataset.cache=disk` keeps its files there
             (`RunDir.input_cache`); None: nowhere (disk reads once, uncached).
+        source: the source `load_source` loaded already; None: loaded here.
     """
     options = dict(dataset)
     pipeline = {key: options.pop(key) for key in PIPELINE_KEYS if key in options}
-    source = build_object(options_for(options, defaults), "dataset", seed=seed)
-    if not isinstance(source, Source):
-        raise ConfigError(f"dataset {options['_target_']} must return a trainer.data.Source "
-                          f"(Source.from_arrays for arrays); received: {type(source).__name__}")
+    if source is None:
+        source = load_source(dataset, seed, defaults)
     if source.check is not None:  # the workers check their shares: the data once
         source.check(batching.workers, batching.worker)
     check_inputs(augment, source.input_shape, options["_target_"])
@@ -110,7 +114,7 @@ def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = N
     reading = Reading.of(pipeline, batching, run_dir)
     reading.check_memory(source)
     common = dict(preprocess=source.preprocess, scale=source.scale, seed=seed,
-                  cache=reading.cache, shuffle_buffer=pipeline.get("shuffle_buffer", 2048))
+                  cache=reading.cache, shuffle_buffer=shuffle_buffer(pipeline))
 
     def make_train(first_epoch: int, epochs: int, skip_steps: int):
         def build(place: Place) -> Any:
@@ -128,10 +132,35 @@ def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = N
     test = (_evaluation(source.test, source.test_size, "test", batching, reading,
                         {**common, "cache": "none"})
             if source.test is not None and source.test_size > 0 else None)
-    return Data(source=source, make_train=make_train,
-                validation=_evaluation(source.validation, source.validation_size, "validation",
-                                       batching, reading, common),
-                test=test, reading=reading.report(source))
+    validation = (_evaluation(source.validation, source.validation_size, "validation",
+                              batching, reading, common)
+                  if source.validation is not None and source.validation_size > 0 else None)
+    probe = validation
+    if probe is None:
+        first = min(source.train_size, batching.eval_batch or batching.global_batch)
+        probe = _evaluation(source.train.take(first), first, "train", batching, reading,
+                            {**common, "cache": "none"})
+    return Data(source=source, make_train=make_train, validation=validation, test=test,
+                reading=reading.report(source), probe=probe)
+
+
+def load_source(dataset: dict[str, Any], seed: int | None = None,
+                defaults: tuple[str, ...] = ()) -> Source:
+    """The `Source` of the dataset a config node names (its builder called with its options,
+    the pipeline's keys left out): a `Source` it returned, or data as Keras's `fit` takes it
+    turned into one (`trainer.data.given.as_source`)."""
+    options = {k: v for k, v in dataset.items() if k not in PIPELINE_KEYS}
+    found = build_object(options_for(options, defaults), "dataset", seed=seed)
+    return as_source(found, str(options["_target_"]))
+
+
+def shuffle_buffer(pipeline: dict[str, Any]) -> int:
+    """The training order's shuffle buffer: `dataset.shuffle_buffer` (2048 unless set), 0
+    with `dataset.shuffle=false` (the source's order, every epoch, as Keras's
+    `fit(shuffle=False)`)."""
+    if pipeline.get("shuffle") is False:
+        return 0
+    return int(pipeline.get("shuffle_buffer") or 2048)
 
 
 def _evaluation(split: Any, examples: int, name: str, batching: Batching, reading: Reading,

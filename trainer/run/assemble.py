@@ -20,7 +20,16 @@ import keras
 
 from trainer.config.errors import ConfigError
 from trainer.config.metrics import monitor_mode
-from trainer.data.wiring import Batching, Data, build_data, loss_for_labels, model_ready
+from trainer.config.given import flag as given_flag
+from trainer.config.schema import CheckpointConfig
+from trainer.data.wiring import (
+    Batching,
+    Data,
+    build_data,
+    load_source,
+    loss_for_labels,
+    model_ready,
+)
 from trainer.distribute.cluster import Cluster, choose_communication
 from trainer.distribute.runtime import (
     agree_on_data,
@@ -86,6 +95,10 @@ class Run:
     weights_only: str | None = None
     # how batch normalization runs over the replicas (trainer.distribute.runtime), or None
     batch_norm: str | None = None
+    # what the summary says of the data as given (`data_notes`)
+    notes: tuple[str, ...] = ()
+    # the spec as the data made it (`batch_of_data`, `checkpoint_monitor`), or None
+    spec: Any = None
 
     @property
     def workers(self) -> int:
@@ -101,6 +114,8 @@ class Run:
     def logged(self) -> tuple[str, ...]:
         """What is logged per epoch: the loss and the metrics, and their `val_` forms."""
         names = ("loss", *self.metric_names)
+        if self.data.validation is None:  # no validation set: nothing `val_` is logged
+            return names
         return (*names, *(f"val_{n}" for n in names))
 
     def monitor_mode(self, monitor: str, mode: str = "auto", key: str = "checkpoint") -> str:
@@ -126,6 +141,11 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None,
         A `Run`.
     """
     strategy_name, loop, strategy, cross, speed = _strategy(spec, plan, cluster)
+    with strategy.scope():
+        source = load_source(spec.dataset, spec.runtime_seed, spec.dataset_defaults)
+    spec = batch_of_data(spec, source)
+    spec = replace(spec, checkpoint=replace(spec.checkpoint,
+                                            monitor=checkpoint_monitor(spec, source)))
     batch = plan_batch(spec.batch.per_replica, spec.batch.global_size,
                        strategy.num_replicas_in_sync, spec.batch.accumulate,
                        spec.batch.max_per_replica)
@@ -136,7 +156,7 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None,
         data = build_data(spec.dataset, Batching(
             batch.global_size, batch.shards, batch.per_replica * batch.replicas,
             batch.replicas, spec.batch.drop_remainder, *_place(cluster)), spec.runtime_seed,
-            spec.augment, spec.class_weight, spec.dataset_defaults, run_dir)
+            spec.augment, spec.class_weight, spec.dataset_defaults, run_dir, source)
         agree_on_data(strategy, cluster, data.source)  # before the model's collectives
         steps = steps_per_epoch(data.source.train_size, batch.global_size,
                                 spec.batch.drop_remainder)
@@ -151,7 +171,45 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None,
                metric_names=compiled.names, metric_directions=compiled.ways,
                fit_callbacks=fit_callbacks, compiled_by=compiled.by,
                weights_only=compiled.weights_only,
-               own_train_step=own_step, batch_norm=batch_norm)
+               own_train_step=own_step, batch_norm=batch_norm,
+               notes=data_notes(data.source, batch, spec), spec=spec)
+
+
+def batch_of_data(spec: Spec, source: Any) -> Spec:
+    """The spec, with a batched dataset's own batch as the global batch where
+    `trainer.fit(data=...)` was given one and the overrides set no batch (as Keras's
+    `fit(dataset)` trains at the dataset's batch); `reference_batch: auto` follows it, so
+    the model's rate is the rate at that batch on any device count."""
+    size = source.given_batch
+    if size is None or not given_flag("batch_from_data"):
+        return spec
+    lr = replace(spec.lr, reference_batch=size) if spec.lr.reference_auto else spec.lr
+    return replace(spec, batch=replace(spec.batch, per_replica=None, global_size=size), lr=lr)
+
+
+def data_notes(source: Any, batch: BatchPlan, spec: Spec) -> tuple[str, ...]:
+    """What the summary says of the data as given: a batched dataset rebatched, no
+    validation set choosing the checkpoint."""
+    notes = []
+    if source.given_batch is not None:
+        notes.append(f"the dataset came in batches of {source.given_batch}: trainer unbatched "
+                     f"it and batches it to the global batch {batch.global_size} "
+                     f"({batch.per_replica} per replica)")
+    if source.validation is None or not source.validation_size:
+        notes.append(f"no validation set: the training {spec.checkpoint.monitor} chose the "
+                     "best checkpoint")
+    return tuple(notes)
+
+
+def checkpoint_monitor(spec: Spec, source: Any) -> str:
+    """`checkpoint.monitor`, or without a validation set its training form: `loss` for the
+    default `val_accuracy`, `mae` for `val_mae`."""
+    monitor = spec.checkpoint.monitor
+    if source.validation is not None and source.validation_size:
+        return monitor
+    if monitor == CheckpointConfig.monitor:
+        return "loss"
+    return monitor.removeprefix("val_")
 
 
 def _place(cluster: Cluster | None) -> tuple[int, int, int]:
@@ -223,7 +281,7 @@ def _compiled_model(spec: Spec, data: Data, global_batch: int, steps: int,
     model = build_model(spec.model, input_shape=source.input_shape,
                         num_classes=source.num_classes, num_outputs=source.num_outputs,
                         defaults=spec.model_defaults, train=lambda: model_ready(source))
-    x, y, _ = keras.utils.unpack_x_y_sample_weight(symbolic_batch(data.validation.element_spec))
+    x, y, _ = keras.utils.unpack_x_y_sample_weight(symbolic_batch(data.probe.element_spec))
     y_pred = output_spec(model, x)
     outputs = len(keras.tree.flatten(y_pred))
     task = choose_task(model, {"loss": loss_for_labels(spec.loss, spec.augment),
@@ -239,7 +297,7 @@ def _compiled_model(spec: Spec, data: Data, global_batch: int, steps: int,
                   jit_compile=speed.jit_compile)
     build_compiled(model, x, y)
     check_class_losses(model, y)
-    check_one_batch(model, data.validation, source.num_classes)
+    check_one_batch(model, data.probe, source.num_classes)
     names, ways = logged_metrics(model)
     weights_only = make_saveable(model)
     return _Compiled(model, lr, task.loss, tuple(names), ways, task.compiled_by, weights_only)

@@ -61,7 +61,8 @@ def final_evaluations(run: Run, callbacks: Callbacks, trained: Trained, epochs: 
     evaluating = time.perf_counter()
     run_dir = callbacks.backup.store.directory.parent
     hold_first_replicas_weights(run.strategy, model)  # last.keras's, on every replica
-    final = evaluate_split(run, run.data.validation, trained.loop)
+    final = ({} if run.data.validation is None
+             else evaluate_split(run, run.data.validation, trained.loop))
     stop_if_asked(request, "the final validation", run_dir, run.is_chief)
     test, checkpoint = None, None
     if run.data.test is not None:
@@ -83,7 +84,7 @@ def final_evaluations(run: Run, callbacks: Callbacks, trained: Trained, epochs: 
 def check_export(run: Run, formats: tuple[str, ...]) -> None:
     """Refuses, before training, an export format the built model does not export to (a
     model taking strings in TFLite or ONNX): one line instead of a failure after training."""
-    check_exportable(run.model, formats, run.data.validation)
+    check_exportable(run.model, formats, run.data.probe)
 
 
 def export(run: Run, run_dir: Path, formats: tuple[str, ...], report: dict[str, Any]) -> None:
@@ -91,7 +92,7 @@ def export(run: Run, run_dir: Path, formats: tuple[str, ...], report: dict[str, 
     where in the summary."""
     if not formats:
         return
-    report["exports"] = export_model(run.model, run_dir, formats, run.data.validation)
+    report["exports"] = export_model(run.model, run_dir, formats, run.data.probe)
     if "saved_model" in report["exports"]:  # its key before export formats
         report["saved_model"] = report["exports"]["saved_model"]
 

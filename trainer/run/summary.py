@@ -10,6 +10,7 @@ import keras
 import tensorflow as tf
 from omegaconf import OmegaConf
 
+from trainer.config.given import is_marker
 from trainer.config.image_size import describe_choice
 from trainer.config.schema import config_dir
 from trainer.data.augment import describe
@@ -124,6 +125,14 @@ def build_summary(spec: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, c
             **_results(spec, run, plan, outcome)}
 
 
+def given_name(node: dict[str, Any]) -> str | None:
+    """A model or dataset given to `trainer.fit` as a Python object, as the summary calls
+    it (`build, defined in __main__ (a Python object)`); None for one named in the config."""
+    if not is_marker(node.get("_target_")):
+        return None
+    return f"{node.get('given') or 'unnamed'} (a Python object)"
+
+
 def named(group: str, choice: str | None, target: str) -> str:
     """What the summary calls the model or dataset: the group's choice (`cnn`, a project's
     `mlp`), or the `_target_` where the run replaced the choice's (`model._target_=wine.build`
@@ -181,8 +190,10 @@ def final_rate(run: Any, callbacks: Any) -> dict[str, Any]:
 
 def _what_ran(spec: Any, run: Any, plan: Any, callbacks: Any) -> dict[str, Any]:
     cluster = run.cluster
-    model = named("model", spec.choices.get("model"), spec.model["_target_"])
-    dataset = named("dataset", spec.choices.get("dataset"), spec.dataset["_target_"])
+    model = given_name(spec.model) or named("model", spec.choices.get("model"),
+                                             spec.model["_target_"])
+    dataset = given_name(spec.dataset) or named("dataset", spec.choices.get("dataset"),
+                                                spec.dataset["_target_"])
     return {
         "model": model,
         "dataset": dataset,
@@ -227,6 +238,7 @@ def _what_ran(spec: Any, run: Any, plan: Any, callbacks: Any) -> dict[str, Any]:
         "deterministic": exactness(spec.deterministic, plan.kind, onednn_enabled(),
                                    random_layers(run.model), run.batch.per_replica),
         "input": run.data.reading,
+        "data_notes": list(getattr(run, "notes", ())),
     }
 
 
@@ -447,6 +459,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("strategy", f"{summary['strategy']} (cross-device ops: {summary['cross_device_ops']})"),
         ("batch per replica", _micro_row(summary["batch"])),
         ("batch global", _global_row(summary["batch"])),
+        *[("data", note) for note in summary.get("data_notes") or []],
         ("learning rate", _rate_row(summary["learning_rate"])),
         ("optimizer / loss", f"{_optimizer_row(summary)} / {summary['loss']}"),
         *_model_rows(summary),

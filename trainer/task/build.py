@@ -22,6 +22,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from trainer.config.build import build_object, describe, import_failure, load_target, taken_by
 from trainer.config.errors import ConfigError
+from trainer.config.given import is_marker, lookup
 from trainer.config.schema import Config, LrPlan, config_dir
 from trainer.internals.keras_compile import (
     compile_arguments,
@@ -734,12 +735,17 @@ def build_model(node: Mapping, input_shape: tuple[int, ...], num_classes: int | 
     Args:
         train: makes the training split, called only for a builder that names `train`.
     """
+    given = is_marker(node["_target_"])
     try:
-        target = load_target(node["_target_"])
+        target = (lookup("model", node.get("given")) if given
+                  else load_target(node["_target_"]))
+    except ConfigError:
+        raise
     except Exception as error:  # noqa: BLE001 - any import failure is the same bad value
         raise ConfigError(f"model._target_={node['_target_']!r} cannot be imported: "
                           f"{import_failure(error)}") from None
-    node = taken_by(target, dict(node), defaults)
+    node = taken_by(target, {k: v for k, v in node.items() if k != "given" or not given},
+                    defaults)
     offered = {"input_shape": input_shape, "num_classes": num_classes,
                "num_outputs": num_outputs, "train": train}
     try:
@@ -752,8 +758,22 @@ def build_model(node: Mapping, input_shape: tuple[int, ...], num_classes: int | 
     if "num_classes" in kwargs and num_classes is None:
         raise ConfigError(f"model {node['_target_']} asks for num_classes, but the dataset has "
                           "no classes (a regression target); give the builder num_outputs")
-    model = build_object(node, "model", **kwargs)
+    model = (_called(target, node, kwargs) if given
+             else build_object(node, "model", **kwargs))
     if not isinstance(model, keras.Model):
         raise ConfigError(f"model {node['_target_']} must return a keras.Model; received: "
                           f"{type(model).__name__}")
     return model
+
+
+def _called(target: Callable, node: Mapping, kwargs: dict[str, Any]) -> Any:
+    """A model builder given as an object, called with its options and `kwargs`; what it
+    raises is one line naming it (as `build_object` names a dotted one)."""
+    options = {k: v for k, v in node.items() if k != "_target_"}
+    name = getattr(target, "__qualname__", type(target).__name__)
+    try:
+        return target(**options, **kwargs)
+    except ConfigError:
+        raise
+    except Exception as error:  # noqa: BLE001 - the user's builder failed: one line
+        raise ConfigError(f"model: cannot build {name}: {describe(error)}") from None
