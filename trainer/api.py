@@ -147,8 +147,8 @@ def _objects(overrides: list[str], **objects: Any) -> dict[str, Any]:
 
 
 def tune(overrides: Sequence[str] = (), what: str = "lr",
-         config_dir: str | Path | None = None, run_dir: str | Path | None = None
-         ) -> dict[str, Any]:
+         config_dir: str | Path | None = None, run_dir: str | Path | None = None, *,
+         model: Any = None, data: Any = None) -> dict[str, Any]:
     """`python -m trainer tune=WHAT OVERRIDES` in this process: a learning-rate range test
     (`what="lr"`) or the per-replica batch's throughput curve (`"batch"`) for the run the
     overrides describe, written into a new run directory (`lr_find.png`, `lr_find.json`).
@@ -161,7 +161,7 @@ def tune(overrides: Sequence[str] = (), what: str = "lr",
     """
     with one_error():  # as fit checks them: one string would be read character by character
         given = as_overrides(overrides, "trainer.tune")
-    return fit([*given, f"tune={what}"], config_dir, run_dir)
+    return fit([*given, f"tune={what}"], config_dir, run_dir, model=model, data=data)
 
 
 def _save_config(logs: Path, cfg: Any, overrides: list[str]) -> None:
@@ -177,9 +177,11 @@ def _result(run_dir: Path) -> Result:
     return Result(summary=summary, run_dir=Path(run_dir))
 
 
-def evaluate(run_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+def evaluate(run_dir: str | Path, overrides: Sequence[str] = (), *, model: Any = None,
+             data: Any = None) -> dict[str, Any]:
     """`python -m trainer.evaluate RUN_DIR OVERRIDES` in this process: a finished run's
-    checkpoint on its validation (or `split=test`) examples, each once.
+    checkpoint on its validation (or `split=test`) examples, each once. A run trained on
+    Python objects (`fit(model=..., data=...)`) takes the same objects again.
 
     Raises:
         TrainerError: with the command line's one line.
@@ -187,13 +189,15 @@ def evaluate(run_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, An
     # lazy: it imports the run's assembly, which imports TensorFlow
     import trainer.evaluate
 
-    return trainer.evaluate(run_dir, overrides)
+    return trainer.evaluate(run_dir, overrides, model=model, data=data)
 
 
 def predict(run_dir: str | Path, input: Any, output: str | Path | None = None,
-            overrides: Sequence[str] = (), overwrite: bool = False) -> dict[str, Any]:
+            overrides: Sequence[str] = (), overwrite: bool = False, *, model: Any = None,
+            data: Any = None) -> dict[str, Any]:
     """`python -m trainer.predict RUN_DIR input=INPUT output=OUTPUT` in this process; `input`
-    may also be a list of image paths, a NumPy array or a dict of arrays.
+    may also be a list of image paths, a NumPy array or a dict of arrays. A run trained on
+    Python objects takes the same objects again (`model=`, `data=`).
 
     Raises:
         TrainerError: with the command line's one line.
@@ -201,4 +205,5 @@ def predict(run_dir: str | Path, input: Any, output: str | Path | None = None,
     # lazy: it imports the run's assembly, which imports TensorFlow
     import trainer.predict
 
-    return trainer.predict(run_dir, input, output, overrides, overwrite)
+    return trainer.predict(run_dir, input, output, overrides, overwrite, model=model,
+                           data=data)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config.errors import ConfigError
+from trainer.config.given import holding
 from trainer.config.outcome import as_overrides, one_error
 from trainer.run import process
 from trainer.run.reopen import SPLITS, take_choice
@@ -82,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
 class _Callable(types.ModuleType):
     """`trainer.evaluate(...)`: the module, callable as the Python API's evaluation."""
 
-    def __call__(self, run_dir: str | Path, overrides: list[str] = ()) -> dict[str, Any]:
-        with one_error():
+    def __call__(self, run_dir: str | Path, overrides: list[str] = (), *, model: Any = None,
+                 data: Any = None) -> dict[str, Any]:
+        with one_error(), holding(model=model, data=data, batch_from_data=True):
             given = as_overrides(overrides, "trainer.evaluate")
             process.start_tensorflow()
             return evaluate_run(run_dir, given)

@@ -149,9 +149,18 @@ def load_source(dataset: dict[str, Any], seed: int | None = None,
     """The `Source` of the dataset a config node names (its builder called with its options,
     the pipeline's keys left out): a `Source` it returned, or data as Keras's `fit` takes it
     turned into one (`trainer.data.given.as_source`)."""
-    options = {k: v for k, v in dataset.items() if k not in PIPELINE_KEYS}
-    found = build_object(options_for(options, defaults), "dataset", seed=seed)
+    options = options_for({k: v for k, v in dataset.items() if k not in PIPELINE_KEYS},
+                          (*defaults, "seed"))
+    # `seed` for a loader that takes it (a function returning arrays may take nothing)
+    seeded = {"seed": seed} if taken_by_target(options, "seed") else {}
+    found = build_object(options, "dataset", **seeded)
     return as_source(found, str(options["_target_"]))
+
+
+def taken_by_target(node: dict[str, Any], key: str) -> bool:
+    """Whether the node's `_target_` takes `key` (by name or `**kwargs`); True where its
+    signature cannot be read or it does not import (`build_object` then says why)."""
+    return key in options_for({**node, key: None}, (key,))
 
 
 def shuffle_buffer(pipeline: dict[str, Any]) -> int:

@@ -19,8 +19,8 @@ from typing import Any
 import keras
 
 from trainer.config.errors import ConfigError
-from trainer.config.metrics import monitor_mode
 from trainer.config.given import flag as given_flag
+from trainer.config.metrics import monitor_mode
 from trainer.config.schema import CheckpointConfig
 from trainer.data.wiring import (
     Batching,
@@ -287,7 +287,7 @@ def _compiled_model(spec: Spec, data: Data, global_batch: int, steps: int,
     task = choose_task(model, {"loss": loss_for_labels(spec.loss, spec.augment),
                                "loss_named": spec.loss != default_loss(),
                                "metrics": spec.metrics, "loss_weights": spec.loss_weights,
-                               "optimizer": spec.optimizer},
+                               "optimizer": spec.optimizer, "targets": y is not None},
                        source.num_classes is not None, outputs)
     lr = learning_rate(plan_of(spec.lr, task), global_batch, steps, spec.epochs)
     model.compile(optimizer=optimizer_for(task, spec.optimizer, lr.schedule), loss=task.loss,

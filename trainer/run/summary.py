@@ -38,6 +38,10 @@ def _parameters(model: Any) -> dict[str, int]:
     return {"trainable": counts["trainable"], "frozen": counts["total"] - counts["trainable"]}
 
 
+# What the summary says of a model compiled without a loss.
+NO_LOSS = "none compiled (the model's own {how} makes it)"
+
+
 def _loss_name(spec: Any) -> str:
     return spec if isinstance(spec, str) else str(spec.get("_target_"))
 
@@ -220,7 +224,8 @@ def _what_ran(spec: Any, run: Any, plan: Any, callbacks: Any) -> dict[str, Any]:
         "checkpoints_hold": ("the whole model" if run.weights_only is None
                              else f"weights only: {run.weights_only}"),
         "checkpoints_load_with": _loads_with(run),
-        "loss": _loss_label(run.loss, spec.loss),
+        "loss": (_loss_label(run.loss, spec.loss) if run.loss is not None
+                 else NO_LOSS.format(how="train_step" if run.own_train_step else "add_loss")),
         "metrics": list(run.metric_names),
         "callbacks": [type(c).__name__ for c in callbacks.user],
         "loop": run.loop,

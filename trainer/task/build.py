@@ -315,11 +315,20 @@ def choose_task(model: keras.Model, config: Mapping[str, Any], classes: bool,
 
     Args:
         model: what the model builder returned.
-        config: the config's `loss`, `metrics`, `loss_weights` and `optimizer`.
+        config: the config's `loss`, `metrics`, `loss_weights` and `optimizer`; `targets`
+            False where the dataset gives inputs alone (no loss then, but the model's own).
         classes: whether the dataset's targets are classes.
         outputs: the model's outputs.
     """
+    named_loss = config.get("loss_named", config["loss"] != default_loss())
+    if not config.get("targets", True) and named_loss:
+        raise ConfigError(f"loss={_named(config['loss'])} needs targets; the dataset gives "
+                          "inputs alone (x, no y): remove loss (a model that trains on x "
+                          "makes its own loss: its train_step, or add_loss), or give (x, y)")
     if not getattr(model, "compiled", False):
+        if not config.get("targets", True):  # x alone: the model's add_loss trains
+            metrics = None if config["metrics"] is None else compiled_metrics(config["metrics"])
+            return Task(None, None, metrics)
         named = default_metrics(config["metrics"], classes, outputs)
         return Task(build_losses(config["loss"]), config["loss_weights"],
                     compiled_metrics(named))
@@ -339,7 +348,7 @@ def choose_task(model: keras.Model, config: Mapping[str, Any], classes: bool,
         metrics = None
     optimizer = None if optimizer_named(config["optimizer"]) else _own_optimizer(
         own.get("optimizer"), config["optimizer"])
-    if loss is None and not config.get("loss_named", config["loss"] != default_loss()):
+    if loss is None and not named_loss:
         # compiled with no loss: its own `add_loss` is what trains, as in Keras's fit
         return Task(None, None, metrics, own.get("weighted_metrics"), optimizer, BY_BUILDER)
     return Task(build_losses(loss if loss is not None else config["loss"]),
@@ -557,7 +566,8 @@ def check_one_batch(model: keras.Model, batches: tf.data.Dataset,
     if batch is None:
         return
     x, y, _ = keras.utils.unpack_x_y_sample_weight(batch)
-    x, y = (keras.tree.map_structure(lambda t: t[:PROBED], part) for part in (x, y))
+    x, y = (None if part is None else keras.tree.map_structure(lambda t: t[:PROBED], part)
+            for part in (x, y))
     y_pred = model(x, training=False)
     if keeps_own_train_step(model):
         _check_validation(model, entries)
@@ -744,8 +754,10 @@ def build_model(node: Mapping, input_shape: tuple[int, ...], num_classes: int | 
     except Exception as error:  # noqa: BLE001 - any import failure is the same bad value
         raise ConfigError(f"model._target_={node['_target_']!r} cannot be imported: "
                           f"{import_failure(error)}") from None
-    node = taken_by(target, {k: v for k, v in node.items() if k != "given" or not given},
-                    defaults)
+    if given:  # an object takes what it names: the group's keys are no options of its own
+        node = {k: v for k, v in node.items() if k != "given"}
+        defaults = tuple(k for k in node if k != "_target_")
+    node = taken_by(target, dict(node), defaults)
     offered = {"input_shape": input_shape, "num_classes": num_classes,
                "num_outputs": num_outputs, "train": train}
     try:
