@@ -19,6 +19,8 @@ import tensorflow as tf
 
 from trainer.config.build import build_object, options_for
 from trainer.config.errors import ConfigError
+from trainer.config.given import flag as given_flag
+from trainer.config.schema import CheckpointConfig
 from trainer.config.validate import cache_mode
 from trainer.data.augment import check_inputs, mixers
 from trainer.data.caching import check_memory, element_bytes, worker_memory_limit_mb
@@ -128,6 +130,15 @@ def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = N
 
         return reading.shared(build)
 
+    validation, test, probe = _evaluations(source, batching, reading, common)
+    return Data(source=source, make_train=make_train, validation=validation, test=test,
+                reading=reading.report(source), probe=probe)
+
+
+def _evaluations(source: Source, batching: Batching, reading: Reading,
+                 common: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """(validation, test, probe) batches: None for a split the source does not have; the
+    probe is the validation batches, or without them the first training examples."""
     # The test split is read once, at the end: no cache holding it through the run.
     test = (_evaluation(source.test, source.test_size, "test", batching, reading,
                         {**common, "cache": "none"})
@@ -140,8 +151,7 @@ def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = N
         first = min(source.train_size, batching.eval_batch or batching.global_batch)
         probe = _evaluation(source.train.take(first), first, "train", batching, reading,
                             {**common, "cache": "none"})
-    return Data(source=source, make_train=make_train, validation=validation, test=test,
-                reading=reading.report(source), probe=probe)
+    return validation, test, probe
 
 
 def load_source(dataset: dict[str, Any], seed: int | None = None,
@@ -161,6 +171,43 @@ def taken_by_target(node: dict[str, Any], key: str) -> bool:
     """Whether the node's `_target_` takes `key` (by name or `**kwargs`); True where its
     signature cannot be read or it does not import (`build_object` then says why)."""
     return key in options_for({**node, key: None}, (key,))
+
+
+def batch_of_data(batch: Any, lr: Any, source: Source) -> tuple[Any, Any]:
+    """The batch config and learning-rate plan, with a batched dataset's own batch as the
+    global batch where `trainer.fit(data=...)` was given one and its overrides set no batch
+    (Keras's `fit(dataset)` trains at the dataset's batch); `reference_batch: auto`
+    follows it, so the model's rate is its rate at that batch on any device count."""
+    size = source.given_batch
+    if size is None or not given_flag("batch_from_data"):
+        return batch, lr
+    if lr.reference_auto:
+        lr = dataclasses.replace(lr, reference_batch=size)
+    return dataclasses.replace(batch, per_replica=None, global_size=size), lr
+
+
+def checkpoint_monitor(monitor: str, source: Source) -> str:
+    """`checkpoint.monitor`, or without a validation set its training form: `loss` for the
+    default `val_accuracy`, `mae` for `val_mae`."""
+    if source.validation is not None and source.validation_size:
+        return monitor
+    if monitor == CheckpointConfig.monitor:
+        return "loss"
+    return monitor.removeprefix("val_")
+
+
+def data_notes(source: Source, global_batch: int, per_replica: int,
+               monitor: str) -> tuple[str, ...]:
+    """What the summary says of the data as given: a batched dataset rebatched, no
+    validation set choosing the checkpoint."""
+    notes = []
+    if source.given_batch is not None:
+        notes.append(f"the dataset came in batches of {source.given_batch}: trainer unbatched "
+                     f"it and batches it to the global batch {global_batch} "
+                     f"({per_replica} per replica)")
+    if source.validation is None or not source.validation_size:
+        notes.append(f"no validation set: the training {monitor} chose the best checkpoint")
+    return tuple(notes)
 
 
 def shuffle_buffer(pipeline: dict[str, Any]) -> int:

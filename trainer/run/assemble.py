@@ -19,13 +19,14 @@ from typing import Any
 import keras
 
 from trainer.config.errors import ConfigError
-from trainer.config.given import flag as given_flag
 from trainer.config.metrics import monitor_mode
-from trainer.config.schema import CheckpointConfig
 from trainer.data.wiring import (
     Batching,
     Data,
+    batch_of_data,
     build_data,
+    checkpoint_monitor,
+    data_notes,
     load_source,
     loss_for_labels,
     model_ready,
@@ -143,9 +144,9 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None,
     strategy_name, loop, strategy, cross, speed = _strategy(spec, plan, cluster)
     with strategy.scope():
         source = load_source(spec.dataset, spec.runtime_seed, spec.dataset_defaults)
-    spec = batch_of_data(spec, source)
-    spec = replace(spec, checkpoint=replace(spec.checkpoint,
-                                            monitor=checkpoint_monitor(spec, source)))
+    batching, lr = batch_of_data(spec.batch, spec.lr, source)
+    spec = replace(spec, batch=batching, lr=lr, checkpoint=replace(
+        spec.checkpoint, monitor=checkpoint_monitor(spec.checkpoint.monitor, source)))
     batch = plan_batch(spec.batch.per_replica, spec.batch.global_size,
                        strategy.num_replicas_in_sync, spec.batch.accumulate,
                        spec.batch.max_per_replica)
@@ -172,44 +173,8 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None,
                fit_callbacks=fit_callbacks, compiled_by=compiled.by,
                weights_only=compiled.weights_only,
                own_train_step=own_step, batch_norm=batch_norm,
-               notes=data_notes(data.source, batch, spec), spec=spec)
-
-
-def batch_of_data(spec: Spec, source: Any) -> Spec:
-    """The spec, with a batched dataset's own batch as the global batch where
-    `trainer.fit(data=...)` was given one and the overrides set no batch (as Keras's
-    `fit(dataset)` trains at the dataset's batch); `reference_batch: auto` follows it, so
-    the model's rate is the rate at that batch on any device count."""
-    size = source.given_batch
-    if size is None or not given_flag("batch_from_data"):
-        return spec
-    lr = replace(spec.lr, reference_batch=size) if spec.lr.reference_auto else spec.lr
-    return replace(spec, batch=replace(spec.batch, per_replica=None, global_size=size), lr=lr)
-
-
-def data_notes(source: Any, batch: BatchPlan, spec: Spec) -> tuple[str, ...]:
-    """What the summary says of the data as given: a batched dataset rebatched, no
-    validation set choosing the checkpoint."""
-    notes = []
-    if source.given_batch is not None:
-        notes.append(f"the dataset came in batches of {source.given_batch}: trainer unbatched "
-                     f"it and batches it to the global batch {batch.global_size} "
-                     f"({batch.per_replica} per replica)")
-    if source.validation is None or not source.validation_size:
-        notes.append(f"no validation set: the training {spec.checkpoint.monitor} chose the "
-                     "best checkpoint")
-    return tuple(notes)
-
-
-def checkpoint_monitor(spec: Spec, source: Any) -> str:
-    """`checkpoint.monitor`, or without a validation set its training form: `loss` for the
-    default `val_accuracy`, `mae` for `val_mae`."""
-    monitor = spec.checkpoint.monitor
-    if source.validation is not None and source.validation_size:
-        return monitor
-    if monitor == CheckpointConfig.monitor:
-        return "loss"
-    return monitor.removeprefix("val_")
+               notes=data_notes(data.source, batch.global_size, batch.per_replica,
+                                spec.checkpoint.monitor), spec=spec)
 
 
 def _place(cluster: Cluster | None) -> tuple[int, int, int]:
