@@ -20,6 +20,7 @@ import tensorflow as tf
 
 import trainer
 from tests.objects_task import VAE, Reconstructing, regression
+from tests.test_multiworker import launches  # noqa: F401
 from trainer.config.given import dotted_name, overrides
 
 QUIET = ["verbose=0", "logger=[]", "accelerator=cpu"]
@@ -196,3 +197,21 @@ def test_a_notebook_style_script_trains_its_main_functions(tmp_path):
     found = json.loads(out.stdout.strip().splitlines()[-1])
     assert found["diff"] < 1e-5 and found["batch"] == 32
     assert found["model"] == "build, defined in __main__ (a Python object)"
+
+
+@pytest.mark.multiworker
+def test_a_model_with_its_own_train_step_trains_on_inputs_alone_on_two_workers(
+        tmp_path, launches):  # noqa: F811
+    """The VAE on `x` alone (a loader returning an array, by dotted name) on 2 workers: the
+    custom loop runs its `train_step`, and the loss falls."""
+    run_dir = tmp_path / "run"
+    launch = launches(2, "model._target_=tests.objects_task.build_vae",
+                      "dataset._target_=tests.objects_task.load_x", "batch.per_replica=16",
+                      "epochs=2", "logger=[]", "verbose=0", f"hydra.run.dir={run_dir}")
+    assert launch.wait(timeout=400) == 0, launch.output[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["workers"] == 2 and summary["loop"] == "custom"
+    loss = summary["history"]["loss"]
+    assert len(loss) == 2 and all(np.isfinite(loss)) and loss[1] < loss[0]
+    assert summary["data_notes"] == [
+        "no validation set: the training loss chose the best checkpoint"]

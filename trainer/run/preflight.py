@@ -145,7 +145,7 @@ def preflight(cfg: DictConfig, logs: str | Path | None = None,
     if cluster is not None and not cluster.is_chief:
         # its Hydra directory (`.hydra/`, the log) goes again if the start fails
         fresh = ((Path(logs), None),) if logs is not None and not Path(logs).exists() else ()
-        return Checked(spec, None, cluster, fresh=fresh)
+        return Checked(spec, None, cluster, owner=Owner(None, fresh))
     place = _place(spec, logs, run_dir)
     if logs is None or Path(logs) != place:
         check_name(place)
