@@ -21,6 +21,7 @@ import tensorflow as tf
 import trainer
 from tests.objects_task import VAE, Reconstructing, regression
 from tests.test_multiworker import launches  # noqa: F401
+from tests.test_readme_examples import examples
 from trainer.config.given import dotted_name, overrides
 
 QUIET = ["verbose=0", "logger=[]", "accelerator=cpu"]
@@ -153,6 +154,20 @@ def test_data_it_cannot_take_is_one_line(tmp_path, given, message):
         trainer.fit([*QUIET, "devices=1"], model=_builder(), data=given,
                     run_dir=tmp_path / "run")
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_readmes_objects_example_runs_as_a_notebooks_main(tmp_path, monkeypatch):
+    """The README's block as written, its functions in `__main__` (as a notebook's): the
+    model and the arrays are recorded as objects, and the run trains on 2 replicas."""
+    monkeypatch.chdir(tmp_path)
+    namespace = {"__name__": "__main__"}
+    exec(compile(examples()["objects.py"], "objects.py", "exec"), namespace)  # noqa: S102
+    summary = namespace["result"].summary
+    assert summary["model"] == "build, defined in __main__ (a Python object)"
+    assert summary["dataset"] == "a tuple (a Python object)"
+    assert summary["replicas"] == 2 and len(summary["history"]["loss"]) == 2
+    assert summary["data_notes"] == [
+        "no validation set: the training loss chose the best checkpoint"]
 
 
 NOTEBOOK = """
