@@ -230,3 +230,20 @@ def test_a_model_with_its_own_train_step_trains_on_inputs_alone_on_two_workers(
     assert len(loss) == 2 and all(np.isfinite(loss)) and loss[1] < loss[0]
     assert summary["data_notes"] == [
         "no validation set: the training loss chose the best checkpoint"]
+
+
+def test_predict_and_resume_take_the_objects_again(tmp_path):
+    """A run started from objects: `predict` with them gives the model's outputs, and
+    `resume=` with them trains on from the finished run."""
+    x, y = regression(64)
+    build = _builder()
+    run_dir = tmp_path / "run"
+    trainer.fit([*QUIET, "devices=1", "epochs=1"], model=build, data=(x, y), run_dir=run_dir)
+    found = trainer.predict(run_dir, x[:5], tmp_path / "out.npy", model=build, data=(x, y))
+    expected = keras.models.load_model(run_dir / "checkpoints" / "best.keras").predict(
+        x[:5], verbose=0)
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), expected, rtol=1e-5)
+    assert found["rows"] == 5
+    resumed = trainer.fit([*QUIET, "devices=1", "epochs=2", f"resume={run_dir}"],
+                          model=build, data=(x, y))
+    assert len(resumed.history["loss"]) == 2
