@@ -247,3 +247,23 @@ def test_predict_and_resume_take_the_objects_again(tmp_path):
     resumed = trainer.fit([*QUIET, "devices=1", "epochs=2", f"resume={run_dir}"],
                           model=build, data=(x, y))
     assert len(resumed.history["loss"]) == 2
+
+
+def test_validation_split_holds_out_the_last_examples_as_keras_does(tmp_path):
+    """`validation_split=0.25` of 64 examples: the last 16, in the data's order, validate
+    (the final validation loss is the checkpoint's loss on exactly those rows); a dataset
+    with a validation split already is one line."""
+    x, y = regression(64)
+    build = _builder()
+    result = trainer.fit([*QUIET, "devices=2", "epochs=1", "validation_split=0.25",
+                          "checkpoint.monitor=val_loss"], model=build, data=(x, y),
+                         run_dir=tmp_path / "run")
+    assert result.summary["train_examples"] == 48
+    assert result.summary["validation_examples"] == 16
+    last = keras.models.load_model(result.checkpoints["last"])
+    expected = last.evaluate(x[48:], y[48:], verbose=0, return_dict=True)["loss"]
+    assert result.summary["validation_metrics"]["loss"] == pytest.approx(expected, rel=1e-5)
+    with pytest.raises(trainer.TrainerError, match="has a validation split already"):
+        trainer.fit([*QUIET, "devices=1", "validation_split=0.25"], model=build,
+                    data={"train": (x, y), "validation": (x[:8], y[:8])},
+                    run_dir=tmp_path / "again")

@@ -311,6 +311,9 @@ class Config:
     # Every BatchNormalization normalizes with the global batch's statistics (all replicas'),
     # as on one replica; false: each replica's own (trainer.distribute.runtime).
     sync_batchnorm: bool = False
+    # The last fraction of the training examples held out for validation, as Keras's
+    # fit(validation_split=...), for a dataset without a validation split; null: none.
+    validation_split: float | None = None
     # Tune before training instead of training: lr (a learning-rate range test) or batch
     # (the per-replica batch's throughput curve and the largest that fits); null: train.
     tune: str | None = None

@@ -155,16 +155,43 @@ def _evaluations(source: Source, batching: Batching, reading: Reading,
 
 
 def load_source(dataset: dict[str, Any], seed: int | None = None,
-                defaults: tuple[str, ...] = ()) -> Source:
+                defaults: tuple[str, ...] = (), validation_split: float | None = None) -> Source:
     """The `Source` of the dataset a config node names (its builder called with its options,
     the pipeline's keys left out): a `Source` it returned, or data as Keras's `fit` takes it
-    turned into one (`trainer.data.given.as_source`)."""
+    turned into one (`trainer.data.given.as_source`), with the last `validation_split` of
+    its training examples held out for validation where set (`held_out`)."""
     options = options_for({k: v for k, v in dataset.items() if k not in PIPELINE_KEYS},
                           (*defaults, "seed"))
     # `seed` for a loader that takes it (a function returning arrays may take nothing)
     seeded = {"seed": seed} if taken_by_target(options, "seed") else {}
     found = build_object(options, "dataset", **seeded)
-    return as_source(found, str(options["_target_"]))
+    source = as_source(found, str(options["_target_"]))
+    return held_out(source, validation_split, str(options["_target_"]))
+
+
+def held_out(source: Source, split: float | None, target: str) -> Source:
+    """The source with the last `split` of its training examples (in the source's order,
+    before shuffling) as its validation split, as Keras's `fit(validation_split=...)`;
+    unchanged for None.
+
+    Raises:
+        DataError: the source has a validation split already, or the fraction leaves no
+            example on one side.
+    """
+    if split is None:
+        return source
+    if source.validation is not None and source.validation_size:
+        raise DataError(f"validation_split={split} holds out training examples for "
+                        f"validation; dataset {target} has a validation split already "
+                        f"({source.validation_size} examples): remove validation_split")
+    kept = int(source.train_size * (1 - split))  # as Keras rounds it
+    if kept < 1 or kept >= source.train_size:
+        raise DataError(f"validation_split={split} of {source.train_size} training examples "
+                        "leaves none on one side; choose a fraction that holds out at least "
+                        "one example and keeps one")
+    return dataclasses.replace(source, train=source.train.take(kept), train_size=kept,
+                               validation=source.train.skip(kept),
+                               validation_size=source.train_size - kept)
 
 
 def taken_by_target(node: dict[str, Any], key: str) -> bool:

@@ -143,7 +143,8 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None,
     """
     strategy_name, loop, strategy, cross, speed = _strategy(spec, plan, cluster)
     with strategy.scope():
-        source = load_source(spec.dataset, spec.runtime_seed, spec.dataset_defaults)
+        source = load_source(spec.dataset, spec.runtime_seed, spec.dataset_defaults,
+                             spec.validation_split)
     batching, lr = batch_of_data(spec.batch, spec.lr, source)
     spec = replace(spec, batch=batching, lr=lr, checkpoint=replace(
         spec.checkpoint, monitor=checkpoint_monitor(spec.checkpoint.monitor, source)))

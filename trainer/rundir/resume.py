@@ -61,7 +61,8 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 LEGACY = {"dataset.test_fraction": 0, "dataset.test_split": None,
           "finetune.freeze_backbone": False, "finetune.unfreeze_at_epoch": None,
           "finetune.unfreeze_layers": None, "finetune.backbone_lr_scale": 1.0,
-          "augment": [], "sync_batchnorm": False, "dataset.lanes": 1}
+          "augment": [], "sync_batchnorm": False, "dataset.lanes": 1,
+          "dataset.shuffle": True, "validation_split": None}
 # Cache modes that keep the same (byte-rounded) elements: a resume may move between them.
 SAME_ELEMENTS = {"memory", "disk"}
 
