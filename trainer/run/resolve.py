@@ -189,6 +189,5 @@ def resolve(cfg: DictConfig, choices: dict[str, str] | None = None,
         choices=hydra_choices() if choices is None else {
             g: str(choices[g]) for g in NAMED_GROUPS if choices.get(g) is not None},
         image_size=image_size_choice(cfg),
-        sync_batchnorm=bool(cfg.get("sync_batchnorm", False)),
-        validation_split=cfg.get("validation_split"),
+        sync_batchnorm=bool(node("sync_batchnorm")), validation_split=node("validation_split"),
     )
