@@ -267,3 +267,19 @@ def test_validation_split_holds_out_the_last_examples_as_keras_does(tmp_path):
         trainer.fit([*QUIET, "devices=1", "validation_split=0.25"], model=build,
                     data={"train": (x, y), "validation": (x[:8], y[:8])},
                     run_dir=tmp_path / "again")
+
+
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_sample_weights_in_arrays_train_as_keras_fit_weighs_them(tmp_path, loop):
+    """`(x, y, sample_weight)` arrays, unshuffled, on 2 replicas: the weights Keras's `fit`
+    reaches with the same sample weights on one device at the same global batch."""
+    x, y = regression(80)
+    w = np.linspace(0.2, 2.0, 80).astype("float32")
+    build = _builder(0.02)
+    result = trainer.fit([*QUIET, "devices=2", "epochs=2", "batch.per_replica=null",
+                          "batch.global_size=32", "dataset.shuffle=false", f"loop={loop}"],
+                         model=build, data=(x, y, w), run_dir=tmp_path / "run")
+    reference = build()
+    reference.fit(x, y, sample_weight=w, batch_size=32, epochs=2, shuffle=False, verbose=0)
+    trained = keras.models.load_model(result.checkpoints["last"]).get_weights()
+    assert _max_diff(trained, reference.get_weights()) < 1e-5
