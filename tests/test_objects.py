@@ -73,8 +73,11 @@ def test_the_run_records_an_object_and_evaluate_without_it_is_one_line(tmp_path)
     `TrainerError` line naming what to pass, and with it evaluation runs."""
     x, y = regression(96)
     splits = {"train": (x[:64], y[:64]), "validation": (x[64:], y[64:])}
-    result = trainer.fit([*QUIET, "devices=1", "epochs=1", "checkpoint.monitor=val_loss"],
-                         model=_builder(), data=splits, run_dir=tmp_path / "run")
+    result = trainer.fit([*QUIET, "devices=1", "epochs=1"], model=_builder(), data=splits,
+                         run_dir=tmp_path / "run")
+    assert result.summary["data_notes"] == [
+        "no accuracy is logged: val_loss chose the best checkpoint (checkpoint.monitor's "
+        "default is val_accuracy)"]
     config = (tmp_path / "run" / ".hydra" / "config.yaml").read_text()
     assert "trainer.data.given.load" in config and "given: a dict" in config
     assert result.summary["validation_examples"] == 32 and "val_loss" in result.history

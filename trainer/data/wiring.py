@@ -223,8 +223,18 @@ def checkpoint_monitor(monitor: str, source: Source) -> str:
     return monitor.removeprefix("val_")
 
 
-def data_notes(source: Source, global_batch: int, per_replica: int,
-               monitor: str) -> tuple[str, ...]:
+def default_monitor(monitor: str, metrics: tuple[str, ...], validated: bool) -> str:
+    """The default `checkpoint.monitor` (`val_accuracy`) where the run validates but logs no
+    accuracy (a regression, a model compiled with other metrics): `val_loss`, as Keras's
+    `ModelCheckpoint` defaults to; any other monitor as it is (one not logged is refused in
+    one line later)."""
+    if validated and monitor == CheckpointConfig.monitor and "accuracy" not in metrics:
+        return "val_loss"
+    return monitor
+
+
+def data_notes(source: Source, global_batch: int, per_replica: int, monitor: str,
+               replaced: bool = False) -> tuple[str, ...]:
     """What the summary says of the data as given: a batched dataset rebatched, no
     validation set choosing the checkpoint."""
     notes = []
@@ -234,6 +244,9 @@ def data_notes(source: Source, global_batch: int, per_replica: int,
                      f"({per_replica} per replica)")
     if source.validation is None or not source.validation_size:
         notes.append(f"no validation set: the training {monitor} chose the best checkpoint")
+    elif monitor == "val_loss" and replaced:
+        notes.append("no accuracy is logged: val_loss chose the best checkpoint "
+                     "(checkpoint.monitor's default is val_accuracy)")
     return tuple(notes)
 
 

@@ -27,6 +27,7 @@ from trainer.data.wiring import (
     build_data,
     checkpoint_monitor,
     data_notes,
+    default_monitor,
     load_source,
     loss_for_labels,
     model_ready,
@@ -163,6 +164,10 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None,
         steps = steps_per_epoch(data.source.train_size, batch.global_size,
                                 spec.batch.drop_remainder)
         compiled = _compiled_model(spec, data, batch.global_size, steps, speed)
+        monitor = default_monitor(spec.checkpoint.monitor, compiled.names,
+                                  data.validation is not None)
+        replaced, spec = monitor != spec.checkpoint.monitor, replace(
+            spec, checkpoint=replace(spec.checkpoint, monitor=monitor))
         batch_norm = synchronize_batch_norm(compiled.model, spec.sync_batchnorm,
                                             strategy.num_replicas_in_sync, batch.accumulate)
         fit_callbacks, own_step = install_step(compiled.model, loop, batch.accumulate,
@@ -175,7 +180,7 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None,
                weights_only=compiled.weights_only,
                own_train_step=own_step, batch_norm=batch_norm,
                notes=data_notes(data.source, batch.global_size, batch.per_replica,
-                                spec.checkpoint.monitor), spec=spec)
+                                spec.checkpoint.monitor, replaced), spec=spec)
 
 
 def _place(cluster: Cluster | None) -> tuple[int, int, int]:
