@@ -25,6 +25,8 @@ from omegaconf import OmegaConf
 
 from trainer.config.compose import composed
 from trainer.config.errors import ConfigError
+from trainer.config.given import NODES, holding
+from trainer.config.given import overrides as named_by
 from trainer.config.outcome import as_overrides, one_error
 from trainer.config.schema import register_configs
 from trainer.run import process
@@ -66,7 +68,7 @@ class Result:
 
 
 def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
-        run_dir: str | Path | None = None) -> Result:
+        run_dir: str | Path | None = None, *, model: Any = None, data: Any = None) -> Result:
     """Trains as `python -m trainer OVERRIDES` would, in this process.
 
     Args:
@@ -75,6 +77,14 @@ def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
         config_dir: a folder of the user's own config files (`--config-dir`).
         run_dir: where the run writes; the config's `hydra.run.dir` (by default
             `outputs/DATE/TIME`) when None.
+        model: the model builder instead of `model._target_`: a function returning a Keras
+            model (compiled or not), called inside the strategy's scope with what its
+            signature names (`input_shape`, `num_classes`, `train`, ...), or its dotted name.
+        data: the data instead of `dataset._target_`: a `Source`, a `tf.data.Dataset`
+            (batched or not), arrays `(x, y)`, `(x, y, sample_weight)` or `x`, a dict of
+            such splits (`train`, `validation`, `test`), a function returning one of
+            those, or its dotted name. A batched dataset's own batch is the global batch
+            unless the overrides set `batch.per_replica` or `batch.global_size`.
 
     Returns:
         The run's `Result`; for `resume=DIR` of a finished run with nothing more to do, the
@@ -86,6 +96,15 @@ def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
     process.quiet_logs()
     with one_error():
         given = as_overrides(overrides, "trainer.fit")
+        with holding(**_objects(given, model=model, data=data)):
+            return _fit(given, config_dir, run_dir, _named(model=model, data=data))
+
+
+def _fit(given: list[str], config_dir: str | Path | None, run_dir: str | Path | None,
+         named: list[str]) -> Result:
+    """`fit` once its objects are held: `named` are the overrides that name them."""
+    with one_error():
+        given = [*named, *given]
         args = [*(["--config-dir", str(config_dir)] if config_dir is not None else []), *given]
         if run_dir is not None:
             args.append(f"hydra.run.dir={run_dir}")
@@ -108,9 +127,32 @@ def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
         return _result(Path(run.cfg.get("resume") or run.logs))
 
 
+def _named(**objects: Any) -> list[str]:
+    """The overrides naming the given objects (`trainer.config.given.overrides`); a string
+    is a dotted name, as `model._target_=` takes it."""
+    found = []
+    for role, obj in objects.items():
+        if isinstance(obj, str):
+            found.append(f"{NODES[role]}._target_={obj}")
+        else:
+            found += named_by(role, obj)
+    return found
+
+
+def _objects(overrides: list[str], **objects: Any) -> dict[str, Any]:
+    """What the call holds for the run (`trainer.config.given.holding`): the objects no
+    dotted name reaches, and whether a batched dataset's own batch is the global batch (the
+    overrides set no batch)."""
+    held = {role: obj for role, obj in objects.items()
+            if obj is not None and not isinstance(obj, str)}
+    sets_batch = any(o.lstrip("+~").startswith(("batch.per_replica", "batch.global_size"))
+                     for o in overrides)
+    return {**held, "batch_from_data": objects.get("data") is not None and not sets_batch}
+
+
 def tune(overrides: Sequence[str] = (), what: str = "lr",
-         config_dir: str | Path | None = None, run_dir: str | Path | None = None
-         ) -> dict[str, Any]:
+         config_dir: str | Path | None = None, run_dir: str | Path | None = None, *,
+         model: Any = None, data: Any = None) -> dict[str, Any]:
     """`python -m trainer tune=WHAT OVERRIDES` in this process: a learning-rate range test
     (`what="lr"`) or the per-replica batch's throughput curve (`"batch"`) for the run the
     overrides describe, written into a new run directory (`lr_find.png`, `lr_find.json`).
@@ -123,7 +165,7 @@ def tune(overrides: Sequence[str] = (), what: str = "lr",
     """
     with one_error():  # as fit checks them: one string would be read character by character
         given = as_overrides(overrides, "trainer.tune")
-    return fit([*given, f"tune={what}"], config_dir, run_dir)
+    return fit([*given, f"tune={what}"], config_dir, run_dir, model=model, data=data)
 
 
 def _save_config(logs: Path, cfg: Any, overrides: list[str]) -> None:
@@ -139,9 +181,11 @@ def _result(run_dir: Path) -> Result:
     return Result(summary=summary, run_dir=Path(run_dir))
 
 
-def evaluate(run_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+def evaluate(run_dir: str | Path, overrides: Sequence[str] = (), *, model: Any = None,
+             data: Any = None) -> dict[str, Any]:
     """`python -m trainer.evaluate RUN_DIR OVERRIDES` in this process: a finished run's
-    checkpoint on its validation (or `split=test`) examples, each once.
+    checkpoint on its validation (or `split=test`) examples, each once. A run trained on
+    Python objects (`fit(model=..., data=...)`) takes the same objects again.
 
     Raises:
         TrainerError: with the command line's one line.
@@ -149,13 +193,15 @@ def evaluate(run_dir: str | Path, overrides: Sequence[str] = ()) -> dict[str, An
     # lazy: it imports the run's assembly, which imports TensorFlow
     import trainer.evaluate
 
-    return trainer.evaluate(run_dir, overrides)
+    return trainer.evaluate(run_dir, overrides, model=model, data=data)
 
 
 def predict(run_dir: str | Path, input: Any, output: str | Path | None = None,
-            overrides: Sequence[str] = (), overwrite: bool = False) -> dict[str, Any]:
+            overrides: Sequence[str] = (), overwrite: bool = False, *, model: Any = None,
+            data: Any = None) -> dict[str, Any]:
     """`python -m trainer.predict RUN_DIR input=INPUT output=OUTPUT` in this process; `input`
-    may also be a list of image paths, a NumPy array or a dict of arrays.
+    may also be a list of image paths, a NumPy array or a dict of arrays. A run trained on
+    Python objects takes the same objects again (`model=`, `data=`).
 
     Raises:
         TrainerError: with the command line's one line.
@@ -163,4 +209,5 @@ def predict(run_dir: str | Path, input: Any, output: str | Path | None = None,
     # lazy: it imports the run's assembly, which imports TensorFlow
     import trainer.predict
 
-    return trainer.predict(run_dir, input, output, overrides, overwrite)
+    return trainer.predict(run_dir, input, output, overrides, overwrite, model=model,
+                           data=data)

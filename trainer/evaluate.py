@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config.errors import ConfigError
+from trainer.config.given import holding
 from trainer.config.outcome import as_overrides, one_error
 from trainer.run import process
 from trainer.run.reopen import SPLITS, take_choice
@@ -45,8 +46,10 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
     run = restored.run
     data = run.data.validation if split == "validation" else run.data.test
     if data is None:
-        raise ConfigError(f"the dataset of {run_dir} has no test split; valid: "
-                          "split=validation")
+        other = "test" if split == "validation" else "validation"
+        valid = (f"valid: split={other}" if getattr(run.data, other) is not None
+                 else "it has neither a validation nor a test split")
+        raise ConfigError(f"the dataset of {run_dir} has no {split} split; {valid}")
     metrics = evaluate_split(run, data)
     examples = (run.data.source.validation_size if split == "validation"
                 else run.data.source.test_size)
@@ -81,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
 class _Callable(types.ModuleType):
     """`trainer.evaluate(...)`: the module, callable as the Python API's evaluation."""
 
-    def __call__(self, run_dir: str | Path, overrides: list[str] = ()) -> dict[str, Any]:
-        with one_error():
+    def __call__(self, run_dir: str | Path, overrides: list[str] = (), *, model: Any = None,
+                 data: Any = None) -> dict[str, Any]:
+        with one_error(), holding(model=model, data=data, batch_from_data=True):
             given = as_overrides(overrides, "trainer.evaluate")
             process.start_tensorflow()
             return evaluate_run(run_dir, given)

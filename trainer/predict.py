@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from trainer.config.errors import ConfigError
+from trainer.config.given import holding
 from trainer.config.messages import one_line
 from trainer.config.outcome import as_overrides, kind_of, one_error
 from trainer.run import process
@@ -383,8 +384,9 @@ class _Callable(types.ModuleType):
     """`trainer.predict(...)`: the module, callable as the Python API's prediction."""
 
     def __call__(self, run_dir: str | Path, input: Any, output: str | Path | None = None,
-                 overrides: list[str] = (), overwrite: bool = False) -> dict[str, Any]:
-        with one_error():
+                 overrides: list[str] = (), overwrite: bool = False, *, model: Any = None,
+                 data: Any = None) -> dict[str, Any]:
+        with one_error(), holding(model=model, data=data, batch_from_data=True):
             return predict_run(run_dir, input, output,
                                as_overrides(overrides, "trainer.predict"), overwrite)
 

@@ -181,6 +181,8 @@ class DigitsConfig:
     validation_fraction: float = 0.1
     test_fraction: float = 0.1
     cache: str = "memory"
+    # false: the source\'s order every epoch (Keras\'s fit(shuffle=False))
+    shuffle: bool = True
     shuffle_buffer: int = 2048
     memory_limit_mb: int | None = None
     lanes: int = 1
@@ -196,6 +198,8 @@ class SyntheticConfig:
     channels: int = 3
     num_classes: int = 10
     cache: str = "memory"
+    # false: the source\'s order every epoch (Keras\'s fit(shuffle=False))
+    shuffle: bool = True
     shuffle_buffer: int = 2048
     memory_limit_mb: int | None = None
     lanes: int = 1
@@ -214,6 +218,8 @@ class TfdsConfig:
     download: bool = True
     image_size: int | None = None
     cache: str = "memory"
+    # false: the source\'s order every epoch (Keras\'s fit(shuffle=False))
+    shuffle: bool = True
     shuffle_buffer: int = 10000
     memory_limit_mb: int | None = None
     lanes: int = 1
@@ -229,6 +235,8 @@ class ImageFolderConfig:
     validation_fraction: float = 0.1
     test_fraction: float = 0.1
     cache: str = "memory"
+    # false: the source\'s order every epoch (Keras\'s fit(shuffle=False))
+    shuffle: bool = True
     shuffle_buffer: int = 10000
     memory_limit_mb: int | None = None
     lanes: int = 1
@@ -248,6 +256,8 @@ class TfrecordConfig:
     num_classes: int | None = None
     label_offset: int = 0
     cache: str = "memory"
+    # false: the source\'s order every epoch (Keras\'s fit(shuffle=False))
+    shuffle: bool = True
     shuffle_buffer: int = 10000
     memory_limit_mb: int | None = None
     lanes: int = 1
@@ -317,6 +327,9 @@ class Config:
     # Every BatchNormalization normalizes with the global batch's statistics (all replicas'),
     # as on one replica; false: each replica's own (trainer.distribute.runtime).
     sync_batchnorm: bool = False
+    # The last fraction of the training examples held out for validation, as Keras's
+    # fit(validation_split=...), for a dataset without a validation split; null: none.
+    validation_split: float | None = None
     # Tune before training instead of training: lr (a learning-rate range test) or batch
     # (the per-replica batch's throughput curve and the largest that fits); null: train.
     tune: str | None = None

@@ -590,6 +590,10 @@ def _importable(key: str, target: Any) -> None:
 
 
 def _validate_task(cfg: DictConfig) -> None:
+    split = cfg.get("validation_split")
+    _require(split is None or (isinstance(split, float) and 0 < split < 1),
+             f"validation_split must be a fraction between 0 and 1 (0.2: the last 20% of the "
+             f"training examples), or null; received: {split!r}")
     loss = cfg.loss
     _require(_is_losses(loss), "loss must be a Keras loss name, a node with _target_, null "
              "(the model's own add_loss alone), or a mapping per output name or a list in "

@@ -36,7 +36,9 @@ class Source:
 
     Attributes:
         train: unbatched `(features, target)` elements for training.
-        validation: unbatched `(features, target)` elements for model selection.
+        validation: unbatched `(features, target)` elements for model selection, or None:
+            no validation (as Keras's `fit` without `validation_data`), the training loss
+            then chooses the best checkpoint.
         train_size: number of training examples.
         validation_size: number of validation examples.
         input_shape: shape of one preprocessed input, e.g. `(32, 32, 1)` or `(10,)`.
@@ -74,10 +76,16 @@ class Source:
             give (every `num_input_pipelines`-th from `input_pipeline_id` on, in order),
             e.g. from a file per worker. Used where the workers divide `dataset.lanes`
             (`trainer.data.shares`); None: each worker iterates `train`.
+        given_batch: the batch size a batched `tf.data.Dataset` came in
+            (`trainer.data.given`), which trainer unbatched and batches again to the run's
+            global batch; None: its examples came one by one.
+
+    Elements may also be `(features,)` alone: a model that trains on its inputs (its own
+    `train_step`, or losses from `add_loss`) has no targets.
     """
 
     train: tf.data.Dataset
-    validation: tf.data.Dataset
+    validation: tf.data.Dataset | None
     train_size: int
     validation_size: int
     input_shape: tuple[int, ...]
@@ -94,6 +102,7 @@ class Source:
     reads_in_preprocess: bool = False
     check: Callable[[int, int], None] | None = None
     shard: Callable[[Any], tf.data.Dataset] | None = None
+    given_batch: int | None = None
 
     def __post_init__(self) -> None:
         if self.num_outputs is None:

@@ -19,9 +19,12 @@ import tensorflow as tf
 
 from trainer.config.build import build_object, options_for
 from trainer.config.errors import ConfigError
+from trainer.config.given import flag as given_flag
+from trainer.config.schema import CheckpointConfig
 from trainer.config.validate import cache_mode
 from trainer.data.augment import check_inputs, mixers
 from trainer.data.caching import check_memory, element_bytes, worker_memory_limit_mb
+from trainer.data.given import as_source
 from trainer.data.pipeline import (
     DataError,
     Source,
@@ -36,7 +39,7 @@ from trainer.plan.scaling import check_micro_batches
 from trainer.rundir.layout import RunDir
 
 # Dataset options that are the pipeline's, not the source builder's.
-PIPELINE_KEYS = ("cache", "shuffle_buffer", "memory_limit_mb", "lanes", "service")
+PIPELINE_KEYS = ("cache", "shuffle", "shuffle_buffer", "memory_limit_mb", "lanes", "service")
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,9 @@ class Data:
     validation: Any
     test: Any = None
     reading: dict[str, Any] | None = None
+    # batches that show the model's inputs and targets: the validation batches, or without
+    # validation (None) the first training examples, batched as evaluation batches them
+    probe: Any = None
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,8 @@ class Batching:
 
 def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = None,
                augment: Any = None, class_weight: dict[int, float] | None = None,
-               defaults: tuple[str, ...] = (), run_dir: Path | None = None) -> Data:
+               defaults: tuple[str, ...] = (), run_dir: Path | None = None,
+               source: Source | None = None) -> Data:
     """Loads the dataset a config node names, with its training epochs and evaluation
     batches.
 
@@ -90,13 +97,12 @@ def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = N
             only where it takes them (`trainer.config.build.group_defaults`).
         run_dir: where this process writes: `dataset.cache=disk` keeps its files there
             (`RunDir.input_cache`); None: nowhere (disk reads once, uncached).
+        source: the source `load_source` loaded already; None: loaded here.
     """
     options = dict(dataset)
     pipeline = {key: options.pop(key) for key in PIPELINE_KEYS if key in options}
-    source = build_object(options_for(options, defaults), "dataset", seed=seed)
-    if not isinstance(source, Source):
-        raise ConfigError(f"dataset {options['_target_']} must return a trainer.data.Source "
-                          f"(Source.from_arrays for arrays); received: {type(source).__name__}")
+    if source is None:
+        source = load_source(dataset, seed, defaults)
     if source.check is not None:  # the workers check their shares: the data once
         source.check(batching.workers, batching.worker)
     check_inputs(augment, source.input_shape, options["_target_"])
@@ -112,7 +118,7 @@ def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = N
     reading = Reading.of(pipeline, batching, run_dir)
     reading.check_memory(source)
     common = dict(preprocess=source.preprocess, scale=source.scale, seed=seed,
-                  cache=reading.cache, shuffle_buffer=pipeline.get("shuffle_buffer", 2048))
+                  cache=reading.cache, shuffle_buffer=shuffle_buffer(pipeline))
 
     def make_train(first_epoch: int, epochs: int, skip_steps: int):
         def build(place: Place) -> Any:
@@ -126,14 +132,133 @@ def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = N
 
         return reading.shared(build)
 
+    validation, test, probe = _evaluations(source, batching, reading, common)
+    return Data(source=source, make_train=make_train, validation=validation, test=test,
+                reading=reading.report(source), probe=probe)
+
+
+def _evaluations(source: Source, batching: Batching, reading: Reading,
+                 common: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """(validation, test, probe) batches: None for a split the source does not have; the
+    probe is the validation batches, or without them the first training examples."""
     # The test split is read once, at the end: no cache holding it through the run.
     test = (_evaluation(source.test, source.test_size, "test", batching, reading,
                         {**common, "cache": "none"})
             if source.test is not None and source.test_size > 0 else None)
-    return Data(source=source, make_train=make_train,
-                validation=_evaluation(source.validation, source.validation_size, "validation",
-                                       batching, reading, common),
-                test=test, reading=reading.report(source))
+    validation = (_evaluation(source.validation, source.validation_size, "validation",
+                              batching, reading, common)
+                  if source.validation is not None and source.validation_size > 0 else None)
+    probe = validation
+    if probe is None:
+        first = min(source.train_size, batching.eval_batch or batching.global_batch)
+        probe = _evaluation(source.train.take(first), first, "train", batching, reading,
+                            {**common, "cache": "none"})
+    return validation, test, probe
+
+
+def load_source(dataset: dict[str, Any], seed: int | None = None,
+                defaults: tuple[str, ...] = (), validation_split: float | None = None) -> Source:
+    """The `Source` of the dataset a config node names (its builder called with its options,
+    the pipeline's keys left out): a `Source` it returned, or data as Keras's `fit` takes it
+    turned into one (`trainer.data.given.as_source`), with the last `validation_split` of
+    its training examples held out for validation where set (`held_out`)."""
+    options = options_for({k: v for k, v in dataset.items() if k not in PIPELINE_KEYS},
+                          (*defaults, "seed"))
+    # `seed` for a loader that takes it (a function returning arrays may take nothing)
+    seeded = {"seed": seed} if taken_by_target(options, "seed") else {}
+    found = build_object(options, "dataset", **seeded)
+    source = as_source(found, str(options["_target_"]))
+    return held_out(source, validation_split, str(options["_target_"]))
+
+
+def held_out(source: Source, split: float | None, target: str) -> Source:
+    """The source with the last `split` of its training examples (in the source's order,
+    before shuffling) as its validation split, as Keras's `fit(validation_split=...)`;
+    unchanged for None.
+
+    Raises:
+        DataError: the source has a validation split already, or the fraction leaves no
+            example on one side.
+    """
+    if split is None:
+        return source
+    if source.validation is not None and source.validation_size:
+        raise DataError(f"validation_split={split} holds out training examples for "
+                        f"validation; dataset {target} has a validation split already "
+                        f"({source.validation_size} examples): remove validation_split")
+    kept = int(source.train_size * (1 - split))  # as Keras rounds it
+    if kept < 1 or kept >= source.train_size:
+        raise DataError(f"validation_split={split} of {source.train_size} training examples "
+                        "leaves none on one side; choose a fraction that holds out at least "
+                        "one example and keeps one")
+    return dataclasses.replace(source, train=source.train.take(kept), train_size=kept,
+                               validation=source.train.skip(kept),
+                               validation_size=source.train_size - kept)
+
+
+def taken_by_target(node: dict[str, Any], key: str) -> bool:
+    """Whether the node's `_target_` takes `key` (by name or `**kwargs`); True where its
+    signature cannot be read or it does not import (`build_object` then says why)."""
+    return key in options_for({**node, key: None}, (key,))
+
+
+def batch_of_data(batch: Any, lr: Any, source: Source) -> tuple[Any, Any]:
+    """The batch config and learning-rate plan, with a batched dataset's own batch as the
+    global batch where `trainer.fit(data=...)` was given one and its overrides set no batch
+    (Keras's `fit(dataset)` trains at the dataset's batch); `reference_batch: auto`
+    follows it, so the model's rate is its rate at that batch on any device count."""
+    size = source.given_batch
+    if size is None or not given_flag("batch_from_data"):
+        return batch, lr
+    if lr.reference_auto:
+        lr = dataclasses.replace(lr, reference_batch=size)
+    return dataclasses.replace(batch, per_replica=None, global_size=size), lr
+
+
+def checkpoint_monitor(monitor: str, source: Source) -> str:
+    """`checkpoint.monitor`, or without a validation set its training form: `loss` for the
+    default `val_accuracy`, `mae` for `val_mae`."""
+    if source.validation is not None and source.validation_size:
+        return monitor
+    if monitor == CheckpointConfig.monitor:
+        return "loss"
+    return monitor.removeprefix("val_")
+
+
+def default_monitor(monitor: str, metrics: tuple[str, ...], validated: bool) -> str:
+    """The default `checkpoint.monitor` (`val_accuracy`) where the run validates but logs no
+    accuracy (a regression, a model compiled with other metrics): `val_loss`, as Keras's
+    `ModelCheckpoint` defaults to; any other monitor as it is (one not logged is refused in
+    one line later)."""
+    if validated and monitor == CheckpointConfig.monitor and "accuracy" not in metrics:
+        return "val_loss"
+    return monitor
+
+
+def data_notes(source: Source, global_batch: int, per_replica: int, monitor: str,
+               replaced: bool = False) -> tuple[str, ...]:
+    """What the summary says of the data as given: a batched dataset rebatched, no
+    validation set choosing the checkpoint."""
+    notes = []
+    if source.given_batch is not None:
+        notes.append(f"the dataset came in batches of {source.given_batch}: trainer unbatched "
+                     f"it and batches it to the global batch {global_batch} "
+                     f"({per_replica} per replica)")
+    if source.validation is None or not source.validation_size:
+        notes.append(f"no validation set: the training {monitor} chose the best checkpoint")
+    elif monitor == "val_loss" and replaced:
+        notes.append("no accuracy is logged: val_loss chose the best checkpoint "
+                     "(checkpoint.monitor's default is val_accuracy)")
+    return tuple(notes)
+
+
+def shuffle_buffer(pipeline: dict[str, Any]) -> int:
+    """The training order's shuffle buffer: `dataset.shuffle_buffer` (2048 unless set), 0
+    with `dataset.shuffle=false` (the source's order, every epoch, as Keras's
+    `fit(shuffle=False)`)."""
+    if pipeline.get("shuffle") is False:
+        return 0
+    return int(pipeline.get("shuffle_buffer") or 2048)
 
 
 def stop_services() -> None:

@@ -17,9 +17,9 @@ Modules: `keras_step` (the training and test step's contacts), `keras_compile` (
 metrics, saving), `keras_data` (class weights as Keras's data adapter applies them),
 `keras_callbacks` (the progress bar's and checkpoint's hooks), `keras_optimizer` (the
 optimizer's moving average of the weights: kept aside in `fit`, swapped in on demand),
-`tf_runtime` (op determinism, registered kernels), `hydra_app` (Hydra's argument parser
-and config loader; no TensorFlow). This package imports nothing of ours: it is the floor
-below `config/`.
+`tf_runtime` (op determinism, registered kernels), `tf_data` (the batch a user's dataset
+was built with), `hydra_app` (Hydra's argument parser and config loader; no
+TensorFlow). This package imports nothing of ours: it is the floor below `config/`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ PRIVATE_NAMES = (
     "_call_has_training_arg", "_get_regularization_losses", "_flatten_layers",
     "_symbolic_build", "_maybe_symbolic_build", "_get_metrics_result_or_logs",
     "make_train_function", "_update_progbar", "_get_file_path", "_save_model",
-    "_trainable_variables",
+    "_trainable_variables", "_input_dataset", "_batch_size", "_batch_sizes",
 )
 
 _warned: set[str] = set()

@@ -23,7 +23,12 @@ from trainer.config.metrics import monitor_mode
 from trainer.data.wiring import (
     Batching,
     Data,
+    batch_of_data,
     build_data,
+    checkpoint_monitor,
+    data_notes,
+    default_monitor,
+    load_source,
     loss_for_labels,
     model_ready,
     stop_services,
@@ -93,6 +98,10 @@ class Run:
     weights_only: str | None = None
     # how batch normalization runs over the replicas (trainer.distribute.runtime), or None
     batch_norm: str | None = None
+    # what the summary says of the data as given (`data_notes`)
+    notes: tuple[str, ...] = ()
+    # the spec as the data made it (`batch_of_data`, `checkpoint_monitor`), or None
+    spec: Any = None
 
     @property
     def workers(self) -> int:
@@ -108,6 +117,8 @@ class Run:
     def logged(self) -> tuple[str, ...]:
         """What is logged per epoch: the loss and the metrics, and their `val_` forms."""
         names = ("loss", *self.metric_names)
+        if self.data.validation is None:  # no validation set: nothing `val_` is logged
+            return names
         return (*names, *(f"val_{n}" for n in names))
 
     def monitor_mode(self, monitor: str, mode: str = "auto", key: str = "checkpoint") -> str:
@@ -133,6 +144,12 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None,
         A `Run`.
     """
     strategy_name, loop, strategy, cross, speed = _strategy(spec, plan, cluster)
+    with strategy.scope():
+        source = load_source(spec.dataset, spec.runtime_seed, spec.dataset_defaults,
+                             spec.validation_split)
+    batching, lr = batch_of_data(spec.batch, spec.lr, source)
+    spec = replace(spec, batch=batching, lr=lr, checkpoint=replace(
+        spec.checkpoint, monitor=checkpoint_monitor(spec.checkpoint.monitor, source)))
     batch = plan_batch(spec.batch.per_replica, spec.batch.global_size,
                        strategy.num_replicas_in_sync, spec.batch.accumulate,
                        spec.batch.max_per_replica)
@@ -143,11 +160,15 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None,
         data = build_data(spec.dataset, Batching(
             batch.global_size, batch.shards, batch.per_replica * batch.replicas,
             batch.replicas, spec.batch.drop_remainder, *_place(cluster)), spec.runtime_seed,
-            spec.augment, spec.class_weight, spec.dataset_defaults, run_dir)
+            spec.augment, spec.class_weight, spec.dataset_defaults, run_dir, source)
         agree_on_data(strategy, cluster, data.source)  # before the model's collectives
         steps = steps_per_epoch(data.source.train_size, batch.global_size,
                                 spec.batch.drop_remainder)
         compiled = _compiled_model(spec, data, batch.global_size, steps, speed)
+        monitor = default_monitor(spec.checkpoint.monitor, compiled.names,
+                                  data.validation is not None)
+        replaced, spec = monitor != spec.checkpoint.monitor, replace(
+            spec, checkpoint=replace(spec.checkpoint, monitor=monitor))
         batch_norm = synchronize_batch_norm(compiled.model, spec.sync_batchnorm,
                                             strategy.num_replicas_in_sync, batch.accumulate)
         fit_callbacks, own_step = install_step(compiled.model, loop, batch.accumulate,
@@ -158,7 +179,9 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None,
                metric_names=compiled.names, metric_directions=compiled.ways,
                fit_callbacks=fit_callbacks, compiled_by=compiled.by,
                weights_only=compiled.weights_only,
-               own_train_step=own_step, batch_norm=batch_norm)
+               own_train_step=own_step, batch_norm=batch_norm,
+               notes=data_notes(data.source, batch.global_size, batch.per_replica,
+                                spec.checkpoint.monitor, replaced), spec=spec)
 
 
 def release() -> None:
@@ -236,13 +259,13 @@ def _compiled_model(spec: Spec, data: Data, global_batch: int, steps: int,
     model = build_model(spec.model, input_shape=source.input_shape,
                         num_classes=source.num_classes, num_outputs=source.num_outputs,
                         defaults=spec.model_defaults, train=lambda: model_ready(source))
-    x, y, _ = keras.utils.unpack_x_y_sample_weight(symbolic_batch(data.validation.element_spec))
+    x, y, _ = keras.utils.unpack_x_y_sample_weight(symbolic_batch(data.probe.element_spec))
     y_pred = output_spec(model, x)
     outputs = len(keras.tree.flatten(y_pred))
     task = choose_task(model, {"loss": loss_for_labels(spec.loss, spec.augment),
                                "loss_named": spec.loss != default_loss(),
                                "metrics": spec.metrics, "loss_weights": spec.loss_weights,
-                               "optimizer": spec.optimizer},
+                               "optimizer": spec.optimizer, "targets": y is not None},
                        source.num_classes is not None, outputs)
     lr = learning_rate(plan_of(spec.lr, task), global_batch, steps, spec.epochs)
     model.compile(optimizer=optimizer_for(task, spec.optimizer, lr.schedule), loss=task.loss,
@@ -252,7 +275,7 @@ def _compiled_model(spec: Spec, data: Data, global_batch: int, steps: int,
                   jit_compile=speed.jit_compile)
     build_compiled(model, x, y)
     check_class_losses(model, y)
-    check_one_batch(model, data.validation, source.num_classes)
+    check_one_batch(model, data.probe, source.num_classes)
     names, ways = logged_metrics(model)
     weights_only = make_saveable(model)
     return _Compiled(model, lr, task.loss, tuple(names), ways, task.compiled_by, weights_only)

@@ -80,7 +80,8 @@ def final_evaluations(run: Run, callbacks: Callbacks, trained: Trained, epochs: 
     evaluating = time.perf_counter()
     run_dir = callbacks.backup.store.directory.parent
     hold_first_replicas_weights(run.strategy, model)  # last.keras's, on every replica
-    final = evaluate_split(run, run.data.validation, trained.loop)
+    final = ({} if run.data.validation is None
+             else evaluate_split(run, run.data.validation, trained.loop))
     stop_if_asked(request, "the final validation", run_dir, run.is_chief)
     # before a test checkpoint's load, which restores that epoch's optimizer (its EMA) too
     averaged = averaged_weights(run, callbacks, average_best)
@@ -175,7 +176,7 @@ def test_averaged(run: Run, averaged: Averaged, loop: Any, run_dir: Path) -> dic
 def check_export(run: Run, formats: tuple[str, ...]) -> None:
     """Refuses, before training, an export format the built model does not export to (a
     model taking strings in TFLite or ONNX): one line instead of a failure after training."""
-    check_exportable(run.model, formats, run.data.validation)
+    check_exportable(run.model, formats, run.data.probe)
 
 
 def export(run: Run, run_dir: Path, formats: tuple[str, ...], report: dict[str, Any],
@@ -191,7 +192,7 @@ def export(run: Run, run_dir: Path, formats: tuple[str, ...], report: dict[str, 
         model.load_weights(averaged)
         hold_first_replicas_weights(run.strategy, model)
         report["exported_model"] = averaged
-    report["exports"] = export_model(run.model, run_dir, formats, run.data.validation)
+    report["exports"] = export_model(run.model, run_dir, formats, run.data.probe)
     if "saved_model" in report["exports"]:  # its key before export formats
         report["saved_model"] = report["exports"]["saved_model"]
 

@@ -98,6 +98,7 @@ class Spec:
     tuner: TunerConfig = field(default_factory=TunerConfig)
     image_size: dict[str, Any] | None = None
     sync_batchnorm: bool = False
+    validation_split: float | None = None
 
 
 # The config groups whose choice names the run in its summary.
@@ -188,5 +189,5 @@ def resolve(cfg: DictConfig, choices: dict[str, str] | None = None,
         choices=hydra_choices() if choices is None else {
             g: str(choices[g]) for g in NAMED_GROUPS if choices.get(g) is not None},
         image_size=image_size_choice(cfg),
-        sync_batchnorm=bool(cfg.get("sync_batchnorm", False)),
+        sync_batchnorm=bool(node("sync_batchnorm")), validation_split=node("validation_split"),
     )

@@ -108,7 +108,7 @@ def predict_outputs(run: Any, inputs: Any, examples: int) -> Any:
                 else tuple(map(tf.constant, inputs)) if isinstance(inputs, tuple)
                 else tf.constant(inputs))
     elements = tf.data.Dataset.from_tensor_slices((features, tf.zeros([examples], tf.int32)))
-    expected = source.validation.element_spec[0]
+    expected = source.train.element_spec[0]
     found = elements.element_spec[0]
     if _shapes(found) != _shapes(expected) and source.preprocess is None:
         raise ConfigError(f"the input's examples have the shape {_shapes(found)}; the run "

@@ -95,6 +95,7 @@ class Session:
         """Builds the run, its optimizer over every variable, and checks the free space and
         that the model exports to the formats `export` names."""
         run = assemble(self.spec, self.plan, self.cluster, self.run_dir)
+        self.spec = run.spec or self.spec  # as the data made it: its batch, the monitor
         with run.strategy.scope():  # the optimizer's slots are distributed variables
             if not run.model.optimizer.built:  # built now: the space estimate counts them
                 run.model.optimizer.build(run.model.trainable_variables)

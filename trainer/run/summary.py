@@ -10,6 +10,7 @@ import keras
 import tensorflow as tf
 from omegaconf import OmegaConf
 
+from trainer.config.given import is_marker
 from trainer.config.image_size import describe_choice
 from trainer.config.schema import config_dir
 from trainer.data.augment import describe
@@ -35,6 +36,10 @@ def _parameters(model: Any) -> dict[str, int]:
     frozen backbone's, batch norm's moving statistics)."""
     counts = parameter_counts(model)
     return {"trainable": counts["trainable"], "frozen": counts["total"] - counts["trainable"]}
+
+
+# What the summary says of a model compiled without a loss.
+NO_LOSS = "none compiled (the model's own {how} makes it)"
 
 
 def _loss_name(spec: Any) -> str:
@@ -127,6 +132,14 @@ def build_summary(spec: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, c
             "averaged": outcome.averaged}
 
 
+def given_name(node: dict[str, Any]) -> str | None:
+    """A model or dataset given to `trainer.fit` as a Python object, as the summary calls
+    it (`build, defined in __main__ (a Python object)`); None for one named in the config."""
+    if not is_marker(node.get("_target_")):
+        return None
+    return f"{node.get('given') or 'unnamed'} (a Python object)"
+
+
 def named(group: str, choice: str | None, target: str) -> str:
     """What the summary calls the model or dataset: the group's choice (`cnn`, a project's
     `mlp`), or the `_target_` where the run replaced the choice's (`model._target_=wine.build`
@@ -184,8 +197,10 @@ def final_rate(run: Any, callbacks: Any) -> dict[str, Any]:
 
 def _what_ran(spec: Any, run: Any, plan: Any, callbacks: Any) -> dict[str, Any]:
     cluster = run.cluster
-    model = named("model", spec.choices.get("model"), spec.model["_target_"])
-    dataset = named("dataset", spec.choices.get("dataset"), spec.dataset["_target_"])
+    model = given_name(spec.model) or named("model", spec.choices.get("model"),
+                                             spec.model["_target_"])
+    dataset = given_name(spec.dataset) or named("dataset", spec.choices.get("dataset"),
+                                                spec.dataset["_target_"])
     return {
         "model": model,
         "dataset": dataset,
@@ -212,7 +227,8 @@ def _what_ran(spec: Any, run: Any, plan: Any, callbacks: Any) -> dict[str, Any]:
         "checkpoints_hold": ("the whole model" if run.weights_only is None
                              else f"weights only: {run.weights_only}"),
         "checkpoints_load_with": _loads_with(run),
-        "loss": _loss_label(run.loss, spec.loss),
+        "loss": (_loss_label(run.loss, spec.loss) if run.loss is not None
+                 else NO_LOSS.format(how="train_step" if run.own_train_step else "add_loss")),
         "metrics": list(run.metric_names),
         "callbacks": [type(c).__name__ for c in callbacks.user],
         "loop": run.loop,
@@ -230,6 +246,7 @@ def _what_ran(spec: Any, run: Any, plan: Any, callbacks: Any) -> dict[str, Any]:
         "deterministic": exactness(spec.deterministic, plan.kind, onednn_enabled(),
                                    random_layers(run.model), run.batch.per_replica),
         "input": run.data.reading,
+        "data_notes": list(getattr(run, "notes", ())),
     }
 
 
@@ -452,6 +469,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("strategy", f"{summary['strategy']} (cross-device ops: {summary['cross_device_ops']})"),
         ("batch per replica", _micro_row(summary["batch"])),
         ("batch global", _global_row(summary["batch"])),
+        *[("data", note) for note in summary.get("data_notes") or []],
         ("learning rate", _rate_row(summary["learning_rate"])),
         ("optimizer / loss", f"{_optimizer_row(summary)} / {summary['loss']}"),
         *_model_rows(summary),

@@ -66,7 +66,8 @@ LEGACY = {"dataset.test_fraction": 0, "dataset.test_split": None,
           "finetune.unfreeze_layers": None, "finetune.backbone_lr_scale": 1.0,
           "augment": [], "sync_batchnorm": False, "dataset.lanes": 1,
           # weight averaging came later: no run before it kept an EMA
-          "optimizer.ema": False, "optimizer.ema_momentum": 0.99}
+          "optimizer.ema": False, "optimizer.ema_momentum": 0.99,
+          "dataset.shuffle": True, "validation_split": None}
 # Cache modes that keep the same (byte-rounded) elements: a resume may move between them.
 SAME_ELEMENTS = {"memory", "disk"}
 

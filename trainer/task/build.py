@@ -22,6 +22,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from trainer.config.build import build_object, describe, import_failure, load_target, taken_by
 from trainer.config.errors import ConfigError
+from trainer.config.given import is_marker, lookup
 from trainer.config.schema import EMA_KEYS, Config, LrPlan, config_dir
 from trainer.internals.keras_compile import (
     compile_arguments,
@@ -314,11 +315,20 @@ def choose_task(model: keras.Model, config: Mapping[str, Any], classes: bool,
 
     Args:
         model: what the model builder returned.
-        config: the config's `loss`, `metrics`, `loss_weights` and `optimizer`.
+        config: the config's `loss`, `metrics`, `loss_weights` and `optimizer`; `targets`
+            False where the dataset gives inputs alone (no loss then, but the model's own).
         classes: whether the dataset's targets are classes.
         outputs: the model's outputs.
     """
+    named_loss = config.get("loss_named", config["loss"] != default_loss())
+    if not config.get("targets", True) and named_loss:
+        raise ConfigError(f"loss={_named(config['loss'])} needs targets; the dataset gives "
+                          "inputs alone (x, no y): remove loss (a model that trains on x "
+                          "makes its own loss: its train_step, or add_loss), or give (x, y)")
     if not getattr(model, "compiled", False):
+        if not config.get("targets", True):  # x alone: the model's add_loss trains
+            metrics = None if config["metrics"] is None else compiled_metrics(config["metrics"])
+            return Task(None, None, metrics)
         named = default_metrics(config["metrics"], classes, outputs)
         return Task(build_losses(config["loss"]), config["loss_weights"],
                     compiled_metrics(named))
@@ -338,7 +348,7 @@ def choose_task(model: keras.Model, config: Mapping[str, Any], classes: bool,
         metrics = None
     optimizer = None if optimizer_named(config["optimizer"]) else _own_optimizer(
         own.get("optimizer"), config["optimizer"])
-    if loss is None and not config.get("loss_named", config["loss"] != default_loss()):
+    if loss is None and not named_loss:
         # compiled with no loss: its own `add_loss` is what trains, as in Keras's fit
         return Task(None, None, metrics, own.get("weighted_metrics"), optimizer, BY_BUILDER)
     return Task(build_losses(loss if loss is not None else config["loss"]),
@@ -565,7 +575,8 @@ def check_one_batch(model: keras.Model, batches: tf.data.Dataset,
     if batch is None:
         return
     x, y, _ = keras.utils.unpack_x_y_sample_weight(batch)
-    x, y = (keras.tree.map_structure(lambda t: t[:PROBED], part) for part in (x, y))
+    x, y = (None if part is None else keras.tree.map_structure(lambda t: t[:PROBED], part)
+            for part in (x, y))
     y_pred = model(x, training=False)
     if keeps_own_train_step(model):
         _check_validation(model, entries)
@@ -745,11 +756,18 @@ def build_model(node: Mapping, input_shape: tuple[int, ...], num_classes: int | 
     Args:
         train: makes the training split, called only for a builder that names `train`.
     """
+    given = is_marker(node["_target_"])
     try:
-        target = load_target(node["_target_"])
+        target = (lookup("model", node.get("given")) if given
+                  else load_target(node["_target_"]))
+    except ConfigError:
+        raise
     except Exception as error:  # noqa: BLE001 - any import failure is the same bad value
         raise ConfigError(f"model._target_={node['_target_']!r} cannot be imported: "
                           f"{import_failure(error)}") from None
+    if given:  # an object takes what it names: the group's keys are no options of its own
+        node = {k: v for k, v in node.items() if k != "given"}
+        defaults = tuple(k for k in node if k != "_target_")
     node = taken_by(target, dict(node), defaults)
     offered = {"input_shape": input_shape, "num_classes": num_classes,
                "num_outputs": num_outputs, "train": train}
@@ -763,8 +781,22 @@ def build_model(node: Mapping, input_shape: tuple[int, ...], num_classes: int | 
     if "num_classes" in kwargs and num_classes is None:
         raise ConfigError(f"model {node['_target_']} asks for num_classes, but the dataset has "
                           "no classes (a regression target); give the builder num_outputs")
-    model = build_object(node, "model", **kwargs)
+    model = (_called(target, node, kwargs) if given
+             else build_object(node, "model", **kwargs))
     if not isinstance(model, keras.Model):
         raise ConfigError(f"model {node['_target_']} must return a keras.Model; received: "
                           f"{type(model).__name__}")
     return model
+
+
+def _called(target: Callable, node: Mapping, kwargs: dict[str, Any]) -> Any:
+    """A model builder given as an object, called with its options and `kwargs`; what it
+    raises is one line naming it (as `build_object` names a dotted one)."""
+    options = {k: v for k, v in node.items() if k != "_target_"}
+    name = getattr(target, "__qualname__", type(target).__name__)
+    try:
+        return target(**options, **kwargs)
+    except ConfigError:
+        raise
+    except Exception as error:  # noqa: BLE001 - the user's builder failed: one line
+        raise ConfigError(f"model: cannot build {name}: {describe(error)}") from None

@@ -1,0 +1,188 @@
+"""Data as Keras's `fit` takes it, turned into a `Source`: a `tf.data.Dataset` (batched or
+not), arrays `(x, y)`, `(x, y, sample_weight)` or `x` alone, a dict of such splits, or a
+callable returning any of those.
+
+`load` is the builder behind `dataset._target_=trainer.data.given.load`: the object given to
+`trainer.fit(data=...)` (`trainer.config.given`). `as_source` converts what any dataset
+builder returned (a builder named by its dotted name may return these too).
+
+A dict whose keys are among `train`, `validation` and `test` is a dict of splits; anything
+else is the training split alone, with no validation (Keras's `fit(x, y)` without
+`validation_data`). A batched dataset is unbatched here and batched again by trainer to the
+run's global batch; `Source.given_batch` keeps its own batch for the run's summary (and, from
+`trainer.fit`, as the global batch where the config sets none).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from trainer.config.given import lookup
+from trainer.data.fingerprint import of_arrays
+from trainer.data.pipeline import DataError, Source
+from trainer.internals.tf_data import UNKNOWN, batch_size_of
+
+SPLITS = ("train", "validation", "test")
+
+
+def load(given: str | None = None, seed: int | None = None, **_: Any) -> Any:
+    """The data object given to this call (`trainer.fit(data=...)`), called where it is a
+    function (with `seed` where it names it); `given` says what it was, for the message when
+    it is missing (`trainer.config.given.lookup`)."""
+    found = lookup("data", given)
+    if callable(found) and not isinstance(found, tf.data.Dataset):
+        try:
+            takes_seed = "seed" in inspect.signature(found).parameters
+        except (TypeError, ValueError):
+            takes_seed = False
+        found = found(seed=seed) if takes_seed else found()
+    return found
+
+
+def as_source(found: Any, target: str) -> Source:
+    """What a dataset builder returned as a `Source` (unchanged where it is one).
+
+    Raises:
+        DataError: something else (one line naming `target`, what it returned and what it
+            may return), a split that repeats for ever, or an empty one.
+    """
+    if isinstance(found, Source):
+        return found
+    if isinstance(found, Mapping) and found and set(found) <= set(SPLITS):
+        if "train" not in found:
+            raise DataError(f"dataset {target}: a dict of splits needs `train`; received "
+                            f"{', '.join(found)}")
+        splits = {role: _split(value, target, role) for role, value in found.items()}
+    else:
+        splits = {"train": _split(found, target, "train")}
+    train = splits["train"]
+    none = _Split(None, 0, None, None, None)
+    validation, test = splits.get("validation", none), splits.get("test", none)
+    features = train.dataset.element_spec[0]
+    return Source(train=train.dataset, validation=validation.dataset, train_size=train.size,
+                  validation_size=validation.size, test=test.dataset, test_size=test.size,
+                  input_shape=_shapes(features), num_classes=train.classes,
+                  num_outputs=None if train.classes is not None else _outputs(train.dataset),
+                  reads_in_preprocess=train.fingerprint is not None,
+                  fingerprint=_fingerprint(splits), given_batch=train.batch)
+
+
+class _Split:
+    """One split as unbatched `(x, y[, w])` or `(x,)` elements, its examples, the batch it
+    came in (None: unbatched), its classes (integer targets: the largest plus one) and its
+    arrays' fingerprint (None for a dataset)."""
+
+    def __init__(self, dataset: Any, size: int, batch: int | None, classes: int | None,
+                 fingerprint: Any) -> None:
+        self.dataset, self.size, self.batch = dataset, size, batch
+        self.classes, self.fingerprint = classes, fingerprint
+
+
+def _split(value: Any, target: str, role: str) -> _Split:
+    if isinstance(value, Source):
+        raise DataError(f"dataset {target}: a Source holds all its splits; return it alone, "
+                        "not inside a dict")
+    if isinstance(value, tf.data.Dataset):
+        return _dataset_split(value, target, role)
+    parts = value if isinstance(value, tuple) and len(value) in (2, 3) else (value,)
+    if isinstance(value, list) and len(value) in (2, 3):
+        parts = tuple(value)  # [x, y] as Keras's validation_data takes it
+    _check_arrays(parts, target, role)
+    sizes = {int(np.shape(leaf)[0]) for leaf in tf.nest.flatten(parts) if leaf is not None}
+    if len(sizes) != 1:
+        raise DataError(f"dataset {target}: the {role} arrays hold different numbers of "
+                        f"examples ({', '.join(str(s) for s in sorted(sizes))}); they must match")
+    size = sizes.pop()
+    if size == 0:
+        raise DataError(f"dataset {target}: the {role} split holds no example")
+    dataset = tf.data.Dataset.from_tensor_slices(tuple(parts))
+    classes = _classes(parts[1]) if len(parts) > 1 else None
+    return _Split(dataset, size, None, classes, of_arrays(*parts))
+
+
+def _check_arrays(parts: tuple, target: str, role: str) -> None:
+    for leaf in tf.nest.flatten(parts):
+        if not isinstance(leaf, (np.ndarray, tf.Tensor)) or not np.ndim(leaf):
+            raise DataError(
+                f"dataset {target} returned {type(leaf).__name__} in its {role} split; it may "
+                "return a Source, a tf.data.Dataset, arrays (x, y), (x, y, sample_weight) or "
+                "x (NumPy arrays, or dicts of them by input name), a dict of such splits "
+                "(train, validation, test), or a function returning one")
+
+
+def _dataset_split(dataset: tf.data.Dataset, target: str, role: str) -> _Split:
+    batch = batch_size_of(dataset)
+    count = int(dataset.cardinality())
+    if count == tf.data.INFINITE_CARDINALITY:
+        raise DataError(f"dataset {target}: its {role} dataset repeats for ever (repeat()?); "
+                        "trainer reads each split once per epoch: give it without repeat()")
+    elements = dataset.unbatch() if batch is not None else dataset
+    spec = elements.element_spec
+    if not (isinstance(spec, tuple) and len(spec) in (1, 2, 3)):
+        elements = elements.map(lambda *x: (x[0] if len(x) == 1 else x,))  # x alone
+    size, classes = _count(elements)
+    if size == 0:
+        raise DataError(f"dataset {target}: its {role} dataset holds no example")
+    if batch == UNKNOWN:  # batched by something trainer cannot read: its first batch's size
+        batch = int(tf.shape(tf.nest.flatten(next(iter(dataset)))[0])[0])
+    return _Split(elements.apply(tf.data.experimental.assert_cardinality(size)), size,
+                  batch, classes, None)
+
+
+def _count(elements: tf.data.Dataset) -> tuple[int, int | None]:
+    """(examples, classes): one pass over a dataset; classes where the targets are integer
+    scalars (or of shape (1,)), else None."""
+    spec = elements.element_spec
+    target = spec[1] if len(spec) > 1 else None
+    integer = (isinstance(target, tf.TensorSpec) and target.dtype.is_integer
+               and target.shape.num_elements() == 1)
+    if not integer:
+        return int(elements.reduce(np.int64(0), lambda n, *_: n + 1)), None
+
+    def step(state, element):
+        return state[0] + 1, tf.maximum(state[1], tf.cast(tf.reduce_max(element[1]), tf.int64))
+
+    size, top = elements.reduce((np.int64(0), np.int64(-1)), lambda s, *e: step(s, e))
+    return int(size), int(top) + 1 if int(top) >= 1 else None
+
+
+def _classes(y: Any) -> int | None:
+    """Classes of integer targets (one per example): the largest plus one; None otherwise."""
+    if not isinstance(y, (np.ndarray, tf.Tensor)):
+        return None
+    array = np.asarray(y)
+    if not np.issubdtype(array.dtype, np.integer) or array.size != len(array):
+        return None
+    top = int(array.max())
+    return top + 1 if top >= 1 else None
+
+
+def _outputs(dataset: tf.data.Dataset) -> int:
+    spec = dataset.element_spec
+    target = spec[1] if len(spec) > 1 else None
+    if isinstance(target, tf.TensorSpec) and target.shape.rank:
+        return int(target.shape.num_elements() or 1)
+    return 1
+
+
+def _shapes(spec: Any) -> Any:
+    """One example's shape from its spec: a tuple, or a dict or tuple of them per input."""
+    if isinstance(spec, Mapping):
+        return {k: _shapes(v) for k, v in spec.items()}
+    if isinstance(spec, tuple):
+        return tuple(_shapes(v) for v in spec)
+    return tuple(spec.shape)
+
+
+def _fingerprint(splits: dict[str, _Split]) -> dict[str, Any] | None:
+    """The arrays' fingerprints by role; None where a split is a dataset (its counts stand
+    in, as for any source without one)."""
+    if any(s.fingerprint is None for s in splits.values()):
+        return None
+    return {role: s.fingerprint for role, s in splits.items()}
+

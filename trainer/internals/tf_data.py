@@ -1,0 +1,45 @@
+"""tf.data's private structure, where trainer reads the batch a user's dataset was built with.
+
+A `tf.data.Dataset` does not say whether its elements are batches: Keras's `fit` assumes
+they are. trainer takes batched and unbatched datasets alike (it rebatches to the global
+batch), so it walks the dataset's chain of transformations (`_input_dataset`) back to the
+last `batch` (`_batch_size`) or `rebatch` (`_batch_sizes`), or to an `unbatch` or its
+source. Written for TensorFlow 2.19-2.21.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from trainer.internals import check_version
+
+check_version("tensorflow", tf.__version__)
+
+# What `batch_size_of` returns for a dataset whose batches' size its chain does not say.
+UNKNOWN = -1
+
+
+def batch_size_of(dataset: Any) -> int | None:
+    """The batch size a dataset's last `batch` (or `padded_batch`, `rebatch`) set; None for
+    a dataset of single examples (no batch, or an `unbatch` after it); `UNKNOWN` for one
+    whose chain cannot be read (several inputs zipped, a transformation of another kind),
+    whose every part has an unknown first axis (what `batch` gives)."""
+    found = dataset
+    while found is not None:
+        kind = type(found).__name__
+        if "Unbatch" in kind:
+            return None
+        size = getattr(found, "_batch_size", None)
+        if size is not None:
+            return int(size)
+        sizes = getattr(found, "_batch_sizes", None)
+        if sizes is not None:
+            return int(tf.reshape(sizes, [-1])[0])
+        if not hasattr(found, "_input_dataset"):
+            break
+        found = found._input_dataset
+    specs = tf.nest.flatten(dataset.element_spec)
+    leading = [s.shape[0] if s.shape.rank else 0 for s in specs if hasattr(s, "shape")]
+    return UNKNOWN if leading and all(d is None for d in leading) else None
