@@ -48,7 +48,7 @@ def test_the_default_groups_keys_are_named_only_where_the_target_is_replaced(str
     spec = resolve(cfg)
     assert spec.model_defaults == ("dropout",)
     assert set(spec.dataset_defaults) == {"image_size", "validation_fraction", "test_fraction",
-                                          "cache", "shuffle", "shuffle_buffer",
+                                          "cache", "shuffle", "shuffle_buffer", "service",
                                           "memory_limit_mb", "lanes"}
     assert resolve(make_config()).model_defaults == ()  # the group's own builder takes them all
     # a key the user set is the user's, passed as it is

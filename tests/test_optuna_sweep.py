@@ -132,7 +132,8 @@ def test_a_search_that_cannot_work_is_one_line_before_any_job(tmp_path):
             "error: hydra/sweeper=trainer_optuna optimizes the number each trial returns: set "
             "optimized_metric (e.g. optimized_metric=val_accuracy)",
         ("hydra.sweeper.sampler._target_=optuna.samplers.NoSuchSampler",):
-            "error: hydra.sweeper.sampler: cannot build 'optuna.samplers.NoSuchSampler': ",
+            "error: hydra.sweeper.sampler._target_='optuna.samplers.NoSuchSampler' cannot be "
+            "imported: ModuleNotFoundError: ",
         ("hydra.sweeper.max_failure_rate=1.5",):
             "error: hydra.sweeper.max_failure_rate=1.5: must be between 0.0 and 1.0",
         ("hydra.sweeper.storage=sqlite:///:memory:",):
