@@ -61,6 +61,11 @@ TINY = ["epochs=1", "verbose=0", "dataset.image_size=8", "logger=[]"]
 NO_GPU = "needs a GPU: none visible to TensorFlow"
 
 
+# Tests moved to the slow run by their measured time (the file says why and how to refresh).
+SLOW_LIST = {line.split("#", 1)[0].strip()
+             for line in (Path(__file__).parent / "slow_tests.txt").read_text().splitlines()
+             if line.split("#", 1)[0].strip()}
+
 # Module-scoped fixtures that each make a training run (or build a wheel).
 SHARED_FIXTURES = ("image_run", "finished_run", "finished", "wheel")
 
@@ -69,8 +74,11 @@ SHARED_FIXTURES = ("image_run", "finished_run", "finished", "wheel")
 def pytest_collection_modifyitems(config, items):
     """Skips the gpu-marked tests where TensorFlow sees no GPU, saying so. Tests that share
     a module-scoped fixture run in one test process (`--dist loadgroup`), so its run is made
-    once, not once per process; the others are spread one by one."""
+    once, not once per process; the others are spread one by one. The tests
+    `slow_tests.txt` lists are marked slow."""
     for item in items:
+        if item.nodeid in SLOW_LIST:
+            item.add_marker(pytest.mark.slow)
         for name in SHARED_FIXTURES:
             if name in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}.{name}"))
