@@ -175,13 +175,14 @@ class KerasAppConfig:
 
 
 @dataclass
-class DigitsConfig:
-    _target_: str = "trainer.data.digits.load"
-    image_size: int = 8
-    validation_fraction: float = 0.1
-    test_fraction: float = 0.1
+class PipelineOptions:
+    """The pipeline's keys every dataset node has (`trainer.data.wiring.PIPELINE_KEYS`): how
+    its examples are cached, shuffled, shared among workers and served, never passed to the
+    source's builder. Each source's schema adds its own keys after them."""
+
+    _target_: str = MISSING
     cache: str = "memory"
-    # false: the source\'s order every epoch (Keras\'s fit(shuffle=False))
+    # false: the source's order every epoch (Keras's fit(shuffle=False))
     shuffle: bool = True
     shuffle_buffer: int = 2048
     memory_limit_mb: int | None = None
@@ -190,24 +191,25 @@ class DigitsConfig:
 
 
 @dataclass
-class SyntheticConfig:
+class DigitsConfig(PipelineOptions):
+    _target_: str = "trainer.data.digits.load"
+    image_size: int = 8
+    validation_fraction: float = 0.1
+    test_fraction: float = 0.1
+
+
+@dataclass
+class SyntheticConfig(PipelineOptions):
     _target_: str = "trainer.data.synthetic.load"
     train_examples: int = 2048
     validation_examples: int = 512
     image_size: int = 32
     channels: int = 3
     num_classes: int = 10
-    cache: str = "memory"
-    # false: the source\'s order every epoch (Keras\'s fit(shuffle=False))
-    shuffle: bool = True
-    shuffle_buffer: int = 2048
-    memory_limit_mb: int | None = None
-    lanes: int = 1
-    service: str | None = None
 
 
 @dataclass
-class TfdsConfig:
+class TfdsConfig(PipelineOptions):
     _target_: str = "trainer.data.tfds.load"
     name: str = MISSING
     train_split: str = "train"
@@ -217,34 +219,22 @@ class TfdsConfig:
     data_dir: str | None = None
     download: bool = True
     image_size: int | None = None
-    cache: str = "memory"
-    # false: the source\'s order every epoch (Keras\'s fit(shuffle=False))
-    shuffle: bool = True
     shuffle_buffer: int = 10000
-    memory_limit_mb: int | None = None
-    lanes: int = 1
-    service: str | None = None
 
 
 @dataclass
-class ImageFolderConfig:
+class ImageFolderConfig(PipelineOptions):
     _target_: str = "trainer.data.image_folder.load"
     path: str = MISSING
     image_size: int = 64
     channels: int = 3
     validation_fraction: float = 0.1
     test_fraction: float = 0.1
-    cache: str = "memory"
-    # false: the source\'s order every epoch (Keras\'s fit(shuffle=False))
-    shuffle: bool = True
     shuffle_buffer: int = 10000
-    memory_limit_mb: int | None = None
-    lanes: int = 1
-    service: str | None = None
 
 
 @dataclass
-class TfrecordConfig:
+class TfrecordConfig(PipelineOptions):
     _target_: str = "trainer.data.tfrecords.load"
     path: str = MISSING
     image_size: int | None = 64
@@ -255,13 +245,7 @@ class TfrecordConfig:
     outputs: Any = None
     num_classes: int | None = None
     label_offset: int = 0
-    cache: str = "memory"
-    # false: the source\'s order every epoch (Keras\'s fit(shuffle=False))
-    shuffle: bool = True
     shuffle_buffer: int = 10000
-    memory_limit_mb: int | None = None
-    lanes: int = 1
-    service: str | None = None
 
 
 @dataclass
