@@ -1,6 +1,7 @@
 """Exact means exact: `deterministic=true` switches oneDNN's CPU kernels off before
-TensorFlow starts, so 1 and 2 replicas at one global batch end within 1e-5, and the summary
-says how exact a run is."""
+TensorFlow starts, a rerun repeats bit for bit, devices that compute the same sums (1 device
+with 2 micro-batches of 32, 2 devices of 32) end within 1e-5, and the summary says how exact
+a run is and which other runs end with its weights."""
 
 from __future__ import annotations
 
@@ -44,9 +45,10 @@ def test_the_summary_says_how_exact_a_run_is():
     assert exactness(False, "cpu", False, [], 32) is None
     exact = exactness(True, "cpu", False, [], 32)
     assert "oneDNN's CPU kernels off" in exact and "repeats bit for bit" in exact
-    assert ("with plain SGD, runs on other device counts whose devices also take "
-            "micro-batches of 32 (batch.accumulate=auto batch.max_per_replica=32) end "
-            "within 1e-5") in exact
+    assert ("with plain SGD, a run on 2 devices of 32 examples and one on 1 device with 2 "
+            "micro-batches of 32 (batch.accumulate=auto batch.max_per_replica=32) compute "
+            "the same sums and end within 1e-5") in exact
+    assert "a ReLU or max-pooling comparison" in exact
     assert "oneDNN's CPU kernels on (TF_ENABLE_ONEDNN_OPTS=1" in exactness(
         True, "cpu", True, [], 32)
     dropout = exactness(True, "cpu", False, ["Dropout"], 32)

@@ -175,10 +175,10 @@ def preflight(cfg: DictConfig, logs: str | Path | None = None,
     return Checked(spec, place, cluster, state, changes or {}, owner)
 
 
-# TensorFlow reads it once, as it starts: oneDNN's CPU kernels (on by default on CPUs with
-# AVX-512 VNNI, BF16 or AMX) round a batch of 32 differently from one of 64, so 1 and 2
-# replicas at one global batch ended 2.4e-2 apart (relative, the default CNN without
-# dropout, plain SGD, one epoch), and 1.1e-6 with the variable at 0.
+# TensorFlow reads it once, as it starts. oneDNN's CPU kernels are on by default on CPUs
+# with AVX-512 VNNI, BF16 or AMX and compute otherwise than TensorFlow's own (Eigen's): a
+# rerun is exact either way, but a run is compared bit for bit only with runs on the same
+# kernels, so `deterministic=true` takes TensorFlow's own everywhere.
 ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
 
 

@@ -273,11 +273,13 @@ def exactness(deterministic: bool, kind: str, onednn: bool, random: list[str],
     counts end with its weights; None without `deterministic`.
 
     Measured (the default CNN without dropout, plain SGD, one epoch at a global batch of
-    64): 1 replica with 2 micro-batches of 32 and 2 replicas of 32 end 1e-7 apart, oneDNN
-    on or off, 1 or 2 threads per kernel; 1 replica of 64 and 2 of 32 end 1.1e-6 apart
-    with oneDNN off and TensorFlow's threads, but 2.4e-2 with oneDNN on or one thread per
-    kernel, and 1 replica and 4 end 9.6e-4 apart: a batch of another size sums in another
-    order, which training amplifies. Adam and its kin amplify more (1.7e-3 for 1 and 2).
+    64): a rerun repeats bit for bit; 1 replica with 2 micro-batches of 32 and 2 replicas
+    of 32 compute the same sums (two terms add alike in either order) and end 1e-7 apart;
+    runs whose sums differ in the last bit (a batch of 64 against two of 32, four
+    micro-batches accumulated against a 4-replica all-reduce) end 1e-7 apart or 1e-2 apart,
+    depending on whether a ReLU or max-pooling comparison falls the other way: in plain
+    Keras on one device, one weight moved by one last bit ends 1.4e-2 apart after an epoch
+    (scripts/ulp_probe.py).
 
     Args:
         deterministic: the config's `deterministic`.
@@ -297,11 +299,12 @@ def exactness(deterministic: bool, kind: str, onednn: bool, random: list[str],
     if random:
         return text + (f"; other device counts do not: its {', '.join(random)} layers draw "
                        "each replica's share of the randomness on their own")
-    return text + ("; with plain SGD, runs on other device counts whose devices also take "
-                   f"micro-batches of {micro_batch} (batch.accumulate=auto "
-                   f"batch.max_per_replica={micro_batch}) end within 1e-5 of it, others only "
-                   "to the rounding of their batch size's sums (about 1e-6 to 1e-2 after an "
-                   "epoch of the default CNN)")
+    return text + ("; with plain SGD, a run on 2 devices of "
+                   f"{micro_batch} examples and one on 1 device with 2 micro-batches of "
+                   f"{micro_batch} (batch.accumulate=auto batch.max_per_replica={micro_batch})"
+                   " compute the same sums and end within 1e-5; other device counts differ in"
+                   " their sums' last bits, which a ReLU or max-pooling comparison can turn "
+                   "into a difference of about 1e-2 after an epoch")
 
 
 FORWARD_LOSSES = ("the model adds losses in its forward pass (add_loss, an activity "
