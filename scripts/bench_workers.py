@@ -136,6 +136,10 @@ def per_epoch(clocks: dict[str, list], epochs: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--images", type=int, default=300)
+    parser.add_argument("--side", type=int, default=384,
+                        help="the PNGs' side in pixels: the larger, the more input-bound")
+    parser.add_argument("--only", choices=["image_folder", "tfrecord"], default=None,
+                        help="one source, and no service comparison")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=1,
                         help="runs per side, alternating (3 for a release note's medians)")
@@ -143,7 +147,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-workers-") as tmp:
         work = Path(tmp)
         (work / "bench_module.py").write_text(BENCH_MODULE)
-        folder = make_folder(work / "images", args.images)
+        folder = make_folder(work / "images", args.images, args.side)
         subprocess.run([sys.executable, "-m", "trainer.data.tfrecords", str(folder),
                         str(work / "records"), "--shards", "8"], check=True,
                        capture_output=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
@@ -156,6 +160,8 @@ def main() -> None:
         started = time.perf_counter()
         rows = {}
         for name, data in counted.items():
+            if args.only not in (None, name):
+                continue
             runs = {1: [], 2: []}
             for repeat in range(args.repeats):
                 for workers in (1, 2) if repeat % 2 == 0 else (2, 1):
@@ -164,7 +170,7 @@ def main() -> None:
                     runs[workers].append(per_epoch(result, args.epochs))
             rows[name] = runs
         service = {"none": [], "local:1": []}
-        for repeat in range(args.repeats):
+        for repeat in range(args.repeats if args.only is None else 0):
             for value in ("none", "local:1") if repeat % 2 == 0 else ("local:1", "none"):
                 extra = () if value == "none" else (f"dataset.service={value}",)
                 plain = counted["image_folder"][:-1]  # the folder's own loader
@@ -175,7 +181,8 @@ def main() -> None:
 
 def report(rows: dict, service: dict, args: argparse.Namespace, seconds: float) -> None:
     med = statistics.median
-    print(f"{args.images} PNGs 384x384 -> 32x32, flip + crop, cache none, global batch 64, "
+    print(f"{args.images} PNGs {args.side}x{args.side} -> 32x32, flip + crop, cache none, "
+          "global batch 64, "
           f"{args.epochs} epochs, medians of {args.repeats} alternating runs "
           f"({seconds:.0f} s in all)")
     print(f"{'source':<13} {'workers':>7} {'decoded/worker/epoch':>22} "
@@ -190,6 +197,8 @@ def report(rows: dict, service: dict, args: argparse.Namespace, seconds: float) 
         ratio = med(b["cpu_s"] / a["cpu_s"] for a, b in zip(runs[1], runs[2], strict=True))
         print(f"{name:<13} CPU 2 workers / 1 worker: {ratio:.2f} (target <= 1.15)")
     plain, served = service["none"], service["local:1"]
+    if not plain:
+        return
     ratio = med(s["wall_s"] / p["wall_s"] for p, s in zip(plain, served, strict=True))
     print(f"one worker, image_folder: epoch {med(p['wall_s'] for p in plain):.2f} s without a "
           f"service, {med(s['wall_s'] for s in served):.2f} s with dataset.service=local:1 "
