@@ -24,6 +24,7 @@ from trainer.data.wiring import (
     Batching,
     Data,
     batch_of_data,
+    bounded,
     build_data,
     checkpoint_monitor,
     data_notes,
@@ -144,26 +145,19 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None,
         A `Run`.
     """
     strategy_name, loop, strategy, cross, speed = _strategy(spec, plan, cluster)
-    with strategy.scope():
-        source = load_source(spec.dataset, spec.runtime_seed, spec.dataset_defaults,
-                             spec.validation_split)
-    batching, lr = batch_of_data(spec.batch, spec.lr, source)
-    spec = replace(spec, batch=batching, lr=lr, checkpoint=replace(
-        spec.checkpoint, monitor=checkpoint_monitor(spec.checkpoint.monitor, source)))
-    batch = plan_batch(spec.batch.per_replica, spec.batch.global_size,
-                       strategy.num_replicas_in_sync, spec.batch.accumulate,
-                       spec.batch.max_per_replica)
+    spec, source, batch = _source_and_batch(spec, strategy)
     speed = _speed_for_accumulation(speed, batch.accumulate)
     if spec.runtime_seed is not None:
         keras.utils.set_random_seed(spec.runtime_seed)
     with strategy.scope():
         data = build_data(spec.dataset, Batching(
             batch.global_size, batch.shards, batch.per_replica * batch.replicas,
-            batch.replicas, spec.batch.drop_remainder, *_place(cluster)), spec.runtime_seed,
+            batch.replicas, spec.batch.drop_remainder, *_place(cluster),
+            spec.steps_per_epoch), spec.runtime_seed,
             spec.augment, spec.class_weight, spec.dataset_defaults, run_dir, source)
         agree_on_data(strategy, cluster, data.source)  # before the model's collectives
-        steps = steps_per_epoch(data.source.train_size, batch.global_size,
-                                spec.batch.drop_remainder)
+        steps = spec.steps_per_epoch or steps_per_epoch(
+            data.source.train_size, batch.global_size, spec.batch.drop_remainder)
         compiled = _compiled_model(spec, data, batch.global_size, steps, speed)
         monitor = default_monitor(spec.checkpoint.monitor, compiled.names,
                                   data.validation is not None)
@@ -181,7 +175,31 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None,
                weights_only=compiled.weights_only,
                own_train_step=own_step, batch_norm=batch_norm,
                notes=data_notes(data.source, batch.global_size, batch.per_replica,
-                                spec.checkpoint.monitor, replaced), spec=spec)
+                                spec.checkpoint.monitor, replaced,
+                                (spec.steps_per_epoch, spec.validation_steps)), spec=spec)
+
+
+def _source_and_batch(spec: Spec, strategy: Any) -> tuple[Spec, Any, BatchPlan]:
+    """(the spec as the data made it, the source bounded by the run's steps, the batch
+    plan): a batched dataset's batch, the replicas, `steps_per_epoch` / `validation_steps`
+    (`trainer.data.wiring.bounded`), the checkpoint's monitor without validation."""
+    streams = (*(("train",) if spec.steps_per_epoch else ()),
+               *(("validation",) if spec.validation_steps else ()))
+    with strategy.scope():
+        source = load_source(spec.dataset, spec.runtime_seed, spec.dataset_defaults,
+                             spec.validation_split, streams)
+    batching, lr = batch_of_data(spec.batch, spec.lr, source)
+    spec = replace(spec, batch=batching, lr=lr)
+    batch = plan_batch(spec.batch.per_replica, spec.batch.global_size,
+                       strategy.num_replicas_in_sync, spec.batch.accumulate,
+                       spec.batch.max_per_replica)
+    with strategy.scope():
+        source = bounded(source, str(spec.dataset["_target_"]), batch.global_size,
+                         batch.per_replica * batch.replicas, spec.steps_per_epoch,
+                         spec.validation_steps, spec.batch.drop_remainder)
+    spec = replace(spec, checkpoint=replace(
+        spec.checkpoint, monitor=checkpoint_monitor(spec.checkpoint.monitor, source)))
+    return spec, source, batch
 
 
 def release() -> None:

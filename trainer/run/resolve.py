@@ -99,6 +99,8 @@ class Spec:
     image_size: dict[str, Any] | None = None
     sync_batchnorm: bool = False
     validation_split: float | None = None
+    steps_per_epoch: int | None = None
+    validation_steps: int | None = None
 
 
 # The config groups whose choice names the run in its summary.
@@ -190,4 +192,5 @@ def resolve(cfg: DictConfig, choices: dict[str, str] | None = None,
             g: str(choices[g]) for g in NAMED_GROUPS if choices.get(g) is not None},
         image_size=image_size_choice(cfg),
         sync_batchnorm=bool(node("sync_batchnorm")), validation_split=node("validation_split"),
+        steps_per_epoch=node("steps_per_epoch"), validation_steps=node("validation_steps"),
     )
