@@ -151,8 +151,9 @@ def _dataset_split(dataset: tf.data.Dataset, target: str, role: str,
                   batch, classes, None)
 
 
-# Examples of a stream whose targets are read for its classes (it cannot be counted whole).
-CLASSES_SEEN = 4096
+# Examples of a stream whose integer targets are read for its classes (it cannot be read
+# whole): a class first seen later is beyond the count; name the classes in the model then.
+CLASSES_SEEN = 1024
 
 
 def _stream_split(dataset: tf.data.Dataset, elements: tf.data.Dataset, batch: int | None,
@@ -163,18 +164,14 @@ def _stream_split(dataset: tf.data.Dataset, elements: tf.data.Dataset, batch: in
         elements = elements.repeat()
     if batch == UNKNOWN:
         batch = int(tf.shape(tf.nest.flatten(next(iter(dataset)))[0])[0])
-    _, classes = _count(elements.take(CLASSES_SEEN))
+    classes = _count(elements.take(CLASSES_SEEN))[1] if _integer_target(elements) else None
     return _Split(elements, 0, batch, classes, None, endless=True)
 
 
 def _count(elements: tf.data.Dataset) -> tuple[int, int | None]:
     """(examples, classes): one pass over a dataset; classes where the targets are integer
     scalars (or of shape (1,)), else None."""
-    spec = elements.element_spec
-    target = spec[1] if len(spec) > 1 else None
-    integer = (isinstance(target, tf.TensorSpec) and target.dtype.is_integer
-               and target.shape.num_elements() == 1)
-    if not integer:
+    if not _integer_target(elements):
         return int(elements.reduce(np.int64(0), lambda n, *_: n + 1)), None
 
     def step(state, element):
@@ -182,6 +179,14 @@ def _count(elements: tf.data.Dataset) -> tuple[int, int | None]:
 
     size, top = elements.reduce((np.int64(0), np.int64(-1)), lambda s, *e: step(s, e))
     return int(size), int(top) + 1 if int(top) >= 1 else None
+
+
+def _integer_target(elements: tf.data.Dataset) -> bool:
+    """Whether each element's target is one integer (a scalar, or of shape (1,))."""
+    spec = elements.element_spec
+    target = spec[1] if len(spec) > 1 else None
+    return (isinstance(target, tf.TensorSpec) and target.dtype.is_integer
+            and target.shape.num_elements() == 1)
 
 
 def _classes(y: Any) -> int | None:
