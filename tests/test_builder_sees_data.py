@@ -141,3 +141,69 @@ def test_only_state_held_in_variables_is_sent_from_the_chief():
                    tf.strings.as_string(i)))
     (number, words), = stand_in(split).as_numpy_iterator()
     assert (number, words) == (0, b"") and read == []
+
+
+TEXT_ON_WORKERS = '''
+import json
+import os
+from pathlib import Path
+
+import keras
+import numpy as np
+
+from trainer.data.pipeline import Source
+
+WORDS = ["good", "great", "bad", "awful", "the", "a", "movie", "plot"]
+
+
+def _task():
+    return json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+
+
+def load(**_):
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 96)
+    x = np.array([f"{WORDS[4 + i % 4]} {WORDS[2 * (1 - label) + i % 2]}"
+                  for i, label in enumerate(y)])
+    return Source.from_arrays(x[:64], y[:64], x[64:], y[64:], num_classes=2)
+
+
+def build(num_classes, train):
+    seen = int(train.reduce(0, lambda n, _: n + 1))
+    with open(f"adapted-{_task()}.txt", "a") as out:
+        out.write(f"{seen}\\n")
+    vectorize = keras.layers.TextVectorization(output_sequence_length=2, name="words")
+    vectorize.adapt(train.map(lambda x, y: x).batch(16))
+    inputs = keras.Input((), dtype="string")
+    x = keras.layers.Embedding(12, 4)(vectorize(inputs))
+    x = keras.layers.GlobalAveragePooling1D()(x)
+    return keras.Model(inputs, keras.layers.Dense(num_classes, activation="softmax")(x))
+
+
+class RecordWords(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        words = self.model.get_layer("words").get_vocabulary()
+        Path(f"words-{_task()}.json").write_text(json.dumps(words))
+'''
+
+
+@pytest.mark.multiworker
+def test_on_two_workers_a_vocabulary_is_adapted_by_each_and_the_summary_says_so(
+        tmp_path, launches):  # noqa: F811
+    """A TextVectorization's vocabulary is a lookup table no collective sends: the other
+    worker learns so on the stand-in, then adapts on the whole split as the chief does; both
+    hold the same vocabulary, and the summary names the layer."""
+    (tmp_path / "text_workers.py").write_text(textwrap.dedent(TEXT_ON_WORKERS))
+    run_dir = tmp_path / "run"
+    launch = launches(2, "model._target_=text_workers.build", "dataset._target_=text_workers.load",
+                      "epochs=1", "logger=[]", "verbose=0", "checkpoint.monitor=val_loss",
+                      "batch.per_replica=16", "+callbacks.record._target_=text_workers.RecordWords",
+                      f"hydra.run.dir={run_dir}")
+    assert launch.wait(timeout=400) == 0, launch.output[-3000:]
+    assert (tmp_path / "adapted-0.txt").read_text().split() == ["64"]
+    assert (tmp_path / "adapted-1.txt").read_text().split() == ["1", "64"]
+    words = [json.loads((tmp_path / f"words-{task}.json").read_text()) for task in (0, 1)]
+    assert words[0] == words[1] and "movie" in words[0]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert any("each worker adapted the model's preprocessing on the whole training split: "
+               "TextVectorization" in n for n in summary["data_notes"])

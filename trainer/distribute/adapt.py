@@ -47,10 +47,13 @@ ONCE = ("the chief adapted the model's preprocessing ({layers}) on the training 
 
 
 def adapted_layers(model: Any) -> list:
-    """The model's layers that have an `adapt` method (Keras's preprocessing layers, a user's
-    own), the model itself left out."""
-    return [layer for layer in layers_within(model)
-            if layer is not model and callable(getattr(layer, "adapt", None))]
+    """The model's outermost layers that have an `adapt` method (Keras's preprocessing
+    layers, a user's own; a `TextVectorization`, not the `StringLookup` inside it), the
+    model itself left out."""
+    found = [layer for layer in layers_within(model)
+             if layer is not model and callable(getattr(layer, "adapt", None))]
+    inner = {id(sub) for layer in found for sub in layers_within(layer) if sub is not layer}
+    return [layer for layer in found if id(layer) not in inner]
 
 
 def sent_from_chief(model: Any) -> bool:
