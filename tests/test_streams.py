@@ -136,13 +136,15 @@ def test_a_killed_stream_run_resumes_on_the_batches_it_would_have_read(tmp_path)
 
 
 @pytest.mark.multiworker
+@pytest.mark.parametrize("load, steps", [("load_stream", 2), ("load_passes", 1)])
 def test_a_repeated_dataset_with_steps_on_two_workers_trains_as_one_process(
-        tmp_path, launches):  # noqa: F811
+        tmp_path, launches, load, steps):  # noqa: F811
     """The tutorial's form on 2 workers (`python -m trainer.launch`, the custom loop): each
     worker reads the stream and keeps its half of every global batch of 16; the weights are
-    one process's at the same global batch."""
+    one process's at the same global batch. A finite dataset read a third of a pass an
+    epoch (each worker its share of every global batch) too."""
     common = ["model._target_=tests.objects_task.build_regression",
-              "dataset._target_=tests.objects_task.load_stream", "steps_per_epoch=2",
+              f"dataset._target_=tests.objects_task.{load}", f"steps_per_epoch={steps}",
               "epochs=3", "dataset.shuffle=false", "logger=[]", "verbose=0",
               "batch.per_replica=null", "batch.global_size=16"]
     one = trainer.fit([*common, "accelerator=cpu", "devices=1"], run_dir=tmp_path / "one")
@@ -150,5 +152,5 @@ def test_a_repeated_dataset_with_steps_on_two_workers_trains_as_one_process(
     launch = launches(2, *common, f"hydra.run.dir={run_dir}")
     assert launch.wait(timeout=400) == 0, launch.output[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["workers"] == 2 and summary["steps_per_epoch"] == 2
+    assert summary["workers"] == 2 and summary["steps_per_epoch"] == steps
     assert _max_diff(weights(run_dir), _last(one)) < 1e-5
