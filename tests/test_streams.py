@@ -77,6 +77,8 @@ STREAM = tf.data.Dataset.from_tensor_slices(regression(48))
 @pytest.mark.parametrize("data, overrides, message", [
     (lambda: STREAM.repeat(), [], "repeats for ever (repeat()) or its length is unknown; "
      "set steps_per_epoch=N"),
+    # tf.data calls its length unknown; counting it would never end
+    (lambda: STREAM.repeat().filter(lambda *_: True), [], "set steps_per_epoch=N"),
     (lambda: {"train": STREAM, "validation": STREAM.repeat()}, [],
      "its validation split repeats for ever (repeat()) or its length is unknown; set "
      "validation_steps=N"),

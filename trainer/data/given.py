@@ -31,7 +31,7 @@ import tensorflow as tf
 from trainer.config.given import lookup
 from trainer.data.fingerprint import of_arrays
 from trainer.data.pipeline import DataError, Source
-from trainer.internals.tf_data import UNKNOWN, batch_size_of
+from trainer.internals.tf_data import UNKNOWN, batch_size_of, repeats_for_ever
 
 SPLITS = ("train", "validation", "test")
 
@@ -140,7 +140,9 @@ def _dataset_split(dataset: tf.data.Dataset, target: str, role: str,
     spec = elements.element_spec
     if not (isinstance(spec, tuple) and len(spec) in (1, 2, 3)):
         elements = elements.map(lambda *x: (x[0] if len(x) == 1 else x,))  # x alone
-    if count == tf.data.INFINITE_CARDINALITY or (stream and count == tf.data.UNKNOWN_CARDINALITY):
+    unknown = count == tf.data.UNKNOWN_CARDINALITY
+    if count == tf.data.INFINITE_CARDINALITY or (unknown and (
+            stream or repeats_for_ever(dataset))):  # `repeat().filter(...)`: never counted
         return _stream_split(dataset, elements, batch, count)
     size, classes = _count(elements)
     if size == 0:
