@@ -103,3 +103,22 @@ def load_passes() -> tf.data.Dataset:
     """The same 48 rows in batches of 16, finite: `steps_per_epoch=1` reads a pass over 3
     epochs."""
     return tf.data.Dataset.from_tensor_slices(regression(48)).batch(16)
+
+
+class SigtermAt(keras.callbacks.Callback):
+    """Sends this process SIGTERM after step `step` of epoch index `epoch`, as a scheduler
+    would (`tests/test_resume.py` has one too, which a worker process cannot import)."""
+
+    def __init__(self, epoch: int, step: int) -> None:
+        super().__init__()
+        self.at, self.epoch = (epoch, step), 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (self.epoch, batch + 1) == self.at:
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGTERM)

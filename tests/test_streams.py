@@ -159,3 +159,32 @@ def test_a_repeated_dataset_with_steps_on_two_workers_trains_as_one_process(
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["workers"] == 2 and summary["steps_per_epoch"] == steps
     assert _max_diff(weights(run_dir), _last(one)) < 1e-5
+
+
+@pytest.mark.multiworker
+@pytest.mark.slow  # three launches (about 110 s)
+def test_a_stream_on_two_workers_stopped_and_launched_again_ends_as_never_stopped(
+        tmp_path, launches):  # noqa: F811
+    """Both workers sent SIGTERM after step 1 of epoch 2 (they stop together at a step they
+    agree on, with a backup), then launched again: each worker skips the global batches
+    read, and the weights are those of the same 2-worker run never stopped (shuffled by the
+    run's seed)."""
+    common = ["model._target_=tests.objects_task.build_regression",
+              "dataset._target_=tests.objects_task.load_stream", "steps_per_epoch=3",
+              "epochs=3", "logger=[]", "verbose=0", "checkpoint.backup_every=1",
+              "batch.per_replica=null", "batch.global_size=16"]
+    whole, run_dir = tmp_path / "whole", tmp_path / "run"
+    launch = launches(2, *common, f"hydra.run.dir={whole}")
+    assert launch.wait(timeout=400) == 0, launch.output[-3000:]
+    stop = ["+callbacks.stop._target_=tests.objects_task.SigtermAt",
+            "+callbacks.stop.epoch=1", "+callbacks.stop.step=1"]
+    launch = launches(2, *common, *stop, f"hydra.run.dir={run_dir}")
+    assert launch.wait(timeout=400) != 0, launch.output[-3000:]
+    assert "stopped by signal 15" in launch.output, launch.output[-3000:]
+    assert not (run_dir / "summary.json").exists()
+    launch = launches(2, *common, f"hydra.run.dir={run_dir}")
+    assert launch.wait(timeout=400) == 0, launch.output[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    found = summary["resumed_from"]  # the workers agree on a stop at a later step
+    assert 3 * (found["epoch"] - 1) + found["step"] >= 4  # batches of the stream skipped
+    assert _max_diff(weights(run_dir), weights(whole)) < 1e-6
