@@ -992,6 +992,12 @@ SCENARIOS: dict[str, Scenario] = {
     "sample_weights": Scenario(sequential, classes, sample_weight=True, classes=True),
 }
 
+# fit's steps_per_epoch is trainer's too (one stream across epochs, as Keras's one
+# iterator), but these scenarios compare whole passes built by the harness.
+STEPS_ELSEWHERE = ("fit's steps_per_epoch: tested against Keras's fit in "
+                   "tests/test_streams.py (a stream, a finite dataset, 2 replicas, 2 workers); "
+                   "the scenarios compare whole passes")
+
 # Every other test of the two files, and why it does not apply to training under
 # tf.distribute.
 NOT_APPLICABLE = {
@@ -1044,12 +1050,10 @@ NOT_APPLICABLE = {
         "numbers change",
     TT + "test_predict_preserve_order": "predict-only",
     TT + "test_predict_generator": "predict-only",
-    TT + "test_steps_per_execution_steps_per_epoch": "fit's steps_per_epoch: trainer's "
-                                                     "epochs are whole passes over the data",
-    TT + "test_steps_per_epoch": "fit's steps_per_epoch: trainer's epochs are whole passes",
+    TT + "test_steps_per_execution_steps_per_epoch": STEPS_ELSEWHERE,
+    TT + "test_steps_per_epoch": STEPS_ELSEWHERE,
     TT + "test_max_epochs_and_steps": "keras.config.set_max_epochs/steps: a debugging cap",
-    TT + "test_steps_per_execution_steps_per_epoch_unknown_data_size":
-        "fit's steps_per_epoch: trainer's epochs are whole passes",
+    TT + "test_steps_per_execution_steps_per_epoch_unknown_data_size": STEPS_ELSEWHERE,
     TT + "test_steps_per_execution_steps_count_without_training": "predict/evaluate-only",
     TT + "test_evaluate_with_different_batch_size_same_loss": "evaluate-only",
     TT + "test_loss_scaling_prevents_underflow": "a one-example float16 underflow check at "
@@ -1063,8 +1067,10 @@ NOT_APPLICABLE = {
     TT + "test_predict_dropout": "predict-only",
     TT + "test_recompile": "compile twice in one process: a run compiles once",
     TT + "test_evaluate_return_list_respect_metrics_order": "evaluate-only",
-    TT + "test_validation_data_infinite_generator": "an infinite generator with "
-                                                    "validation_steps: a Source has a size",
+    TT + "test_validation_data_infinite_generator": "a Python generator (trainer takes "
+                                                    "arrays and tf.data); a validation "
+                                                    "dataset that repeats for ever with "
+                                                    "validation_steps: tests/test_streams.py",
     TT + "test_rng_updated_during_predict": "predict-only",
     TT + "test_evaluate_with_custom_compute_loss": "evaluate-only (compute_loss's training "
                                                    "flag; the scenarios validate each epoch)",

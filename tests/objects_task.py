@@ -82,3 +82,43 @@ def build_vae() -> keras.Model:
 def load_x() -> np.ndarray:
     """96 rows of 6 features: inputs alone, no targets."""
     return np.random.default_rng(0).normal(size=(96, 6)).astype("float32")
+
+
+def build_regression() -> keras.Model:
+    """A small regression model, compiled with SGD and mean squared error."""
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model
+
+
+def load_stream() -> tf.data.Dataset:
+    """TensorFlow's multi-worker tutorial's form: 48 rows in batches of 16, repeated for
+    ever (`steps_per_epoch` bounds an epoch)."""
+    return tf.data.Dataset.from_tensor_slices(regression(48)).batch(16).repeat()
+
+
+def load_passes() -> tf.data.Dataset:
+    """The same 48 rows in batches of 16, finite: `steps_per_epoch=1` reads a pass over 3
+    epochs."""
+    return tf.data.Dataset.from_tensor_slices(regression(48)).batch(16)
+
+
+class SigtermAt(keras.callbacks.Callback):
+    """Sends this process SIGTERM after step `step` of epoch index `epoch`, as a scheduler
+    would (`tests/test_resume.py` has one too, which a worker process cannot import)."""
+
+    def __init__(self, epoch: int, step: int) -> None:
+        super().__init__()
+        self.at, self.epoch = (epoch, step), 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (self.epoch, batch + 1) == self.at:
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGTERM)

@@ -314,6 +314,11 @@ class Config:
     # The last fraction of the training examples held out for validation, as Keras's
     # fit(validation_split=...), for a dataset without a validation split; null: none.
     validation_split: float | None = None
+    # Keras's fit(steps_per_epoch=..., validation_steps=...): training steps per epoch, read
+    # from one stream across epochs (needed for a dataset that repeats for ever), and the
+    # validation batches read at each epoch's end; null: one pass over each split.
+    steps_per_epoch: int | None = None
+    validation_steps: int | None = None
     # Tune before training instead of training: lr (a learning-rate range test) or batch
     # (the per-replica batch's throughput curve and the largest that fits); null: train.
     tune: str | None = None

@@ -594,6 +594,12 @@ def _validate_task(cfg: DictConfig) -> None:
     _require(split is None or (isinstance(split, float) and 0 < split < 1),
              f"validation_split must be a fraction between 0 and 1 (0.2: the last 20% of the "
              f"training examples), or null; received: {split!r}")
+    for key in ("steps_per_epoch", "validation_steps"):
+        steps = cfg.get(key)
+        _require(steps is None or (isinstance(steps, int) and not isinstance(steps, bool)
+                                   and steps >= 1),
+                 f"{key} must be a positive number of steps, or null (one pass over the "
+                 f"data); received: {steps!r}")
     loss = cfg.loss
     _require(_is_losses(loss), "loss must be a Keras loss name, a node with _target_, null "
              "(the model's own add_loss alone), or a mapping per output name or a list in "

@@ -11,6 +11,12 @@ else is the training split alone, with no validation (Keras's `fit(x, y)` withou
 `validation_data`). A batched dataset is unbatched here and batched again by trainer to the
 run's global batch; `Source.given_batch` keeps its own batch for the run's summary (and, from
 `trainer.fit`, as the global batch where the config sets none).
+
+A training or validation dataset that repeats for ever (`repeat()`, as Keras's `fit` takes
+it with `steps_per_epoch` / `validation_steps`) is a stream: it is not counted, its role is
+named in `Source.endless`, and `trainer.data.wiring.bounded` gives it its steps. So is one of
+unknown length where the run gives its role steps (`streams`): it is read pass after pass
+(`repeat()`), never counted (counting a stream would never end).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import tensorflow as tf
 from trainer.config.given import lookup
 from trainer.data.fingerprint import of_arrays
 from trainer.data.pipeline import DataError, Source
-from trainer.internals.tf_data import UNKNOWN, batch_size_of
+from trainer.internals.tf_data import UNKNOWN, batch_size_of, repeats_for_ever
 
 SPLITS = ("train", "validation", "test")
 
@@ -44,12 +50,18 @@ def load(given: str | None = None, seed: int | None = None, **_: Any) -> Any:
     return found
 
 
-def as_source(found: Any, target: str) -> Source:
+def as_source(found: Any, target: str, streams: tuple[str, ...] = ()) -> Source:
     """What a dataset builder returned as a `Source` (unchanged where it is one).
+
+    Args:
+        found: what the builder returned.
+        target: its name, for the messages.
+        streams: the roles the run gives steps (`train` with `steps_per_epoch`, `validation`
+            with `validation_steps`): a dataset of unknown length there is read as a stream.
 
     Raises:
         DataError: something else (one line naming `target`, what it returned and what it
-            may return), a split that repeats for ever, or an empty one.
+            may return), a test split that repeats for ever, or an empty split.
     """
     if isinstance(found, Source):
         return found
@@ -57,9 +69,10 @@ def as_source(found: Any, target: str) -> Source:
         if "train" not in found:
             raise DataError(f"dataset {target}: a dict of splits needs `train`; received "
                             f"{', '.join(found)}")
-        splits = {role: _split(value, target, role) for role, value in found.items()}
+        splits = {role: _split(value, target, role, role in streams)
+                  for role, value in found.items()}
     else:
-        splits = {"train": _split(found, target, "train")}
+        splits = {"train": _split(found, target, "train", "train" in streams)}
     train = splits["train"]
     none = _Split(None, 0, None, None, None)
     validation, test = splits.get("validation", none), splits.get("test", none)
@@ -69,7 +82,8 @@ def as_source(found: Any, target: str) -> Source:
                   input_shape=_shapes(features), num_classes=train.classes,
                   num_outputs=None if train.classes is not None else _outputs(train.dataset),
                   reads_in_preprocess=train.fingerprint is not None,
-                  fingerprint=_fingerprint(splits), given_batch=train.batch)
+                  fingerprint=_fingerprint(splits), given_batch=train.batch,
+                  endless=tuple(role for role, s in splits.items() if s.endless))
 
 
 class _Split:
@@ -78,17 +92,17 @@ class _Split:
     arrays' fingerprint (None for a dataset)."""
 
     def __init__(self, dataset: Any, size: int, batch: int | None, classes: int | None,
-                 fingerprint: Any) -> None:
+                 fingerprint: Any, endless: bool = False) -> None:
         self.dataset, self.size, self.batch = dataset, size, batch
-        self.classes, self.fingerprint = classes, fingerprint
+        self.classes, self.fingerprint, self.endless = classes, fingerprint, endless
 
 
-def _split(value: Any, target: str, role: str) -> _Split:
+def _split(value: Any, target: str, role: str, stream: bool = False) -> _Split:
     if isinstance(value, Source):
         raise DataError(f"dataset {target}: a Source holds all its splits; return it alone, "
                         "not inside a dict")
     if isinstance(value, tf.data.Dataset):
-        return _dataset_split(value, target, role)
+        return _dataset_split(value, target, role, stream)
     parts = value if isinstance(value, tuple) and len(value) in (2, 3) else (value,)
     if isinstance(value, list) and len(value) in (2, 3):
         parts = tuple(value)  # [x, y] as Keras's validation_data takes it
@@ -115,16 +129,21 @@ def _check_arrays(parts: tuple, target: str, role: str) -> None:
                 "(train, validation, test), or a function returning one")
 
 
-def _dataset_split(dataset: tf.data.Dataset, target: str, role: str) -> _Split:
+def _dataset_split(dataset: tf.data.Dataset, target: str, role: str,
+                   stream: bool = False) -> _Split:
     batch = batch_size_of(dataset)
     count = int(dataset.cardinality())
-    if count == tf.data.INFINITE_CARDINALITY:
-        raise DataError(f"dataset {target}: its {role} dataset repeats for ever (repeat()?); "
-                        "trainer reads each split once per epoch: give it without repeat()")
+    if count == tf.data.INFINITE_CARDINALITY and role == "test":
+        raise DataError(f"dataset {target}: its test dataset repeats for ever (repeat()?); "
+                        "the test split is evaluated once, whole: give it without repeat()")
     elements = dataset.unbatch() if batch is not None else dataset
     spec = elements.element_spec
     if not (isinstance(spec, tuple) and len(spec) in (1, 2, 3)):
         elements = elements.map(lambda *x: (x[0] if len(x) == 1 else x,))  # x alone
+    unknown = count == tf.data.UNKNOWN_CARDINALITY
+    if count == tf.data.INFINITE_CARDINALITY or (unknown and (
+            stream or repeats_for_ever(dataset))):  # `repeat().filter(...)`: never counted
+        return _stream_split(dataset, elements, batch, count)
     size, classes = _count(elements)
     if size == 0:
         raise DataError(f"dataset {target}: its {role} dataset holds no example")
@@ -134,14 +153,27 @@ def _dataset_split(dataset: tf.data.Dataset, target: str, role: str) -> _Split:
                   batch, classes, None)
 
 
+# Examples of a stream whose integer targets are read for its classes (it cannot be read
+# whole): a class first seen later is beyond the count; name the classes in the model then.
+CLASSES_SEEN = 1024
+
+
+def _stream_split(dataset: tf.data.Dataset, elements: tf.data.Dataset, batch: int | None,
+                  count: int) -> _Split:
+    """A split that repeats for ever, or one of unknown length read pass after pass: its
+    elements, size 0 (its steps bound it), classes from its first `CLASSES_SEEN` examples."""
+    if count != tf.data.INFINITE_CARDINALITY:
+        elements = elements.repeat()
+    if batch == UNKNOWN:
+        batch = int(tf.shape(tf.nest.flatten(next(iter(dataset)))[0])[0])
+    classes = _count(elements.take(CLASSES_SEEN))[1] if _integer_target(elements) else None
+    return _Split(elements, 0, batch, classes, None, endless=True)
+
+
 def _count(elements: tf.data.Dataset) -> tuple[int, int | None]:
     """(examples, classes): one pass over a dataset; classes where the targets are integer
     scalars (or of shape (1,)), else None."""
-    spec = elements.element_spec
-    target = spec[1] if len(spec) > 1 else None
-    integer = (isinstance(target, tf.TensorSpec) and target.dtype.is_integer
-               and target.shape.num_elements() == 1)
-    if not integer:
+    if not _integer_target(elements):
         return int(elements.reduce(np.int64(0), lambda n, *_: n + 1)), None
 
     def step(state, element):
@@ -149,6 +181,14 @@ def _count(elements: tf.data.Dataset) -> tuple[int, int | None]:
 
     size, top = elements.reduce((np.int64(0), np.int64(-1)), lambda s, *e: step(s, e))
     return int(size), int(top) + 1 if int(top) >= 1 else None
+
+
+def _integer_target(elements: tf.data.Dataset) -> bool:
+    """Whether each element's target is one integer (a scalar, or of shape (1,))."""
+    spec = elements.element_spec
+    target = spec[1] if len(spec) > 1 else None
+    return (isinstance(target, tf.TensorSpec) and target.dtype.is_integer
+            and target.shape.num_elements() == 1)
 
 
 def _classes(y: Any) -> int | None:

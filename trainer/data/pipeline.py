@@ -79,6 +79,10 @@ class Source:
         given_batch: the batch size a batched `tf.data.Dataset` came in
             (`trainer.data.given`), which trainer unbatched and batches again to the run's
             global batch; None: its examples came one by one.
+        endless: the roles (`train`, `validation`) whose dataset repeats for ever (a stream,
+            as Keras's `fit` takes one with `steps_per_epoch` / `validation_steps`); their
+            sizes stay 0 until `trainer.data.wiring.bounded` gives them the examples their
+            steps read.
 
     Elements may also be `(features,)` alone: a model that trains on its inputs (its own
     `train_step`, or losses from `add_loss`) has no targets.
@@ -103,6 +107,7 @@ class Source:
     check: Callable[[int, int], None] | None = None
     shard: Callable[[Any], tf.data.Dataset] | None = None
     given_batch: int | None = None
+    endless: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.num_outputs is None:
@@ -398,6 +403,42 @@ def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_
     epochs_ds = tf.data.Dataset.range(first_epoch, epochs).flat_map(one_epoch)
     return epochs_ds.skip(steps).prefetch(tf.data.AUTOTUNE).with_options(
         _options(seed, per_worker=place.several))
+
+
+def build_stream_epochs(dataset: tf.data.Dataset, global_batch: int, *, steps_per_epoch: int,
+                        first_epoch: int, epochs: int, skip_steps: int = 0,
+                        preprocess: Callable | None = None, scale: float | None = None,
+                        seed: int | None = None, shuffle_buffer: int = 2048,
+                        class_weight: dict[int, float] | None = None,
+                        role: str = "train") -> tf.data.Dataset:
+    """The training batches of epochs `first_epoch`..`epochs - 1` of a split that repeats
+    for ever, as Keras's `fit` reads one with `steps_per_epoch`: one stream across epochs,
+    epoch `e` its global batches `e * steps_per_epoch` .. `(e + 1) * steps_per_epoch - 1`.
+
+    Elements are preprocessed, checked finite, shuffled in a buffer of `shuffle_buffer`
+    with `seed` (0: the dataset's own order) and batched to full global batches; nothing is
+    cached (a stream has no end to cache up to). A resumed run builds the stream afresh and
+    skips the batches the epochs before it read (`skip_steps` more within its first): the
+    batches it trains on are those the interrupted run would have read wherever the dataset
+    yields the same elements from a fresh iterator (its own shuffles seeded) and `seed` is
+    set. Skipping reads those batches again, so a resume late in a long run takes a while.
+    On several workers the strategy shards each global batch by element (tf.data's `DATA`
+    policy): every worker reads the whole stream and keeps its share.
+    """
+    if preprocess is not None:
+        dataset = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = finite_checked(dataset, role)
+    if shuffle_buffer:
+        dataset = dataset.shuffle(shuffle_buffer, seed=seed)
+    batches = dataset.batch(global_batch, drop_remainder=True)
+    if scale is not None:
+        batches = batches.map(_scaler(scale), num_parallel_calls=tf.data.AUTOTUNE)
+    if class_weight:
+        batches = batches.map(class_weight_map_fn(class_weight),
+                              num_parallel_calls=tf.data.AUTOTUNE)
+    first = first_epoch * steps_per_epoch + skip_steps
+    return batches.skip(first).take(epochs * steps_per_epoch - first).prefetch(
+        tf.data.AUTOTUNE).with_options(_options(seed))
 
 
 @dataclass(frozen=True)

@@ -22,20 +22,21 @@ from trainer.config.errors import ConfigError
 from trainer.config.given import flag as given_flag
 from trainer.config.schema import CheckpointConfig
 from trainer.config.validate import cache_mode
-from trainer.data.augment import check_inputs, mixers
+from trainer.data.augment import check_inputs, listed, mixers
 from trainer.data.caching import check_memory, element_bytes, worker_memory_limit_mb
 from trainer.data.given import as_source
 from trainer.data.pipeline import (
     DataError,
     Source,
     build_pipeline,
+    build_stream_epochs,
     build_training_epochs,
     non_finite_found,
 )
 from trainer.data.service import Service, out_of_order_message, service_report, stop_local
 from trainer.data.shares import Place
 from trainer.distribute.inputs import read_per_worker
-from trainer.plan.scaling import check_micro_batches
+from trainer.plan.scaling import check_micro_batches, steps_per_epoch
 from trainer.rundir.layout import RunDir
 
 # Dataset options that are the pipeline's, not the source builder's.
@@ -78,6 +79,7 @@ class Batching:
     workers: int = 1
     worker: int = 0
     local_workers: int = 1  # the workers on this machine, which share its memory
+    steps_per_epoch: int | None = None  # `steps_per_epoch`: None, one pass over the data
 
 
 def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = None,
@@ -115,26 +117,80 @@ def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = N
     if not batching.drop_remainder:  # else steps_per_epoch refuses a batch above the examples
         check_micro_batches(source.train_size, batching.replicas,
                             batching.shards // batching.replicas)
+    if "train" in source.endless:
+        _check_stream(augment, pipeline, options["_target_"])
+        pipeline["cache"] = "none"  # a stream has no end to cache up to
     reading = Reading.of(pipeline, batching, run_dir)
     reading.check_memory(source)
     common = dict(preprocess=source.preprocess, scale=source.scale, seed=seed,
                   cache=reading.cache, shuffle_buffer=shuffle_buffer(pipeline))
+    if "train" in source.endless:
+        make_train = _stream_maker(source, batching, common, class_weight)
+    else:
+        make_train = _epochs_maker(source, batching, reading, common, augment, class_weight)
+    validation, test, probe = _evaluations(source, batching, reading, common)
+    return Data(source=source, make_train=make_train, validation=validation, test=test,
+                reading=reading.report(source), probe=probe)
+
+
+def _epochs_maker(source: Source, batching: Batching, reading: Reading,
+                  common: dict[str, Any], augment: Any,
+                  class_weight: dict[int, float] | None) -> Callable[[int, int, int], Any]:
+    """`make_train` of a finite training split: epochs of one pass each; with
+    `steps_per_epoch`, epochs of that many steps read one after another from the passes
+    (which `bounded` made a divisor of a pass's batches), as Keras's one iterator reads a
+    finite dataset with `steps_per_epoch`."""
+    steps = batching.steps_per_epoch
+    per_pass = steps_per_epoch(source.train_size, batching.global_batch, batching.drop_remainder)
 
     def make_train(first_epoch: int, epochs: int, skip_steps: int):
+        first, last = (first_epoch * steps + skip_steps, epochs * steps) if steps else (
+            first_epoch * per_pass + skip_steps, epochs * per_pass)
+
         def build(place: Place) -> Any:
-            return build_training_epochs(
-                source.train, batching.global_batch, first_epoch=first_epoch, epochs=epochs,
-                skip_steps=skip_steps, drop_remainder=batching.drop_remainder,
+            batches = build_training_epochs(
+                source.train, batching.global_batch, first_epoch=first // per_pass,
+                epochs=-(-last // per_pass), skip_steps=first % per_pass,
+                drop_remainder=batching.drop_remainder,
                 examples=source.train_size, replicas=batching.shards, augment=augment,
                 class_weight=class_weight, lanes=reading.lanes, place=place,
                 cache_file=reading.file("train"), shard=source.shard, role="train",
                 service=reading.service(), **common)
+            if not steps:
+                return batches
+            return batches.take((last - first) * (place.replicas if place.several else 1))
 
         return reading.shared(build)
 
-    validation, test, probe = _evaluations(source, batching, reading, common)
-    return Data(source=source, make_train=make_train, validation=validation, test=test,
-                reading=reading.report(source), probe=probe)
+    return make_train
+
+
+def _stream_maker(source: Source, batching: Batching, common: dict[str, Any],
+                  class_weight: dict[int, float] | None) -> Callable[[int, int, int], Any]:
+    """`make_train` of a training split that repeats for ever (`build_stream_epochs`); on
+    several workers the strategy shards its global batches by element."""
+    def make_train(first_epoch: int, epochs: int, skip_steps: int):
+        return build_stream_epochs(
+            source.train, batching.global_batch, steps_per_epoch=batching.steps_per_epoch,
+            first_epoch=first_epoch, epochs=epochs, skip_steps=skip_steps,
+            preprocess=common["preprocess"], scale=common["scale"], seed=common["seed"],
+            shuffle_buffer=common["shuffle_buffer"], class_weight=class_weight)
+
+    return make_train
+
+
+def _check_stream(augment: Any, pipeline: dict[str, Any], target: str) -> None:
+    """Refuses what a training split that repeats for ever cannot have: augmentation (its
+    seeds come from each example's place in an epoch) and a tf.data service."""
+    if listed(augment):
+        raise DataError(f"dataset {target}: its training split repeats for ever, and augment "
+                        f"seeds each example by its place in an epoch; received augment="
+                        f"{list(augment)}: augment in the dataset's own map, or give it "
+                        "without repeat()")
+    if service_report(pipeline.get("service")) is not None:
+        raise DataError(f"dataset {target}: its training split repeats for ever; "
+                        f"dataset.service={pipeline['service']} serves finite splits: set "
+                        "dataset.service=null, or give it without repeat()")
 
 
 def _evaluations(source: Source, batching: Batching, reading: Reading,
@@ -157,17 +213,19 @@ def _evaluations(source: Source, batching: Batching, reading: Reading,
 
 
 def load_source(dataset: dict[str, Any], seed: int | None = None,
-                defaults: tuple[str, ...] = (), validation_split: float | None = None) -> Source:
+                defaults: tuple[str, ...] = (), validation_split: float | None = None,
+                streams: tuple[str, ...] = ()) -> Source:
     """The `Source` of the dataset a config node names (its builder called with its options,
     the pipeline's keys left out): a `Source` it returned, or data as Keras's `fit` takes it
     turned into one (`trainer.data.given.as_source`), with the last `validation_split` of
-    its training examples held out for validation where set (`held_out`)."""
+    its training examples held out for validation where set (`held_out`); `streams` are the
+    roles the run gives steps (`trainer.data.given.as_source`)."""
     options = options_for({k: v for k, v in dataset.items() if k not in PIPELINE_KEYS},
                           (*defaults, "seed"))
     # `seed` for a loader that takes it (a function returning arrays may take nothing)
     seeded = {"seed": seed} if taken_by_target(options, "seed") else {}
     found = build_object(options, "dataset", **seeded)
-    source = as_source(found, str(options["_target_"]))
+    source = as_source(found, str(options["_target_"]), streams)
     return held_out(source, validation_split, str(options["_target_"]))
 
 
@@ -182,6 +240,10 @@ def held_out(source: Source, split: float | None, target: str) -> Source:
     """
     if split is None:
         return source
+    if "train" in source.endless:
+        raise DataError(f"validation_split={split} holds out the last examples of the "
+                        f"training split; dataset {target} repeats for ever or has an unknown "
+                        "length: give a validation split instead, or remove validation_split")
     if source.validation is not None and source.validation_size:
         raise DataError(f"validation_split={split} holds out training examples for "
                         f"validation; dataset {target} has a validation split already "
@@ -194,6 +256,51 @@ def held_out(source: Source, split: float | None, target: str) -> Source:
     return dataclasses.replace(source, train=source.train.take(kept), train_size=kept,
                                validation=source.train.skip(kept),
                                validation_size=source.train_size - kept)
+
+
+def bounded(source: Source, target: str, global_batch: int, eval_batch: int,
+            steps: int | None = None, validation_steps: int | None = None,
+            drop_remainder: bool = False) -> Source:
+    """The source with its splits bounded by the run's steps, as Keras's `fit` reads them.
+
+    A training split that repeats for ever needs `steps`; its `train_size` becomes the
+    examples an epoch reads (`steps` global batches). A finite one with `steps` is read
+    `steps` batches an epoch, one pass after another; `steps` must divide a pass's batches
+    (Keras's `fit` would end an epoch early wherever a pass runs out, so its epochs would
+    differ in length). `validation_steps` bounds validation to its first `validation_steps`
+    batches of `eval_batch`, the same examples at every epoch (Keras's `fit` goes on through
+    the validation data from one epoch to the next; a fixed set compares epochs alike and
+    resumes alike); a validation split that repeats for ever needs it.
+
+    Raises:
+        DataError: a stream without its steps, or `steps` that do not divide a pass.
+    """
+    if "train" in source.endless and steps is None:
+        raise DataError(f"dataset {target}: its training split repeats for ever (repeat()) "
+                        "or its length is unknown; set steps_per_epoch=N (the training steps "
+                        "of an epoch), as Keras's fit(steps_per_epoch=N) needs")
+    if "validation" in source.endless and validation_steps is None:
+        raise DataError(f"dataset {target}: its validation split repeats for ever (repeat()) "
+                        "or its length is unknown; set validation_steps=N (the validation "
+                        "batches read at each epoch's end), or give it without repeat()")
+    changes: dict[str, Any] = {}
+    if "train" in source.endless:
+        changes["train_size"] = steps * global_batch
+    elif steps is not None:
+        per_pass = steps_per_epoch(source.train_size, global_batch, drop_remainder)
+        if per_pass % steps:
+            divisors = [d for d in range(1, per_pass + 1) if per_pass % d == 0]
+            raise DataError(
+                f"steps_per_epoch={steps} does not divide the {per_pass} batches of "
+                f"{global_batch} in one pass over the {source.train_size} training examples "
+                "(Keras's fit would end epochs early where the data runs out); valid: "
+                f"{', '.join(map(str, divisors[-8:]))}, or repeat() the dataset")
+    if validation_steps is not None and source.validation is not None:
+        size = validation_steps * eval_batch
+        if "validation" not in source.endless:
+            size = min(size, source.validation_size)
+        changes.update(validation=source.validation.take(size), validation_size=size)
+    return dataclasses.replace(source, **changes) if changes else source
 
 
 def taken_by_target(node: dict[str, Any], key: str) -> bool:
@@ -236,14 +343,27 @@ def default_monitor(monitor: str, metrics: tuple[str, ...], validated: bool) -> 
 
 
 def data_notes(source: Source, global_batch: int, per_replica: int, monitor: str,
-               replaced: bool = False) -> tuple[str, ...]:
-    """What the summary says of the data as given: a batched dataset rebatched, no
-    validation set choosing the checkpoint."""
+               replaced: bool = False, steps: tuple[int | None, int | None] = (None, None)
+               ) -> tuple[str, ...]:
+    """What the summary says of the data as given: a batched dataset rebatched, a split
+    read by `steps` (`steps_per_epoch`, `validation_steps`), no validation set choosing the
+    checkpoint."""
     notes = []
     if source.given_batch is not None:
         notes.append(f"the dataset came in batches of {source.given_batch}: trainer unbatched "
                      f"it and batches it to the global batch {global_batch} "
                      f"({per_replica} per replica)")
+    train_steps, validation_steps = steps
+    if "train" in source.endless:
+        notes.append(f"the training split is a stream (repeat(), or of unknown length): each "
+                     f"epoch reads its next {train_steps} global batches (steps_per_epoch), "
+                     "one stream across epochs as in Keras's fit")
+    elif train_steps is not None:
+        notes.append(f"steps_per_epoch={train_steps}: each epoch reads the next {train_steps} "
+                     f"global batches of the training split, pass after pass")
+    if validation_steps is not None and source.validation is not None:
+        notes.append(f"validation_steps={validation_steps}: every epoch validates on the same "
+                     f"first {source.validation_size} validation examples")
     if source.validation is None or not source.validation_size:
         notes.append(f"no validation set: the training {monitor} chose the best checkpoint")
     elif monitor == "val_loss" and replaced:
@@ -399,6 +519,8 @@ def checked_sizes(source: Source, target: str) -> Source:
         if dataset is None:
             continue
         count = int(dataset.cardinality())
+        if count == tf.data.INFINITE_CARDINALITY and role in source.endless:
+            continue  # a stream, read `steps_per_epoch` batches an epoch
         if count == tf.data.INFINITE_CARDINALITY:
             raise DataError(f"dataset {target}: its {role} split repeats for ever (repeat()?);"
                             f" a Source's splits hold {role}_size={size} examples, once")

@@ -43,3 +43,19 @@ def batch_size_of(dataset: Any) -> int | None:
     specs = tf.nest.flatten(dataset.element_spec)
     leading = [s.shape[0] if s.shape.rank else 0 for s in specs if hasattr(s, "shape")]
     return UNKNOWN if leading and all(d is None for d in leading) else None
+
+
+def repeats_for_ever(dataset: Any) -> bool:
+    """Whether a dataset whose length tf.data does not know never ends: its chain holds a
+    `repeat()` without a count (`_count` -1) below every transformation of unknown length
+    (`repeat().filter(...)`); False where a transformation of known length bounds it
+    (`repeat().take(n)`) or the chain cannot be read (several inputs)."""
+    found = dataset
+    while found is not None:
+        if int(found.cardinality()) >= 0:
+            return False
+        count = getattr(found, "_count", None)
+        if "Repeat" in type(found).__name__ and count is not None and int(count) == -1:
+            return True
+        found = getattr(found, "_input_dataset", None)
+    return False

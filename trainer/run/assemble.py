@@ -24,13 +24,12 @@ from trainer.data.wiring import (
     Batching,
     Data,
     batch_of_data,
+    bounded,
     build_data,
     checkpoint_monitor,
     data_notes,
     default_monitor,
     load_source,
-    loss_for_labels,
-    model_ready,
     stop_services,
 )
 from trainer.distribute.cluster import Cluster, choose_communication
@@ -44,24 +43,11 @@ from trainer.distribute.runtime import (
 )
 from trainer.distribute.strategy import choose_cross_device_ops, choose_strategy, strategy_kind
 from trainer.plan.scaling import BatchPlan, plan_batch, steps_per_epoch
-from trainer.plan.schedule import LearningRate, learning_rate
+from trainer.plan.schedule import LearningRate
 from trainer.plan.speed import SpeedPlan, choose_speed
+from trainer.run.compiled import adapt_apart, compiled_model
 from trainer.run.install_step import install_step
 from trainer.run.resolve import Spec
-from trainer.task.build import (
-    build_compiled,
-    build_model,
-    check_class_losses,
-    check_one_batch,
-    choose_task,
-    default_loss,
-    logged_metrics,
-    make_saveable,
-    optimizer_for,
-    output_spec,
-    plan_of,
-    symbolic_batch,
-)
 
 # Keras 3.15's fit fails under MultiWorkerMirroredStrategy (keras-team/keras#20585,
 # tensorflow/tensorflow#72388); the custom loop does the same maths with the same callbacks.
@@ -144,27 +130,22 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None,
         A `Run`.
     """
     strategy_name, loop, strategy, cross, speed = _strategy(spec, plan, cluster)
-    with strategy.scope():
-        source = load_source(spec.dataset, spec.runtime_seed, spec.dataset_defaults,
-                             spec.validation_split)
-    batching, lr = batch_of_data(spec.batch, spec.lr, source)
-    spec = replace(spec, batch=batching, lr=lr, checkpoint=replace(
-        spec.checkpoint, monitor=checkpoint_monitor(spec.checkpoint.monitor, source)))
-    batch = plan_batch(spec.batch.per_replica, spec.batch.global_size,
-                       strategy.num_replicas_in_sync, spec.batch.accumulate,
-                       spec.batch.max_per_replica)
+    spec, source, batch = _source_and_batch(spec, strategy)
     speed = _speed_for_accumulation(speed, batch.accumulate)
+    once = adapt_apart(spec, source, cluster)  # before the seed: a build of its own
     if spec.runtime_seed is not None:
         keras.utils.set_random_seed(spec.runtime_seed)
     with strategy.scope():
         data = build_data(spec.dataset, Batching(
             batch.global_size, batch.shards, batch.per_replica * batch.replicas,
-            batch.replicas, spec.batch.drop_remainder, *_place(cluster)), spec.runtime_seed,
+            batch.replicas, spec.batch.drop_remainder, *_place(cluster),
+            spec.steps_per_epoch), spec.runtime_seed,
             spec.augment, spec.class_weight, spec.dataset_defaults, run_dir, source)
         agree_on_data(strategy, cluster, data.source)  # before the model's collectives
-        steps = steps_per_epoch(data.source.train_size, batch.global_size,
-                                spec.batch.drop_remainder)
-        compiled = _compiled_model(spec, data, batch.global_size, steps, speed)
+        steps = spec.steps_per_epoch or steps_per_epoch(
+            data.source.train_size, batch.global_size, spec.batch.drop_remainder)
+        compiled = compiled_model(spec, data, batch.global_size, steps, speed,
+                                   (strategy, cluster, once))
         monitor = default_monitor(spec.checkpoint.monitor, compiled.names,
                                   data.validation is not None)
         replaced, spec = monitor != spec.checkpoint.monitor, replace(
@@ -181,7 +162,32 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None,
                weights_only=compiled.weights_only,
                own_train_step=own_step, batch_norm=batch_norm,
                notes=data_notes(data.source, batch.global_size, batch.per_replica,
-                                spec.checkpoint.monitor, replaced), spec=spec)
+                                spec.checkpoint.monitor, replaced,
+                                (spec.steps_per_epoch, spec.validation_steps))
+               + compiled.notes, spec=spec)
+
+
+def _source_and_batch(spec: Spec, strategy: Any) -> tuple[Spec, Any, BatchPlan]:
+    """(the spec as the data made it, the source bounded by the run's steps, the batch
+    plan): a batched dataset's batch, the replicas, `steps_per_epoch` / `validation_steps`
+    (`trainer.data.wiring.bounded`), the checkpoint's monitor without validation."""
+    streams = (*(("train",) if spec.steps_per_epoch else ()),
+               *(("validation",) if spec.validation_steps else ()))
+    with strategy.scope():
+        source = load_source(spec.dataset, spec.runtime_seed, spec.dataset_defaults,
+                             spec.validation_split, streams)
+    batching, lr = batch_of_data(spec.batch, spec.lr, source)
+    spec = replace(spec, batch=batching, lr=lr)
+    batch = plan_batch(spec.batch.per_replica, spec.batch.global_size,
+                       strategy.num_replicas_in_sync, spec.batch.accumulate,
+                       spec.batch.max_per_replica)
+    with strategy.scope():
+        source = bounded(source, str(spec.dataset["_target_"]), batch.global_size,
+                         batch.per_replica * batch.replicas, spec.steps_per_epoch,
+                         spec.validation_steps, spec.batch.drop_remainder)
+    spec = replace(spec, checkpoint=replace(
+        spec.checkpoint, monitor=checkpoint_monitor(spec.checkpoint.monitor, source)))
+    return spec, source, batch
 
 
 def release() -> None:
@@ -237,48 +243,6 @@ def _speed_for_accumulation(speed: SpeedPlan, accumulate: int) -> SpeedPlan:
                           "micro-batch loop's slices have shapes it cannot fix; use "
                           "jit_compile=auto or batch.accumulate=1")
     return replace(speed, jit_compile=False, reasons=(*speed.reasons, ACCUMULATE_JIT))
-
-
-@dataclass(frozen=True)
-class _Compiled:
-    model: Any
-    lr: LearningRate
-    loss: Any
-    names: tuple[str, ...]
-    ways: dict[str, str]
-    by: str
-    weights_only: str | None
-
-
-def _compiled_model(spec: Spec, data: Data, global_batch: int, steps: int,
-                    speed: SpeedPlan) -> _Compiled:
-    """The model built and compiled in the strategy's scope, with Keras's loss, metrics and
-    optimizer state built from symbolic batches (as fit builds them from its first batch;
-    a subclassed model's variables too), the run's learning rate and what it logs."""
-    source = data.source
-    model = build_model(spec.model, input_shape=source.input_shape,
-                        num_classes=source.num_classes, num_outputs=source.num_outputs,
-                        defaults=spec.model_defaults, train=lambda: model_ready(source))
-    x, y, _ = keras.utils.unpack_x_y_sample_weight(symbolic_batch(data.probe.element_spec))
-    y_pred = output_spec(model, x)
-    outputs = len(keras.tree.flatten(y_pred))
-    task = choose_task(model, {"loss": loss_for_labels(spec.loss, spec.augment),
-                               "loss_named": spec.loss != default_loss(),
-                               "metrics": spec.metrics, "loss_weights": spec.loss_weights,
-                               "optimizer": spec.optimizer, "targets": y is not None},
-                       source.num_classes is not None, outputs)
-    lr = learning_rate(plan_of(spec.lr, task), global_batch, steps, spec.epochs)
-    model.compile(optimizer=optimizer_for(task, spec.optimizer, lr.schedule), loss=task.loss,
-                  loss_weights=task.loss_weights, metrics=task.metrics,
-                  weighted_metrics=task.weighted_metrics,
-                  steps_per_execution=speed.steps_per_execution,
-                  jit_compile=speed.jit_compile)
-    build_compiled(model, x, y)
-    check_class_losses(model, y)
-    check_one_batch(model, data.probe, source.num_classes)
-    names, ways = logged_metrics(model)
-    weights_only = make_saveable(model)
-    return _Compiled(model, lr, task.loss, tuple(names), ways, task.compiled_by, weights_only)
 
 
 ACCUMULATE_JIT = ("jit_compile=false: with batch.accumulate>1 the step loops over "

@@ -99,6 +99,8 @@ class Spec:
     image_size: dict[str, Any] | None = None
     sync_batchnorm: bool = False
     validation_split: float | None = None
+    steps_per_epoch: int | None = None
+    validation_steps: int | None = None
 
 
 # The config groups whose choice names the run in its summary.
@@ -184,10 +186,10 @@ def resolve(cfg: DictConfig, choices: dict[str, str] | None = None,
         resume=cfg.get("resume"),
         profile=tuple(record["profile"]) if node("profile") is not None else None,
         optimized_metric=node("optimized_metric"),
-        tune=node("tune"),
-        tuner=TunerConfig(**(node("tuner") or {})),
+        tune=node("tune"), tuner=TunerConfig(**(node("tuner") or {})),
         choices=hydra_choices() if choices is None else {
             g: str(choices[g]) for g in NAMED_GROUPS if choices.get(g) is not None},
         image_size=image_size_choice(cfg),
         sync_batchnorm=bool(node("sync_batchnorm")), validation_split=node("validation_split"),
+        steps_per_epoch=node("steps_per_epoch"), validation_steps=node("validation_steps"),
     )

@@ -67,7 +67,9 @@ LEGACY = {"dataset.test_fraction": 0, "dataset.test_split": None,
           "augment": [], "sync_batchnorm": False, "dataset.lanes": 1,
           # weight averaging came later: no run before it kept an EMA
           "optimizer.ema": False, "optimizer.ema_momentum": 0.99,
-          "dataset.shuffle": True, "validation_split": None}
+          "dataset.shuffle": True, "validation_split": None,
+          # one pass over each split, before Keras's steps came
+          "steps_per_epoch": None, "validation_steps": None}
 # Cache modes that keep the same (byte-rounded) elements: a resume may move between them.
 SAME_ELEMENTS = {"memory", "disk"}
 

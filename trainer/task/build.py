@@ -744,6 +744,24 @@ def _takes(target: Callable | None, argument: str) -> bool:
         return False
 
 
+def _model_target(node: Mapping) -> Any:
+    """The model builder a `model` node names: a given object, or what `_target_` imports."""
+    try:
+        return (lookup("model", node.get("given")) if is_marker(node["_target_"])
+                else load_target(node["_target_"]))
+    except ConfigError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any import failure is the same bad value
+        raise ConfigError(f"model._target_={node['_target_']!r} cannot be imported: "
+                          f"{import_failure(error)}") from None
+
+
+def takes_train(node: Mapping) -> bool:
+    """Whether the model builder names `train` (it adapts on the training split), as
+    `build_model` reads its signature; False where the signature cannot be read."""
+    return "train" not in node and _takes(_model_target(node), "train")
+
+
 def build_model(node: Mapping, input_shape: tuple[int, ...], num_classes: int | None,
                 num_outputs: int, defaults: tuple[str, ...] = (),
                 train: Callable[[], Any] | None = None) -> keras.Model:
@@ -759,14 +777,7 @@ def build_model(node: Mapping, input_shape: tuple[int, ...], num_classes: int | 
         train: makes the training split, called only for a builder that names `train`.
     """
     given = is_marker(node["_target_"])
-    try:
-        target = (lookup("model", node.get("given")) if given
-                  else load_target(node["_target_"]))
-    except ConfigError:
-        raise
-    except Exception as error:  # noqa: BLE001 - any import failure is the same bad value
-        raise ConfigError(f"model._target_={node['_target_']!r} cannot be imported: "
-                          f"{import_failure(error)}") from None
+    target = _model_target(node)
     if given:  # an object takes what it names: the group's keys are no options of its own
         node = {k: v for k, v in node.items() if k != "given"}
         defaults = tuple(k for k in node if k != "_target_")
