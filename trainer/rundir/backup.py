@@ -35,6 +35,7 @@ import numpy as np
 from trainer.config.errors import ConfigError, Diverged
 from trainer.rundir.checksum import read_beside, sha256, verify
 from trainer.rundir.layout import EXPORTS, RunDir
+from trainer.rundir.remote import committed
 
 log = logging.getLogger(__name__)
 
@@ -120,11 +121,14 @@ class BackupStore:
         """
         began = time.perf_counter()
         try:
-            return self._save(model, epoch, step, same_as, history)
-        except FileNotFoundError:
-            log.warning("%s vanished while a backup was written; writing it again",
-                        self.directory)
-            return self._save(model, epoch, step, same_as, history)
+            try:
+                final = self._save(model, epoch, step, same_as, history)
+            except FileNotFoundError:
+                log.warning("%s vanished while a backup was written; writing it again",
+                            self.directory)
+                final = self._save(model, epoch, step, same_as, history)
+            committed(self.directory.parent)  # a run directory at a URL: it reaches it
+            return final
         finally:
             self.seconds += time.perf_counter() - began
 

@@ -1,0 +1,303 @@
+"""A run directory at a URL, against real servers on 127.0.0.1: moto's S3-compatible server
+and gcp-storage-emulator, both from PyPI, each on a free loopback port, stopped after its
+test. Credentials are dummies; the endpoints are the libraries' own variables
+(`AWS_ENDPOINT_URL`, `STORAGE_EMULATOR_HOST`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.conftest import TINY, error_lines, run_main
+from tests.test_fault_tolerance import RESUMABLE, start_cli, weights
+from trainer.config.errors import EXIT_CONFIG, EXIT_INTERRUPTED
+from trainer.rundir.lease import Lease
+
+BIN = Path(sys.executable).parent
+BUCKET = "runs"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_listening(port: int, process: subprocess.Popen | None = None,
+                   timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            pytest.fail(f"the server ended at start (exit {process.returncode})")
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    pytest.fail(f"no server on 127.0.0.1:{port} after {timeout} s")
+
+
+def stop(process: subprocess.Popen) -> None:
+    process.kill()
+    process.wait(timeout=10)
+
+
+@dataclass
+class Store:
+    """A running server: its file system (as the test's client), the environment a run
+    needs to reach it, and how to stop it."""
+
+    fs: Any
+    env: dict[str, str]
+    stop: Any
+
+
+def _s3_env(port: int, scratch: Path, key: str = "testing", secret: str = "testing"):
+    return {"AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret,
+            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+            "TRAINER_SCRATCH": str(scratch), "TRAINER_LEASE_SECONDS": "1"}
+
+
+@pytest.fixture
+def s3(tmp_path, monkeypatch):
+    """moto's server in this process (a thread), with the bucket `runs`."""
+    import s3fs
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    wait_listening(port)
+    # moto keeps its buckets in the process, not in the server: each test starts empty
+    urllib.request.urlopen(urllib.request.Request(
+        f"http://127.0.0.1:{port}/moto-api/reset", method="POST"), timeout=10).close()
+    env = _s3_env(port, tmp_path / "scratch")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False)
+    fs.mkdir(BUCKET)
+    try:
+        yield Store(fs, env, server.stop)
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def gcs(tmp_path, monkeypatch):
+    """gcp-storage-emulator in a process of its own, in memory, with the bucket `runs`."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
+         "--port", str(port), "--in-memory", "--default-bucket", BUCKET],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_listening(port, process)
+        env = {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}",
+               "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+               "TRAINER_SCRATCH": str(tmp_path / "scratch"), "TRAINER_LEASE_SECONDS": "1"}
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        import gcsfs
+
+        fs = gcsfs.GCSFileSystem(token="anon", skip_instance_cache=True,
+                                 use_listings_cache=False)
+        yield Store(fs, env, lambda: stop(process))
+    finally:
+        stop(process)
+
+
+def _stored(fs: Any, prefix: str) -> list[str]:
+    return sorted(key[len(prefix) + 1:] for key in fs.find(prefix))
+
+
+def _mid_epoch_at_url(fs: Any, prefix: str, epoch: int):
+    """Whether a whole mid-epoch backup of `epoch` (its state.json) reached the URL."""
+    def found() -> bool:
+        return any(rel.startswith(f"backup/ckpt-{epoch:06d}-") and rel.endswith("/state.json")
+                   and "-000000000/" not in rel for rel in _stored(fs, prefix))
+    return found
+
+
+def _wait(predicate, process: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            _, err = process.communicate()
+            pytest.fail(f"gave up waiting (exit {process.returncode}): {err[-2000:]}")
+        time.sleep(0.1)
+
+
+def test_killed_mid_epoch_at_s3_resumes_to_the_weights_of_an_uninterrupted_run(s3, tmp_path):
+    """The issue's measure: a chief killed mid-epoch, a second start refused while it
+    trained, the rerun from the URL alone (a new machine: the local mirror wiped) ending
+    with an uninterrupted local run's weights."""
+    clean = tmp_path / "clean"
+    assert run_main(*RESUMABLE, f"hydra.run.dir={clean}", cwd=tmp_path).returncode == 0
+    url = f"s3://{BUCKET}/runs/a"
+    chief = start_cli(*RESUMABLE, f"hydra.run.dir={url}", cwd=tmp_path)
+    try:
+        _wait(_mid_epoch_at_url(s3.fs, f"{BUCKET}/runs/a", epoch=1), chief)
+        second = run_main(*RESUMABLE, f"hydra.run.dir={url}", cwd=tmp_path)
+        chief.send_signal(signal.SIGKILL)
+        chief.wait(timeout=30)
+    finally:
+        chief.kill()
+    assert second.returncode == EXIT_CONFIG
+    lines = error_lines(second.stderr)
+    assert len(lines) == 1 and lines[0].startswith(f"error: run directory {url} is in use "
+                                                   f"by another run (host "), lines
+    assert f"pid {chief.pid}," in lines[0]
+    assert "summary.json" not in _stored(s3.fs, f"{BUCKET}/runs/a")
+    for path in (tmp_path / "scratch").rglob("*"):  # another machine: nothing local is left
+        if path.is_file():
+            path.unlink()
+    rerun = run_main(*RESUMABLE, f"hydra.run.dir={url}", cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    held = _stored(s3.fs, f"{BUCKET}/runs/a")
+    assert "lease.json" not in held and "checkpoints/last.keras" in held
+    summary = json.loads(s3.fs.cat_file(f"{BUCKET}/runs/a/summary.json"))
+    assert summary["resumed_from"]["epoch"] == 2 and summary["resumed_from"]["step"] > 0
+    copy = tmp_path / "copy"
+    (copy / "checkpoints").mkdir(parents=True)
+    for name in ("last.keras", "last.keras.sha256"):
+        s3.fs.get_file(f"{BUCKET}/runs/a/checkpoints/{name}", str(copy / "checkpoints" / name))
+    for a, b in zip(weights(clean), weights(copy), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
+
+
+def test_a_second_start_at_a_held_url_is_refused_in_one_line(s3, tmp_path):
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False)
+    holder = Lease(fs, f"{BUCKET}/runs/b", f"s3://{BUCKET}/runs/b")
+    holder.take()
+    try:
+        done = run_main(*TINY, f"hydra.run.dir=s3://{BUCKET}/runs/b", cwd=tmp_path)
+    finally:
+        holder.release()
+    assert done.returncode == EXIT_CONFIG
+    lines = error_lines(done.stderr)
+    assert len(lines) == 1 and re.fullmatch(
+        rf"error: run directory s3://{BUCKET}/runs/b is in use by another run \(host "
+        rf"{re.escape(socket.gethostname())}, pid {os.getpid()}, heartbeat [0-2] s ago\); "
+        "wait for it to end, or choose another hydra.run.dir", lines[0]), lines
+    assert _stored(s3.fs, f"{BUCKET}/runs/b") == []  # the refused start wrote nothing
+
+
+def test_a_stale_lease_is_taken_over(s3):
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False)
+    key = f"{BUCKET}/runs/c/lease.json"
+    fs.pipe_file(key, json.dumps({"host": "gone-pod", "pid": 1, "token": "old",
+                                  "heartbeat": time.time() - 60, "interval": 1}).encode())
+    lease = Lease(fs, f"{BUCKET}/runs/c", f"s3://{BUCKET}/runs/c")
+    lease.take()
+    try:
+        assert json.loads(fs.cat_file(key))["token"] == lease.token
+    finally:
+        lease.release()
+    assert not fs.exists(key)
+
+
+def test_a_missing_bucket_is_one_line(s3, tmp_path):
+    done = run_main(*TINY, "hydra.run.dir=s3://no-such-bucket/runs/a", cwd=tmp_path)
+    assert done.returncode == EXIT_CONFIG
+    lines = error_lines(done.stderr)
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: the bucket of s3://no-such-bucket/runs/a does not exist"), lines
+
+
+def test_a_missing_package_names_what_to_install(tmp_path):
+    done = run_main(*TINY, "hydra.run.dir=nosuchscheme://bucket/a", cwd=tmp_path)
+    assert done.returncode == EXIT_CONFIG
+    assert error_lines(done.stderr) == [
+        "error: a run directory at nosuchscheme://bucket/a: fsspec knows no scheme "
+        "nosuchscheme://; use s3://, gs:// or another fsspec URL"]
+
+
+@pytest.fixture
+def read_only_s3(tmp_path, monkeypatch):
+    """moto's server with its access checks on: a bucket this user may only read."""
+    import boto3
+
+    port = free_port()
+    # the four set-up calls below go unchecked; every later one is checked
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "4"}
+    process = subprocess.Popen([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_listening(port, process)
+        given = {"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1",
+                 "aws_access_key_id": "setup", "aws_secret_access_key": "setup"}
+        boto3.client("s3", **given).create_bucket(Bucket="readonly")
+        iam = boto3.client("iam", **given)
+        iam.create_user(UserName="reader")
+        iam.put_user_policy(UserName="reader", PolicyName="read", PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Resource": "*",
+                                                     "Action": ["s3:GetObject",
+                                                                "s3:ListBucket"]}]}))
+        key = iam.create_access_key(UserName="reader")["AccessKey"]
+        for name, value in _s3_env(port, tmp_path / "scratch", key["AccessKeyId"],
+                                   key["SecretAccessKey"]).items():
+            monkeypatch.setenv(name, value)
+        yield
+    finally:
+        stop(process)
+
+
+def test_a_read_only_bucket_is_refused_in_one_line(read_only_s3, tmp_path):
+    done = run_main(*TINY, "hydra.run.dir=s3://readonly/runs/a", cwd=tmp_path)
+    assert done.returncode == EXIT_CONFIG
+    lines = error_lines(done.stderr)
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: access to s3://readonly/runs/a is denied"), lines
+
+
+@pytest.mark.slow
+def test_a_server_gone_mid_run_stops_it_in_one_line_with_the_last_backup_kept(s3, tmp_path):
+    url = f"s3://{BUCKET}/runs/gone"
+    chief = start_cli(*RESUMABLE, f"hydra.run.dir={url}", cwd=tmp_path)
+    try:
+        _wait(_mid_epoch_at_url(s3.fs, f"{BUCKET}/runs/gone", epoch=0), chief)
+        s3.stop()
+        _, err = chief.communicate(timeout=240)
+    finally:
+        chief.kill()
+    assert chief.returncode == EXIT_INTERRUPTED, err[-3000:]
+    lines = [line for line in error_lines(err) if not line.startswith("[")]
+    assert len(lines) == 1 and lines[0].startswith(f"interrupted: {url} cannot be reached"), lines
+    assert "the last backup that reached" in lines[0]
+
+
+@pytest.mark.slow
+def test_a_run_at_gcs_finishes_there_and_evaluates_and_resumes_from_the_url(gcs, tmp_path):
+    from trainer.evaluate import evaluate_run
+
+    url = f"gs://{BUCKET}/runs/g"
+    done = run_main(*TINY, "epochs=1", f"hydra.run.dir={url}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    held = _stored(gcs.fs, f"{BUCKET}/runs/g")
+    assert {"summary.json", ".hydra/config.yaml", "checkpoints/best.keras"} <= set(held)
+    assert "lease.json" not in held and not any(".tmp" in rel for rel in held)
+    assert len([rel for rel in held if rel.endswith("/state.json")]) == 1
+    found = evaluate_run(url)
+    assert found["examples"] > 0 and found["checkpoint"].startswith(url)
+    more = run_main(*TINY, "epochs=2", f"resume={url}", cwd=tmp_path)
+    assert more.returncode == 0, more.stderr[-3000:]
+    summary = json.loads(gcs.fs.cat_file(f"{BUCKET}/runs/g/summary.json"))
+    assert summary["epochs_done"] == 2 and summary["resumed_from"]["epoch"] == 1
