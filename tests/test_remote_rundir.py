@@ -27,6 +27,8 @@ from trainer.config.errors import EXIT_CONFIG, EXIT_INTERRUPTED
 from trainer.rundir.lease import Lease
 
 BIN = Path(sys.executable).parent
+# RESUMABLE at 32 examples a step: one epoch of 45 steps, a backup every 10.
+LEAN = [*RESUMABLE, "batch.per_replica=32", "checkpoint.backup_every=10", "epochs=1"]
 BUCKET = "runs"
 
 
@@ -146,12 +148,12 @@ def test_killed_mid_epoch_at_s3_resumes_to_the_weights_of_an_uninterrupted_run(s
     trained, the rerun from the URL alone (a new machine: the local mirror wiped) ending
     with an uninterrupted local run's weights."""
     clean = tmp_path / "clean"
-    assert run_main(*RESUMABLE, f"hydra.run.dir={clean}", cwd=tmp_path).returncode == 0
+    assert run_main(*LEAN, f"hydra.run.dir={clean}", cwd=tmp_path).returncode == 0
     url = f"s3://{BUCKET}/runs/a"
-    chief = start_cli(*RESUMABLE, f"hydra.run.dir={url}", cwd=tmp_path)
+    chief = start_cli(*LEAN, f"hydra.run.dir={url}", cwd=tmp_path)
     try:
-        _wait(_mid_epoch_at_url(s3.fs, f"{BUCKET}/runs/a", epoch=1), chief)
-        second = run_main(*RESUMABLE, f"hydra.run.dir={url}", cwd=tmp_path)
+        _wait(_mid_epoch_at_url(s3.fs, f"{BUCKET}/runs/a", epoch=0), chief)
+        second = run_main(*LEAN, f"hydra.run.dir={url}", cwd=tmp_path)
         chief.send_signal(signal.SIGKILL)
         chief.wait(timeout=30)
     finally:
@@ -165,12 +167,12 @@ def test_killed_mid_epoch_at_s3_resumes_to_the_weights_of_an_uninterrupted_run(s
     for path in (tmp_path / "scratch").rglob("*"):  # another machine: nothing local is left
         if path.is_file():
             path.unlink()
-    rerun = run_main(*RESUMABLE, f"hydra.run.dir={url}", cwd=tmp_path)
+    rerun = run_main(*LEAN, f"hydra.run.dir={url}", cwd=tmp_path)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     held = _stored(s3.fs, f"{BUCKET}/runs/a")
     assert "lease.json" not in held and "checkpoints/last.keras" in held
     summary = json.loads(s3.fs.cat_file(f"{BUCKET}/runs/a/summary.json"))
-    assert summary["resumed_from"]["epoch"] == 2 and summary["resumed_from"]["step"] > 0
+    assert summary["resumed_from"]["epoch"] == 1 and summary["resumed_from"]["step"] > 0
     copy = tmp_path / "copy"
     (copy / "checkpoints").mkdir(parents=True)
     for name in ("last.keras", "last.keras.sha256"):
@@ -271,7 +273,7 @@ def test_a_read_only_bucket_is_refused_in_one_line(read_only_s3, tmp_path):
 @pytest.mark.slow
 def test_a_server_gone_mid_run_stops_it_in_one_line_with_the_last_backup_kept(s3, tmp_path):
     url = f"s3://{BUCKET}/runs/gone"
-    chief = start_cli(*RESUMABLE, f"hydra.run.dir={url}", cwd=tmp_path)
+    chief = start_cli(*LEAN, f"hydra.run.dir={url}", cwd=tmp_path)
     try:
         _wait(_mid_epoch_at_url(s3.fs, f"{BUCKET}/runs/gone", epoch=0), chief)
         s3.stop()
@@ -300,4 +302,5 @@ def test_a_run_at_gcs_finishes_there_and_evaluates_and_resumes_from_the_url(gcs,
     more = run_main(*TINY, "epochs=2", f"resume={url}", cwd=tmp_path)
     assert more.returncode == 0, more.stderr[-3000:]
     summary = json.loads(gcs.fs.cat_file(f"{BUCKET}/runs/g/summary.json"))
-    assert summary["epochs_done"] == 2 and summary["resumed_from"]["epoch"] == 1
+    assert summary["epochs_done"] == 2
+    assert summary["resumed_from"]["epoch"] == 2 and summary["resumed_from"]["step"] == 0
