@@ -83,6 +83,11 @@ def at_url(argv: list[str]) -> Iterator[Mirror | None]:
         ConfigError: another run holds the URL, or its storage cannot be used (one line).
         Interrupted: the URL could not be written at the end (its last backup is kept).
     """
+    swept = [arg for arg in argv if arg.startswith("hydra.sweep.dir=")
+             and is_url(arg.partition("=")[2].strip("'\""))]
+    if swept:
+        raise ConfigError(f"a sweep's directory cannot be a URL yet ({swept[0]}); sweep into "
+                          "a local directory, or run each job with hydra.run.dir=URL")
     found = urls_in(argv)
     if not found:
         yield None
