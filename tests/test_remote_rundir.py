@@ -143,7 +143,8 @@ def _wait(predicate, process: subprocess.Popen, timeout: float = 240) -> None:
         time.sleep(0.1)
 
 
-def test_killed_mid_epoch_at_s3_resumes_to_the_weights_of_an_uninterrupted_run(s3, tmp_path):
+def test_killed_mid_epoch_at_s3_resumes_to_the_weights_of_an_uninterrupted_run(s3, tmp_path,
+                                                                             capsys):
     """The issue's measure: a chief killed mid-epoch, a second start refused while it
     trained, the rerun from the URL alone (a new machine: the local mirror wiped) ending
     with an uninterrupted local run's weights."""
@@ -171,6 +172,10 @@ def test_killed_mid_epoch_at_s3_resumes_to_the_weights_of_an_uninterrupted_run(s
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     held = _stored(s3.fs, f"{BUCKET}/runs/a")
     assert "lease.json" not in held and "checkpoints/last.keras" in held
+    from trainer.evaluate import main as evaluate
+
+    assert evaluate([url]) == 0  # `python -m trainer.evaluate URL`
+    assert json.loads(capsys.readouterr().out)["checkpoint"] == f"{url}/checkpoints/best.keras"
     summary = json.loads(s3.fs.cat_file(f"{BUCKET}/runs/a/summary.json"))
     assert summary["resumed_from"]["epoch"] == 1 and summary["resumed_from"]["step"] > 0
     copy = tmp_path / "copy"
@@ -289,6 +294,7 @@ def test_a_server_gone_mid_run_stops_it_in_one_line_with_the_last_backup_kept(s3
 @pytest.mark.slow
 def test_a_run_at_gcs_finishes_there_and_evaluates_and_resumes_from_the_url(gcs, tmp_path):
     from trainer.evaluate import evaluate_run
+    from trainer.predict import predict_run
 
     url = f"gs://{BUCKET}/runs/g"
     done = run_main(*TINY, "epochs=1", f"hydra.run.dir={url}", cwd=tmp_path)
@@ -299,6 +305,11 @@ def test_a_run_at_gcs_finishes_there_and_evaluates_and_resumes_from_the_url(gcs,
     assert len([rel for rel in held if rel.endswith("/state.json")]) == 1
     found = evaluate_run(url)
     assert found["examples"] > 0 and found["checkpoint"].startswith(url)
+    spec = json.loads(gcs.fs.cat_file(f"{BUCKET}/runs/g/model_inputs.json"))["examples"]
+    np.save(tmp_path / "x.npy", np.zeros((3, *spec["shape"]), dtype=spec["dtype"]))
+    predicted = predict_run(url, str(tmp_path / "x.npy"))
+    assert predicted["rows"] == 3 and predicted["output"] == f"{url}/predictions.csv"
+    assert gcs.fs.cat_file(f"{BUCKET}/runs/g/predictions.csv").count(b"\n") == 4
     more = run_main(*TINY, "epochs=2", f"resume={url}", cwd=tmp_path)
     assert more.returncode == 0, more.stderr[-3000:]
     summary = json.loads(gcs.fs.cat_file(f"{BUCKET}/runs/g/summary.json"))
