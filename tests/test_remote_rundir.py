@@ -315,3 +315,56 @@ def test_a_run_at_gcs_finishes_there_and_evaluates_and_resumes_from_the_url(gcs,
     summary = json.loads(gcs.fs.cat_file(f"{BUCKET}/runs/g/summary.json"))
     assert summary["epochs_done"] == 2
     assert summary["resumed_from"]["epoch"] == 2 and summary["resumed_from"]["step"] == 0
+
+
+def _mirror(fs: Any, tmp_path: Path, name: str):
+    from trainer.rundir.remote import Mirror
+
+    return Mirror(f"s3://{BUCKET}/{name}", tmp_path / "mirror", fs, f"{BUCKET}/{name}")
+
+
+def test_a_backup_cut_short_at_the_url_is_never_restored_and_goes_at_the_next_push(s3,
+                                                                                  tmp_path):
+    prefix = f"{BUCKET}/cut"
+    whole, cut = "backup/ckpt-000001-000000000", "backup/ckpt-000001-000000010"
+    for rel in (f"{whole}/model.weights.h5", f"{whole}/state.json", f"{cut}/model.weights.h5",
+                ".hydra/config.yaml"):
+        s3.fs.pipe_file(f"{prefix}/{rel}", b"x")
+    mirror = _mirror(s3.fs, tmp_path, "cut")
+    assert mirror.pull()
+    local = sorted(p.relative_to(mirror.root).as_posix()
+                   for p in mirror.root.rglob("*") if p.is_file())
+    assert local == [".hydra/config.yaml", f"{whole}/model.weights.h5", f"{whole}/state.json"]
+    mirror.push()
+    assert _stored(s3.fs, prefix) == local
+
+
+def test_a_push_puts_each_backups_state_last_and_removes_an_old_backup_marker_first(s3,
+                                                                                   tmp_path):
+    mirror = _mirror(s3.fs, tmp_path, "order")
+    assert not mirror.pull()  # an empty URL: no mirror yet
+    old, new = (mirror.root / f"backup/ckpt-00000{i}-000000000" for i in (1, 2))
+    for folder in (old, new):
+        folder.mkdir(parents=True)
+        (folder / "model.weights.h5").write_bytes(b"w")
+        (folder / "state.json").write_text("{}")
+    (mirror.root / "summary.json").write_text("{}")
+    (mirror.root / "input_cache" / "worker-0").mkdir(parents=True)
+    (mirror.root / "input_cache" / "worker-0" / "train.data").write_bytes(b"c")
+    calls = []
+    real_put, real_rm = s3.fs.put_file, s3.fs.rm_file
+    s3.fs.put_file = lambda local, key: (calls.append(("put", key.split("/", 2)[2])),
+                                         real_put(local, key))
+    s3.fs.rm_file = lambda key: (calls.append(("rm", key.split("/", 2)[2])), real_rm(key))
+    mirror.push()
+    assert calls[-3:] == [("put", "backup/ckpt-000001-000000000/state.json"),
+                          ("put", "backup/ckpt-000002-000000000/state.json"),
+                          ("put", "summary.json")]
+    assert not any("input_cache" in key for _, key in calls)  # a machine's own cache
+    calls.clear()
+    for path in old.iterdir():
+        path.unlink()
+    old.rmdir()
+    mirror.push()
+    assert calls == [("rm", "backup/ckpt-000001-000000000/state.json"),
+                     ("rm", "backup/ckpt-000001-000000000/model.weights.h5")]

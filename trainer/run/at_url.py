@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -119,6 +120,8 @@ def at_url(argv: list[str]) -> Iterator[Mirror | None]:
         argv[:] = saved
         if mirror.lease is not None:
             mirror.lease.release(quiet=mirror.broken)
+        if not chief:  # another worker's mirror: its own scratch, as on disk
+            shutil.rmtree(mirror.root, ignore_errors=True)
 
 
 def _push_after_failure(mirror: Mirror) -> None:

@@ -46,6 +46,7 @@ SCRATCH = "TRAINER_SCRATCH"
 LEASE = "lease.json"
 MARKER = "state.json"  # a backup's: written (and uploaded) after its other files
 FINISHED = "summary.json"  # a finished run's: uploaded last
+LOCAL_ONLY = "input_cache"  # never uploaded (see `_local_files`)
 # The package fsspec needs for each scheme, for the one line where it is missing.
 PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs",
             "abfs": "adlfs", "hf": "huggingface_hub"}
@@ -119,12 +120,15 @@ def explain(error: BaseException, url: str) -> str:
 
 def _local_files(root: Path) -> dict[str, tuple[int, int]]:
     """The mirror's files (relative path -> size and modification time), without the
-    local lock and the temporary names a write in progress uses."""
+    local lock, the temporary names a write in progress uses, and `input_cache/` (a
+    machine's own decoded copy of the data, which tf.data writes while it reads and builds
+    again where it is missing)."""
     found = {}
     for path in root.rglob("*"):
         rel = path.relative_to(root).as_posix()
-        if rel == LOCK or rel == LEASE or any(part.startswith(".tmp-") or (
-                part.startswith(".") and part.endswith(".tmp")) for part in rel.split("/")):
+        if rel in (LOCK, LEASE) or rel.startswith(f"{LOCAL_ONLY}/") or any(
+                part.startswith(".tmp-") or (part.startswith(".") and part.endswith(".tmp"))
+                for part in rel.split("/")):
             continue
         if path.is_file():
             stat = path.stat()
