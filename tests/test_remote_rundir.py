@@ -27,8 +27,8 @@ from trainer.config.errors import EXIT_CONFIG, EXIT_INTERRUPTED
 from trainer.rundir.lease import Lease
 
 BIN = Path(sys.executable).parent
-# RESUMABLE at 32 examples a step: one epoch of 45 steps, a backup every 10.
-LEAN = [*RESUMABLE, "batch.per_replica=32", "checkpoint.backup_every=10", "epochs=1"]
+# RESUMABLE at 16 examples a step: one epoch of 90 steps, a backup every 10.
+LEAN = [*RESUMABLE, "batch.per_replica=16", "checkpoint.backup_every=10", "epochs=1"]
 BUCKET = "runs"
 
 
@@ -154,7 +154,8 @@ def test_killed_mid_epoch_at_s3_resumes_to_the_weights_of_an_uninterrupted_run(s
     chief = start_cli(*LEAN, f"hydra.run.dir={url}", cwd=tmp_path)
     try:
         _wait(_mid_epoch_at_url(s3.fs, f"{BUCKET}/runs/a", epoch=0), chief)
-        second = run_main(*LEAN, f"hydra.run.dir={url}", cwd=tmp_path)
+        chief.send_signal(signal.SIGSTOP)  # mid-epoch, whatever this machine's speed
+        second = run_main(*LEAN, f"hydra.run.dir={url}", cwd=tmp_path)  # its lease is fresh
         chief.send_signal(signal.SIGKILL)
         chief.wait(timeout=30)
     finally:
@@ -303,6 +304,10 @@ def test_a_run_at_gcs_finishes_there_and_evaluates_and_resumes_from_the_url(gcs,
     assert {"summary.json", ".hydra/config.yaml", "checkpoints/best.keras"} <= set(held)
     assert "lease.json" not in held and not any(".tmp" in rel for rel in held)
     assert len([rel for rel in held if rel.endswith("/state.json")]) == 1
+    again = run_main(*TINY, "epochs=1", f"hydra.run.dir={url}", cwd=tmp_path)
+    assert again.returncode == EXIT_CONFIG and error_lines(again.stderr) == [
+        f"error: run directory {url} holds a finished run (summary.json); choose a new "
+        f"hydra.run.dir, or pass resume={url} to continue it"]
     found = evaluate_run(url)
     assert found["examples"] > 0 and found["checkpoint"].startswith(url)
     spec = json.loads(gcs.fs.cat_file(f"{BUCKET}/runs/g/model_inputs.json"))["examples"]
