@@ -230,7 +230,30 @@ def test_a_missing_bucket_is_one_line(s3, tmp_path):
         "error: the bucket of s3://no-such-bucket/runs/a does not exist"), lines
 
 
-def test_a_missing_package_names_what_to_install(tmp_path):
+def test_no_credentials_is_one_line(s3, tmp_path, monkeypatch):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance role to ask
+    done = run_main(*TINY, f"hydra.run.dir=s3://{BUCKET}/runs/n", cwd=tmp_path)
+    assert done.returncode == EXIT_CONFIG
+    assert error_lines(done.stderr) == [
+        f"error: no credentials for s3://{BUCKET}/runs/n (Unable to locate credentials); set "
+        "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) for s3://, "
+        "GOOGLE_APPLICATION_CREDENTIALS for gs://"]
+
+
+def test_a_missing_package_names_what_to_install(tmp_path, monkeypatch):
+    import fsspec  # noqa: F401 - its registry module, whose name the package shadows
+
+    monkeypatch.setitem(sys.modules, "s3fs", None)  # as where it is not installed
+    monkeypatch.delitem(sys.modules["fsspec.registry"]._registry, "s3", raising=False)
+    done = run_main(*TINY, "hydra.run.dir=s3://bucket/a", cwd=tmp_path)
+    assert done.returncode == EXIT_CONFIG
+    assert error_lines(done.stderr) == [
+        "error: a run directory at s3://bucket/a needs s3fs: pip install 'trainer[remote]' "
+        "(or s3fs)"]
     done = run_main(*TINY, "hydra.run.dir=nosuchscheme://bucket/a", cwd=tmp_path)
     assert done.returncode == EXIT_CONFIG
     assert error_lines(done.stderr) == [
