@@ -222,6 +222,30 @@ def test_a_stale_lease_is_taken_over(s3):
     assert not fs.exists(key)
 
 
+def test_two_starts_at_one_instant_create_one_lease_on_s3(s3):
+    """Both read no lease; S3's conditional PUT (If-None-Match: *) lets one create it."""
+    first, second = (Lease(s3.fs, f"{BUCKET}/runs/i", f"s3://{BUCKET}/runs/i")
+                     for _ in range(2))
+    assert first._create() and not second._create()
+    assert json.loads(s3.fs.cat_file(f"{BUCKET}/runs/i/lease.json"))["token"] == first.token
+
+
+def test_a_held_lease_at_gcs_refuses_a_second_though_the_emulator_ignores_the_condition(gcs):
+    from trainer.config.errors import ConfigError
+
+    leases = [Lease(gcs.fs, f"{BUCKET}/runs/l", f"gs://{BUCKET}/runs/l") for _ in range(2)]
+    leases[0].take()
+    try:
+        with pytest.raises(ConfigError, match=rf"gs://{BUCKET}/runs/l is in use by another "
+                                              rf"run \(host .*, pid {os.getpid()},"):
+            leases[1].take()
+        held = json.loads(gcs.fs.cat_file(f"{BUCKET}/runs/l/lease.json"))
+        assert held["token"] == leases[0].token
+    finally:
+        leases[0].release()
+    assert not gcs.fs.exists(f"{BUCKET}/runs/l/lease.json")
+
+
 def test_a_missing_bucket_is_one_line(s3, tmp_path):
     done = run_main(*TINY, "hydra.run.dir=s3://no-such-bucket/runs/a", cwd=tmp_path)
     assert done.returncode == EXIT_CONFIG

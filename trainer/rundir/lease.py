@@ -123,16 +123,17 @@ class Lease:
         self._thread.start()
 
     def _take(self) -> None:
-        if not self._create():
-            held = self._read()
-            if held is not None and not self._stale(held):
+        # Read first: a server that ignores the condition would let a create overwrite a
+        # live lease; the condition still decides between two starts at the same instant.
+        held = self._read()
+        if held is not None:
+            if not self._stale(held):
                 raise self._refuse(held)
-            if held is not None:
-                log.warning("taking over the stale lease of %s (host %s, pid %s)", self.url,
-                            held.get("host"), held.get("pid"))
-                self.fs.rm_file(self.key)
-            if not self._create():
-                raise self._refuse(self._read() or {})
+            log.warning("taking over the stale lease of %s (host %s, pid %s)", self.url,
+                        held.get("host"), held.get("pid"))
+            self.fs.rm_file(self.key)
+        if not self._create():
+            raise self._refuse(self._read() or {})
         held = self._read() or {}
         if held.get("token") != self.token:  # a server that ignored the condition
             raise self._refuse(held)
