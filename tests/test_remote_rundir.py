@@ -230,6 +230,25 @@ def test_two_starts_at_one_instant_create_one_lease_on_s3(s3):
     assert json.loads(s3.fs.cat_file(f"{BUCKET}/runs/i/lease.json"))["token"] == first.token
 
 
+def test_a_run_whose_lease_was_taken_over_writes_nothing_more(s3, tmp_path):
+    from trainer.config.errors import Interrupted
+
+    mirror = _mirror(s3.fs, tmp_path, "taken")
+    mirror.lease = Lease(s3.fs, f"{BUCKET}/taken", f"s3://{BUCKET}/taken")
+    mirror.lease.take()
+    try:
+        mirror.root.mkdir(parents=True)
+        (mirror.root / "summary.json").write_text("{}")
+        s3.fs.pipe_file(f"{BUCKET}/taken/lease.json", json.dumps(
+            {"host": "other-pod", "pid": 7, "token": "theirs", "heartbeat": time.time()}
+        ).encode())  # its heartbeat missed, another start took it over
+        with pytest.raises(Interrupted, match="another run \\(host other-pod, pid 7\\) took"):
+            mirror.push()
+    finally:
+        mirror.lease.release()
+    assert _stored(s3.fs, f"{BUCKET}/taken") == ["lease.json"]  # theirs, kept
+
+
 def test_a_held_lease_at_gcs_refuses_a_second_though_the_emulator_ignores_the_condition(gcs):
     from trainer.config.errors import ConfigError
 

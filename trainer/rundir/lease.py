@@ -9,10 +9,11 @@ heartbeat is older than `STALE` intervals (a machine gone: clocks are taken to a
 an interval), or at once when its holder is a process of this host that is no longer
 alive (the rule the local lock follows for a dead pid).
 
-Some servers ignore the condition (gcp-storage-emulator overwrites): the lease is read back
-after it is written, and every heartbeat checks that the token is still its own. A run
-whose lease another start took over stops at its next backup without writing to the URL
-(`check`, `Interrupted`), so two writers never interleave their backups.
+Some servers ignore the condition (gcp-storage-emulator overwrites): the lease is read
+before it is created and read back after, and every heartbeat and every push (`check`)
+reads it again. A run whose lease another start took over stops at its next backup without
+writing to the URL (`Interrupted`), so two writers do not interleave their backups (what is
+left is the instant between a push's read of the lease and its uploads).
 """
 
 from __future__ import annotations
@@ -151,7 +152,16 @@ class Lease:
                             explain(error, self.url))
 
     def check(self) -> None:
-        """Raises `Interrupted` where another start took the lease over."""
+        """Raises `Interrupted` where another start took the lease over: read again before
+        every push, so a run whose heartbeat was missed writes no backup over the new
+        holder's (a heartbeat's interval would leave that window open)."""
+        if self.lost is None:
+            try:
+                held = self._read()
+            except Exception:  # noqa: BLE001 - the push that follows reports the storage
+                held = None
+            if held is not None and held.get("token") not in (None, self.token):
+                self.lost = f"host {held.get('host')}, pid {held.get('pid')}"
         if self.lost is not None:
             raise Interrupted(f"another run ({self.lost}) took over the lease of {self.url} "
                               "(this run's heartbeat was missed); this run stopped without "
