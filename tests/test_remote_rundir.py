@@ -439,3 +439,19 @@ def test_a_push_puts_each_backups_state_last_and_removes_an_old_backup_marker_fi
     mirror.push()
     assert calls == [("rm", "backup/ckpt-000001-000000000/state.json"),
                      ("rm", "backup/ckpt-000001-000000000/model.weights.h5")]
+
+
+def test_only_the_chief_of_a_cluster_takes_the_url():
+    from trainer.run.at_url import is_chief
+
+    def tf_config(kind: str, index: int, chief: bool = False) -> dict[str, str]:
+        cluster = {"worker": ["a:1", "b:1"], **({"chief": ["c:1"]} if chief else {})}
+        return {"TF_CONFIG": json.dumps({"cluster": cluster,
+                                         "task": {"type": kind, "index": index}})}
+
+    assert is_chief([], {}) and is_chief(["cluster.task_index=0"], {})
+    assert not is_chief(["cluster.task_index=1"], {})
+    assert is_chief([], tf_config("worker", 0)) and is_chief([], tf_config("chief", 0, True))
+    assert not is_chief([], tf_config("worker", 1))
+    assert not is_chief([], tf_config("worker", 0, chief=True))
+    assert not is_chief([], {"SLURM_PROCID": "2"}) and is_chief([], {"SLURM_PROCID": "0"})

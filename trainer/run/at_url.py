@@ -6,8 +6,10 @@ lease (`trainer.rundir.lease`), makes the local mirror a copy of what the URL ho
 (`trainer.rundir.remote.Mirror.pull`), and passes the mirror's path to Hydra and the run in
 the URL's place; every backup then reaches the URL (`committed`), and so does the rest at
 the command's end, before the lease is released. Only the chief writes: another worker of a
-cluster (`cluster.task_index` above 0, or a `TF_CONFIG` task that is not the chief) trains
-in a mirror of its own and never touches the URL, as it writes no run directory on disk.
+cluster (`cluster.task_index` above 0, a `TF_CONFIG` task that is not the chief, a SLURM
+task other than 0) trains in a mirror of its own and never touches the URL, as it writes no
+run directory on disk. (Told from the command line and the environment: the config is not
+composed yet when the URL is replaced.)
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ def urls_in(argv: list[str]) -> list[tuple[int, str]]:
 def is_chief(argv: list[str], environ: dict[str, str] | None = None) -> bool:
     """Whether this process writes the run directory: not another worker of a cluster."""
     environ = os.environ if environ is None else environ
+    if environ.get("SLURM_PROCID", "0").strip() not in ("", "0"):
+        return False  # a SLURM step's task other than 0 (the chief)
     for arg in argv:
         key, _, value = arg.partition("=")
         if key == "cluster.task_index" and value.strip().isdigit() and int(value) > 0:
