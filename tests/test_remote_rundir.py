@@ -455,3 +455,26 @@ def test_only_the_chief_of_a_cluster_takes_the_url():
     assert not is_chief([], tf_config("worker", 1))
     assert not is_chief([], tf_config("worker", 0, chief=True))
     assert not is_chief([], {"SLURM_PROCID": "2"}) and is_chief([], {"SLURM_PROCID": "0"})
+
+
+@pytest.mark.slow
+@pytest.mark.multiworker
+def test_two_workers_at_one_url_train_once_and_only_the_chief_writes_there(s3, tmp_path):
+    from tests.test_multiworker import COMMON, run_tasks
+    from trainer.distribute.launch import free_ports
+
+    addresses = ",".join(f"127.0.0.1:{port}" for port in free_ports(2))
+    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "TF_CONFIG")}
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(Path(__file__).parent.parent))
+    url = f"s3://{BUCKET}/runs/mw"
+    run_tasks(tmp_path, [([*COMMON, "epochs=1", "verbose=0", "strategy=multi_worker",
+                           f"cluster.workers=[{addresses}]", f"cluster.task_index={index}",
+                           f"hydra.run.dir={url}"], env) for index in (0, 1)], "worker")
+    summary = json.loads(s3.fs.cat_file(f"{BUCKET}/runs/mw/summary.json"))
+    assert summary["workers"] == 2 and summary["cluster"]["task_id"] == 0
+    held = _stored(s3.fs, f"{BUCKET}/runs/mw")
+    assert "lease.json" not in held and [r for r in held if r.endswith(".log")] == [
+        "__main__.log"]
+    assert b"task_index: 0" in s3.fs.cat_file(f"{BUCKET}/runs/mw/.hydra/config.yaml")
+    assert sorted(p.name for p in (tmp_path / "scratch" / "trainer-scratch").iterdir()) == [
+        f"{p.name}" for p in (tmp_path / "scratch" / "trainer-scratch").glob("*-run")]

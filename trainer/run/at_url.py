@@ -110,7 +110,11 @@ def at_url(argv: list[str]) -> Iterator[Mirror | None]:
         if chief:
             mirror.pull()
         for i, _ in found:
-            argv[i] = f"{argv[i].partition('=')[0]}={mirror.root}"
+            key = argv[i].partition("=")[0]
+            # `resume=` is compared between the workers at their rendezvous (the chief
+            # alone reads it): every worker names the chief's mirror
+            place = mirror.root if chief or key == "hydra.run.dir" else scratch(url, "run")
+            argv[i] = f"{key}={place}"
         register(mirror)
         yield mirror
         if chief:
