@@ -478,3 +478,15 @@ def test_two_workers_at_one_url_train_once_and_only_the_chief_writes_there(s3, t
     assert b"task_index: 0" in s3.fs.cat_file(f"{BUCKET}/runs/mw/.hydra/config.yaml")
     assert sorted(p.name for p in (tmp_path / "scratch" / "trainer-scratch").iterdir()) == [
         f"{p.name}" for p in (tmp_path / "scratch" / "trainer-scratch").glob("*-run")]
+
+
+@pytest.mark.slow
+def test_trainer_fit_takes_a_url(s3, tmp_path, monkeypatch):
+    import trainer
+
+    monkeypatch.chdir(tmp_path)
+    result = trainer.fit([*TINY, "epochs=1"], run_dir=f"s3://{BUCKET}/runs/api")
+    held = _stored(s3.fs, f"{BUCKET}/runs/api")
+    assert "summary.json" in held and "lease.json" not in held
+    assert result.summary == json.loads(s3.fs.cat_file(f"{BUCKET}/runs/api/summary.json"))
+    assert result.checkpoints["best"].is_file()  # in the local mirror the Result names
