@@ -287,7 +287,7 @@ def test_no_credentials_is_one_line(s3, tmp_path, monkeypatch):
         "GOOGLE_APPLICATION_CREDENTIALS for gs://"]
 
 
-def test_a_missing_package_names_what_to_install(tmp_path, monkeypatch):
+def test_a_missing_package_an_interpolation_or_unknown_scheme_is_one_line(tmp_path, monkeypatch):
     import fsspec  # noqa: F401 - its registry module, whose name the package shadows
 
     monkeypatch.setitem(sys.modules, "s3fs", None)  # as where it is not installed
@@ -297,6 +297,10 @@ def test_a_missing_package_names_what_to_install(tmp_path, monkeypatch):
     assert error_lines(done.stderr) == [
         "error: a run directory at s3://bucket/a needs s3fs: pip install 'trainer[remote]' "
         "(or s3fs)"]
+    done = run_main(*TINY, "hydra.run.dir=s3://bucket/${now:%H}", cwd=tmp_path)
+    assert error_lines(done.stderr) == [
+        "error: a run directory at a URL is taken as written, without Hydra's interpolations; "
+        "spell it out (e.g. with the shell's $(date)); received s3://bucket/${now:%H}"]
     done = run_main(*TINY, "hydra.run.dir=nosuchscheme://bucket/a", cwd=tmp_path)
     assert done.returncode == EXIT_CONFIG
     assert error_lines(done.stderr) == [
@@ -364,10 +368,13 @@ def test_a_run_at_gcs_finishes_there_and_evaluates_and_resumes_from_the_url(gcs,
     from trainer.predict import predict_run
 
     url = f"gs://{BUCKET}/runs/g"
-    done = run_main(*TINY, "epochs=1", f"hydra.run.dir={url}", cwd=tmp_path)
+    done = run_main(*TINY, "epochs=1", "logger=[tensorboard]", f"hydra.run.dir={url}",
+                    cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     held = _stored(gcs.fs, f"{BUCKET}/runs/g")
-    assert {"summary.json", ".hydra/config.yaml", "checkpoints/best.keras"} <= set(held)
+    assert {"summary.json", ".hydra/config.yaml", "checkpoints/best.keras", "curves.png",
+            "__main__.log", "model_inputs.json"} <= set(held)
+    assert any(rel.startswith("tensorboard/") and ".tfevents." in rel for rel in held)
     assert "lease.json" not in held and not any(".tmp" in rel for rel in held)
     assert len([rel for rel in held if rel.endswith("/state.json")]) == 1
     again = run_main(*TINY, "epochs=1", f"hydra.run.dir={url}", cwd=tmp_path)

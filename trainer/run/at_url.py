@@ -74,7 +74,12 @@ def _the_url(found: list[tuple[int, str]]) -> str:
     urls = {url.rstrip("/") for _, url in found}
     if len(urls) > 1:
         raise ConfigError(f"one run directory at a URL per command; received {sorted(urls)}")
-    return urls.pop()
+    url = urls.pop()
+    if "${" in url:  # replaced before Hydra composes: its resolvers never see it
+        raise ConfigError(f"a run directory at a URL is taken as written, without Hydra's "
+                          f"interpolations; spell it out (e.g. with the shell's $(date)); "
+                          f"received {url}")
+    return url
 
 
 @contextmanager
