@@ -105,7 +105,10 @@ def explain(error: BaseException, url: str) -> str:
     """What went wrong with the storage at `url`, in words a user can act on."""
     name = type(error).__name__
     text = (str(error).splitlines() or [name])[0].strip() or name
-    if "Credentials" in name or "Unable to locate credentials" in text:
+    # botocore raises NoCredentialsError; gcsfs without credentials goes on anonymously,
+    # and Google's store answers 401 ("Anonymous caller does not have ... access")
+    if ("Credentials" in name or "Unable to locate credentials" in text
+            or "Anonymous caller" in text or "401" in text):
         return (f"no credentials for {url} ({text}); set AWS_ACCESS_KEY_ID and "
                 "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) for s3://, "
                 "GOOGLE_APPLICATION_CREDENTIALS for gs://")
