@@ -497,3 +497,14 @@ def test_trainer_fit_takes_a_url(s3, tmp_path, monkeypatch):
     assert "summary.json" in held and "lease.json" not in held
     assert result.summary == json.loads(s3.fs.cat_file(f"{BUCKET}/runs/api/summary.json"))
     assert result.checkpoints["best"].is_file()  # in the local mirror the Result names
+
+
+def test_a_store_gone_is_not_read_as_denied_from_the_digits_of_its_port():
+    from trainer.rundir.remote import explain
+
+    gone = ConnectionError('Could not connect to the endpoint URL: "http://127.0.0.1:40312/r"')
+    assert explain(gone, "s3://r/a").startswith("s3://r/a cannot be reached")
+    assert explain(OSError("HttpError 403 Forbidden"), "gs://r/a").startswith(
+        "access to gs://r/a is denied")
+    assert explain(OSError("(401) Anonymous caller does not have storage.objects.list access"),
+                   "gs://r/a").startswith("no credentials for gs://r/a")

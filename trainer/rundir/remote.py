@@ -101,6 +101,12 @@ def filesystem(url: str) -> tuple[Any, str]:
     return fs, fs._strip_protocol(url).rstrip("/")
 
 
+def _status(text: str, code: int) -> bool:
+    """Whether a message holds the HTTP status `code` (not as part of a port or a number:
+    `127.0.0.1:40312` holds no 403)."""
+    return re.search(rf"(?<![\d:.]){code}(?![\d])", text) is not None
+
+
 def explain(error: BaseException, url: str) -> str:
     """What went wrong with the storage at `url`, in words a user can act on."""
     name = type(error).__name__
@@ -108,11 +114,11 @@ def explain(error: BaseException, url: str) -> str:
     # botocore raises NoCredentialsError; gcsfs without credentials goes on anonymously,
     # and Google's store answers 401 ("Anonymous caller does not have ... access")
     if ("Credentials" in name or "Unable to locate credentials" in text
-            or "Anonymous caller" in text or "401" in text):
+            or "Anonymous caller" in text or _status(text, 401)):
         return (f"no credentials for {url} ({text}); set AWS_ACCESS_KEY_ID and "
                 "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) for s3://, "
                 "GOOGLE_APPLICATION_CREDENTIALS for gs://")
-    if isinstance(error, PermissionError) or "AccessDenied" in text or "403" in text:
+    if isinstance(error, PermissionError) or "AccessDenied" in text or _status(text, 403):
         return f"access to {url} is denied ({text}); grant this user read and write there"
     if isinstance(error, FileNotFoundError):
         return (f"the bucket of {url} does not exist ({text}); create it, or choose "
