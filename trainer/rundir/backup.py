@@ -8,6 +8,10 @@ and `state.json` with the epoch and the step within it. It is written under a te
 and renamed, so a directory named `ckpt-*` is always complete; the newest two are kept, and
 a latest one that does not load falls back to the one before, with a warning.
 
+A backup is committed once renamed into place; then, for a run directory at a URL, the
+URL is brought in step (`trainer.rundir.remote.committed`: nothing for a local directory),
+and the upload's time counts as the backup's.
+
 At the end of an epoch whose best checkpoint was just written (the same state), the backup
 holds a hard link to that `best.keras` (`model.keras`) instead of a second copy: what a run
 writes per epoch is one copy of the model and optimizer state, not two.
