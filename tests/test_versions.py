@@ -29,7 +29,7 @@ SECTIONS = cv.requirements(PYPROJECT)
 CONSTRAINTS = (REPO / "constraints.txt").read_text()
 # Bounded both ways: the runtime dependencies and the extras a user installs (the sweep
 # extra's plugins and the dev tools are pinned by constraints.txt only).
-BOUNDED = [r for section in ("dependencies", "mlflow", "wandb", "onnx")
+BOUNDED = [r for section in ("dependencies", "mlflow", "wandb", "onnx", "remote")
            for r in SECTIONS[section]]
 # trainer reaches into these packages' internals: the next minor release may move them.
 NEXT_MINOR = ("keras", "tensorflow", "tensorboard", "hydra-core")

@@ -24,6 +24,7 @@ from trainer.config.compose import composed
 from trainer.config.schema import config_dir, register_configs
 from trainer.internals.hydra_app import args_parser
 from trainer.run import process
+from trainer.run.at_url import at_url
 from trainer.run.jobs import (
     check_sweep_direction,
     dispatches_jobs,
@@ -79,18 +80,24 @@ def main() -> None:
     argv = list(sys.argv)
     with process.signals_raise():
         try:
-            if _precheck(sys.argv[1:]) and not any(
-                    a.startswith("hydra.output_subdir=") for a in sys.argv[1:]):
-                _later.append(True)
-                sys.argv.append(LATER)
-            # The checked run's owner is held around Hydra's job too: a start that ends
-            # before the job runs its run (a signal, Hydra's own refusal) is ended here.
-            with _checked[0].owned() if _checked else nullcontext():
-                _hydra_main()
+            # A run directory at a URL: Hydra and the run see its local mirror.
+            with at_url(sys.argv):
+                _run(sys.argv[1:])
         except process.STOPS as error:
             process.exit_with(error)
         finally:
             sys.argv[:] = argv
+
+
+def _run(args: list[str]) -> None:
+    """Checks the run before Hydra's job, then runs the job."""
+    if _precheck(args) and not any(a.startswith("hydra.output_subdir=") for a in args):
+        _later.append(True)
+        sys.argv.append(LATER)
+    # The checked run's owner is held around Hydra's job too: a start that ends before the
+    # job runs its run (a signal, Hydra's own refusal) is ended here.
+    with _checked[0].owned() if _checked else nullcontext():
+        _hydra_main()
 
 
 def _precheck(args: list[str]) -> bool:

@@ -30,6 +30,7 @@ from trainer.config.given import overrides as named_by
 from trainer.config.outcome import as_overrides, one_error
 from trainer.config.schema import register_configs
 from trainer.run import process
+from trainer.run.at_url import at_url
 from trainer.run.startup import Finished, begin
 from trainer.rundir.layout import RunDir
 
@@ -76,7 +77,8 @@ def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
             a list, never one string.
         config_dir: a folder of the user's own config files (`--config-dir`).
         run_dir: where the run writes; the config's `hydra.run.dir` (by default
-            `outputs/DATE/TIME`) when None.
+            `outputs/DATE/TIME`) when None. A URL (`s3://...`, `gs://...`) is kept in step
+            with a local mirror (docs/resume.md), which the `Result` names.
         model: the model builder instead of `model._target_`: a function returning a Keras
             model (compiled or not), called inside the strategy's scope with what its
             signature names (`input_shape`, `num_classes`, `train`, ...), or its dotted name.
@@ -112,6 +114,13 @@ def _fit(given: list[str], config_dir: str | Path | None, run_dir: str | Path | 
             raise ConfigError("trainer.fit runs one config; a sweep (-m) is the command "
                               "line's: call fit in a loop, or run python -m trainer -m ...")
         register_configs()
+        with at_url(args):  # a run directory at a URL: the run writes its local mirror
+            return _run(args, given)
+
+
+def _run(args: list[str], given: list[str]) -> Result:
+    """Composes and runs `fit`'s command line (`args`)."""
+    with one_error():
         run = composed(args)
         if run is None:
             raise ConfigError(f"trainer.fit trains one config; {' '.join(given)} is a command "

@@ -21,6 +21,7 @@ from trainer.config.errors import ConfigError
 from trainer.config.given import holding
 from trainer.config.outcome import as_overrides, one_error
 from trainer.run import process
+from trainer.run.at_url import readable, shown
 from trainer.run.reopen import SPLITS, take_choice
 
 process.quiet_logs()
@@ -42,7 +43,7 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
     from trainer.run.finish import evaluate_split
     from trainer.run.restore import restore_run
 
-    restored = restore_run(run_dir, rest)
+    restored = restore_run(readable(run_dir), rest)  # a URL: a local copy of its run
     run = restored.run
     data = run.data.validation if split == "validation" else run.data.test
     if data is None:
@@ -53,7 +54,7 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
     metrics = evaluate_split(run, data)
     examples = (run.data.source.validation_size if split == "validation"
                 else run.data.source.test_size)
-    return {"checkpoint": str(restored.checkpoint), "split": split, "examples": examples,
+    return {"checkpoint": shown(str(restored.checkpoint)), "split": split, "examples": examples,
             "replicas": restored.replicas,
             "metrics": {k: float(v) for k, v in metrics.items()}}
 

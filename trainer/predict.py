@@ -57,6 +57,7 @@ from trainer.config.given import holding
 from trainer.config.messages import one_line
 from trainer.config.outcome import as_overrides, kind_of, one_error
 from trainer.run import process
+from trainer.run.at_url import deliver, readable, shown
 from trainer.run.inputs import conform, describe, non_finite, rows
 from trainer.run.reopen import Reopened, reopen, take_option, unfinished
 
@@ -88,9 +89,10 @@ def predict_run(run_dir: str | Path, input: Any, output: str | Path | None = Non
         ConfigError: a missing or mismatched input, NaN or Inf in it or in the outputs, an
             output that exists or cannot be written, a damaged checkpoint; one line each.
     """
-    run_dir = Path(run_dir)
+    given_dir, run_dir = run_dir, readable(run_dir)  # a URL: a local copy of its run
     flag, rest = take_option("overwrite", None, list(overrides))
     overwrite = overwrite or _true(flag)
+    beside = output is None  # into the run directory (at its URL too)
     output = Path(output) if output is not None else run_dir / "predictions.csv"
     opened = reopen(run_dir, rest)
     names, inputs, where = _read_input(input, opened.images)
@@ -119,7 +121,8 @@ def predict_run(run_dir: str | Path, input: Any, output: str | Path | None = Non
                           "checkpoint (checkpoint=best|last)")
     _write(output, names, outputs, _classes(opened, source), opened.images, overwrite,
            output_names(restored.run.model, outputs))
-    return {"output": str(output), "rows": len(names), "checkpoint": str(restored.checkpoint),
+    where = deliver(given_dir, output, output.name) if beside else str(output)
+    return {"output": where, "rows": len(names), "checkpoint": shown(str(restored.checkpoint)),
             "replicas": restored.replicas}
 
 

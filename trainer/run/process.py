@@ -37,6 +37,7 @@ from trainer.config.errors import (
     WorkerLost,
 )
 from trainer.config.messages import one_line
+from trainer.rundir.remote import shown
 from trainer.track.sweep import TrialFailed
 
 SWITCH = "TRAINER_TF_LOGS"
@@ -250,6 +251,7 @@ def exit_with(error: BaseException) -> NoReturn:
     if found is None or full:
         raise error
     line, code = found
+    line = shown(line)  # a run directory at a URL: named by its URL, not its local mirror
     print(line, file=sys.stdout if code == 0 else sys.stderr, flush=True)
     sys.stdout.flush()
     if isinstance(error, (KeyboardInterrupt, Terminated)) and _whole_process:

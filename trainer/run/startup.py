@@ -25,6 +25,7 @@ from omegaconf import DictConfig
 
 from trainer.config.errors import NothingToDo
 from trainer.run.preflight import Checked, preflight
+from trainer.rundir.remote import shown
 
 # Starts a checked run with extra callbacks; returns its summary (or what a tuner found).
 Start = Callable[[Checked, Sequence[Any]], Any]
@@ -62,7 +63,7 @@ def begin(cfg: DictConfig, logs: str | Path | None, start: Start,
     try:
         checked = preflight(cfg, logs, run_dir=run_dir, choices=choices)
     except NothingToDo as done:
-        print(f"finished: {done}", flush=True)
+        print(shown(f"finished: {done}"), flush=True)  # a URL's mirror: named by its URL
         return Finished(Path(cfg.resume))
     return launch(checked, start, record, callbacks)
 

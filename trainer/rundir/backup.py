@@ -8,6 +8,10 @@ and `state.json` with the epoch and the step within it. It is written under a te
 and renamed, so a directory named `ckpt-*` is always complete; the newest two are kept, and
 a latest one that does not load falls back to the one before, with a warning.
 
+A backup is committed once renamed into place; then, for a run directory at a URL, the
+URL is brought in step (`trainer.rundir.remote.committed`: nothing for a local directory),
+and the upload's time counts as the backup's.
+
 At the end of an epoch whose best checkpoint was just written (the same state), the backup
 holds a hard link to that `best.keras` (`model.keras`) instead of a second copy: what a run
 writes per epoch is one copy of the model and optimizer state, not two.
@@ -35,6 +39,7 @@ import numpy as np
 from trainer.config.errors import ConfigError, Diverged
 from trainer.rundir.checksum import read_beside, sha256, verify
 from trainer.rundir.layout import EXPORTS, RunDir
+from trainer.rundir.remote import committed
 
 log = logging.getLogger(__name__)
 
@@ -120,11 +125,14 @@ class BackupStore:
         """
         began = time.perf_counter()
         try:
-            return self._save(model, epoch, step, same_as, history)
-        except FileNotFoundError:
-            log.warning("%s vanished while a backup was written; writing it again",
-                        self.directory)
-            return self._save(model, epoch, step, same_as, history)
+            try:
+                final = self._save(model, epoch, step, same_as, history)
+            except FileNotFoundError:
+                log.warning("%s vanished while a backup was written; writing it again",
+                            self.directory)
+                final = self._save(model, epoch, step, same_as, history)
+            committed(self.directory.parent)  # a run directory at a URL: it reaches it
+            return final
         finally:
             self.seconds += time.perf_counter() - began
 

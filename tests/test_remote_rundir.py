@@ -1,0 +1,510 @@
+"""A run directory at a URL, against real servers on 127.0.0.1: moto's S3-compatible server
+and gcp-storage-emulator, both from PyPI, each on a free loopback port, stopped after its
+test. Credentials are dummies; the endpoints are the libraries' own variables
+(`AWS_ENDPOINT_URL`, `STORAGE_EMULATOR_HOST`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.conftest import TINY, error_lines, run_main
+from tests.test_fault_tolerance import RESUMABLE, start_cli, weights
+from trainer.config.errors import EXIT_CONFIG, EXIT_INTERRUPTED
+from trainer.rundir.lease import Lease
+
+BIN = Path(sys.executable).parent
+# RESUMABLE at 16 examples a step: one epoch of 90 steps, a backup every 10.
+LEAN = [*RESUMABLE, "batch.per_replica=16", "checkpoint.backup_every=10", "epochs=1"]
+BUCKET = "runs"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_listening(port: int, process: subprocess.Popen | None = None,
+                   timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            pytest.fail(f"the server ended at start (exit {process.returncode})")
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    pytest.fail(f"no server on 127.0.0.1:{port} after {timeout} s")
+
+
+def stop(process: subprocess.Popen) -> None:
+    process.kill()
+    process.wait(timeout=10)
+
+
+@dataclass
+class Store:
+    """A running server: its file system (as the test's client), the environment a run
+    needs to reach it, and how to stop it."""
+
+    fs: Any
+    env: dict[str, str]
+    stop: Any
+
+
+def _s3_env(port: int, scratch: Path, key: str = "testing", secret: str = "testing"):
+    return {"AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret,
+            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+            "TRAINER_SCRATCH": str(scratch), "TRAINER_LEASE_SECONDS": "1"}
+
+
+@pytest.fixture
+def s3(tmp_path, monkeypatch):
+    """moto's server in this process (a thread), with the bucket `runs`."""
+    import s3fs
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    wait_listening(port)
+    # moto keeps its buckets in the process, not in the server: each test starts empty
+    urllib.request.urlopen(urllib.request.Request(
+        f"http://127.0.0.1:{port}/moto-api/reset", method="POST"), timeout=10).close()
+    env = _s3_env(port, tmp_path / "scratch")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False)
+    fs.mkdir(BUCKET)
+    try:
+        yield Store(fs, env, server.stop)
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def gcs(tmp_path, monkeypatch):
+    """gcp-storage-emulator in a process of its own, in memory, with the bucket `runs`."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
+         "--port", str(port), "--in-memory", "--default-bucket", BUCKET],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_listening(port, process)
+        env = {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}",
+               "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+               "TRAINER_SCRATCH": str(tmp_path / "scratch"), "TRAINER_LEASE_SECONDS": "1"}
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        import gcsfs
+
+        fs = gcsfs.GCSFileSystem(token="anon", skip_instance_cache=True,
+                                 use_listings_cache=False)
+        yield Store(fs, env, lambda: stop(process))
+    finally:
+        stop(process)
+
+
+def _stored(fs: Any, prefix: str) -> list[str]:
+    return sorted(key[len(prefix) + 1:] for key in fs.find(prefix))
+
+
+def _mid_epoch_at_url(fs: Any, prefix: str, epoch: int):
+    """Whether a whole mid-epoch backup of `epoch` (its state.json) reached the URL."""
+    def found() -> bool:
+        return any(rel.startswith(f"backup/ckpt-{epoch:06d}-") and rel.endswith("/state.json")
+                   and "-000000000/" not in rel for rel in _stored(fs, prefix))
+    return found
+
+
+def _wait(predicate, process: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            _, err = process.communicate()
+            pytest.fail(f"gave up waiting (exit {process.returncode}): {err[-2000:]}")
+        time.sleep(0.1)
+
+
+def test_killed_mid_epoch_at_s3_resumes_to_the_weights_of_an_uninterrupted_run(s3, tmp_path,
+                                                                             capsys):
+    """The issue's measure: a chief killed mid-epoch, a second start refused while it
+    trained, the rerun from the URL alone (a new machine: the local mirror wiped) ending
+    with an uninterrupted local run's weights."""
+    clean = tmp_path / "clean"
+    assert run_main(*LEAN, f"hydra.run.dir={clean}", cwd=tmp_path).returncode == 0
+    url = f"s3://{BUCKET}/runs/a"
+    chief = start_cli(*LEAN, f"hydra.run.dir={url}", cwd=tmp_path)
+    try:
+        _wait(_mid_epoch_at_url(s3.fs, f"{BUCKET}/runs/a", epoch=0), chief)
+        chief.send_signal(signal.SIGSTOP)  # mid-epoch, whatever this machine's speed
+        second = run_main(*LEAN, f"hydra.run.dir={url}", cwd=tmp_path)  # its lease is fresh
+        chief.send_signal(signal.SIGKILL)
+        chief.wait(timeout=30)
+    finally:
+        chief.kill()
+    assert second.returncode == EXIT_CONFIG
+    lines = error_lines(second.stderr)
+    assert len(lines) == 1 and lines[0].startswith(f"error: run directory {url} is in use "
+                                                   f"by another run (host "), lines
+    assert f"pid {chief.pid}," in lines[0]
+    assert "summary.json" not in _stored(s3.fs, f"{BUCKET}/runs/a")
+    for path in (tmp_path / "scratch").rglob("*"):  # another machine: nothing local is left
+        if path.is_file():
+            path.unlink()
+    rerun = run_main(*LEAN, f"hydra.run.dir={url}", cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    held = _stored(s3.fs, f"{BUCKET}/runs/a")
+    assert "lease.json" not in held and "checkpoints/last.keras" in held
+    from trainer.evaluate import main as evaluate
+
+    assert evaluate([url]) == 0  # `python -m trainer.evaluate URL`
+    assert json.loads(capsys.readouterr().out)["checkpoint"] == f"{url}/checkpoints/best.keras"
+    summary = json.loads(s3.fs.cat_file(f"{BUCKET}/runs/a/summary.json"))
+    assert summary["resumed_from"]["epoch"] == 1 and summary["resumed_from"]["step"] > 0
+    copy = tmp_path / "copy"
+    (copy / "checkpoints").mkdir(parents=True)
+    for name in ("last.keras", "last.keras.sha256"):
+        s3.fs.get_file(f"{BUCKET}/runs/a/checkpoints/{name}", str(copy / "checkpoints" / name))
+    for a, b in zip(weights(clean), weights(copy), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
+
+
+def test_a_second_start_at_a_held_url_is_refused_in_one_line(s3, tmp_path):
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False)
+    holder = Lease(fs, f"{BUCKET}/runs/b", f"s3://{BUCKET}/runs/b")
+    holder.take()
+    try:
+        done = run_main(*TINY, f"hydra.run.dir=s3://{BUCKET}/runs/b", cwd=tmp_path)
+    finally:
+        holder.release()
+    assert done.returncode == EXIT_CONFIG
+    lines = error_lines(done.stderr)
+    assert len(lines) == 1 and re.fullmatch(
+        rf"error: run directory s3://{BUCKET}/runs/b is in use by another run \(host "
+        rf"{re.escape(socket.gethostname())}, pid {os.getpid()}, heartbeat [0-2] s ago\); "
+        "wait for it to end, or choose another hydra.run.dir", lines[0]), lines
+    assert _stored(s3.fs, f"{BUCKET}/runs/b") == []  # the refused start wrote nothing
+
+
+def test_a_stale_lease_is_taken_over(s3):
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False)
+    key = f"{BUCKET}/runs/c/lease.json"
+    fs.pipe_file(key, json.dumps({"host": "gone-pod", "pid": 1, "token": "old",
+                                  "heartbeat": time.time() - 60, "interval": 1}).encode())
+    lease = Lease(fs, f"{BUCKET}/runs/c", f"s3://{BUCKET}/runs/c")
+    lease.take()
+    try:
+        assert json.loads(fs.cat_file(key))["token"] == lease.token
+    finally:
+        lease.release()
+    assert not fs.exists(key)
+
+
+def test_two_starts_at_one_instant_create_one_lease_on_s3(s3):
+    """Both read no lease; S3's conditional PUT (If-None-Match: *) lets one create it."""
+    first, second = (Lease(s3.fs, f"{BUCKET}/runs/i", f"s3://{BUCKET}/runs/i")
+                     for _ in range(2))
+    assert first._create() and not second._create()
+    assert json.loads(s3.fs.cat_file(f"{BUCKET}/runs/i/lease.json"))["token"] == first.token
+
+
+def test_a_run_whose_lease_was_taken_over_writes_nothing_more(s3, tmp_path):
+    from trainer.config.errors import Interrupted
+
+    mirror = _mirror(s3.fs, tmp_path, "taken")
+    mirror.lease = Lease(s3.fs, f"{BUCKET}/taken", f"s3://{BUCKET}/taken")
+    mirror.lease.take()
+    try:
+        mirror.root.mkdir(parents=True)
+        (mirror.root / "summary.json").write_text("{}")
+        s3.fs.pipe_file(f"{BUCKET}/taken/lease.json", json.dumps(
+            {"host": "other-pod", "pid": 7, "token": "theirs", "heartbeat": time.time()}
+        ).encode())  # its heartbeat missed, another start took it over
+        with pytest.raises(Interrupted, match="another run \\(host other-pod, pid 7\\) took"):
+            mirror.push()
+    finally:
+        mirror.lease.release()
+    assert _stored(s3.fs, f"{BUCKET}/taken") == ["lease.json"]  # theirs, kept
+
+
+def test_a_held_lease_at_gcs_refuses_a_second_though_the_emulator_ignores_the_condition(gcs):
+    from trainer.config.errors import ConfigError
+
+    leases = [Lease(gcs.fs, f"{BUCKET}/runs/l", f"gs://{BUCKET}/runs/l") for _ in range(2)]
+    leases[0].take()
+    try:
+        with pytest.raises(ConfigError, match=rf"gs://{BUCKET}/runs/l is in use by another "
+                                              rf"run \(host .*, pid {os.getpid()},"):
+            leases[1].take()
+        held = json.loads(gcs.fs.cat_file(f"{BUCKET}/runs/l/lease.json"))
+        assert held["token"] == leases[0].token
+    finally:
+        leases[0].release()
+    assert not gcs.fs.exists(f"{BUCKET}/runs/l/lease.json")
+
+
+def test_a_missing_bucket_is_one_line(s3, tmp_path):
+    done = run_main(*TINY, "hydra.run.dir=s3://no-such-bucket/runs/a", cwd=tmp_path)
+    assert done.returncode == EXIT_CONFIG
+    lines = error_lines(done.stderr)
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: the bucket of s3://no-such-bucket/runs/a does not exist"), lines
+
+
+def test_no_credentials_is_one_line(s3, tmp_path, monkeypatch):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance role to ask
+    done = run_main(*TINY, f"hydra.run.dir=s3://{BUCKET}/runs/n", cwd=tmp_path)
+    assert done.returncode == EXIT_CONFIG
+    assert error_lines(done.stderr) == [
+        f"error: no credentials for s3://{BUCKET}/runs/n (Unable to locate credentials); set "
+        "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) for s3://, "
+        "GOOGLE_APPLICATION_CREDENTIALS for gs://"]
+
+
+def test_a_missing_package_an_interpolation_or_unknown_scheme_is_one_line(tmp_path, monkeypatch):
+    import fsspec  # noqa: F401 - its registry module, whose name the package shadows
+
+    monkeypatch.setitem(sys.modules, "s3fs", None)  # as where it is not installed
+    monkeypatch.delitem(sys.modules["fsspec.registry"]._registry, "s3", raising=False)
+    done = run_main(*TINY, "hydra.run.dir=s3://bucket/a", cwd=tmp_path)
+    assert done.returncode == EXIT_CONFIG
+    assert error_lines(done.stderr) == [
+        "error: a run directory at s3://bucket/a needs s3fs: pip install 'trainer[remote]' "
+        "(or s3fs)"]
+    done = run_main(*TINY, "hydra.run.dir=s3://bucket/${now:%H}", cwd=tmp_path)
+    assert error_lines(done.stderr) == [
+        "error: a run directory at a URL is taken as written, without Hydra's interpolations; "
+        "spell it out (e.g. with the shell's $(date)); received s3://bucket/${now:%H}"]
+    done = run_main(*TINY, "hydra.run.dir=nosuchscheme://bucket/a", cwd=tmp_path)
+    assert done.returncode == EXIT_CONFIG
+    assert error_lines(done.stderr) == [
+        "error: a run directory at nosuchscheme://bucket/a: fsspec knows no scheme "
+        "nosuchscheme://; use s3://, gs:// or another fsspec URL"]
+
+
+@pytest.fixture
+def read_only_s3(tmp_path, monkeypatch):
+    """moto's server with its access checks on: a bucket this user may only read."""
+    import boto3
+
+    port = free_port()
+    # the four set-up calls below go unchecked; every later one is checked
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "4"}
+    process = subprocess.Popen([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_listening(port, process)
+        given = {"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1",
+                 "aws_access_key_id": "setup", "aws_secret_access_key": "setup"}
+        boto3.client("s3", **given).create_bucket(Bucket="readonly")
+        iam = boto3.client("iam", **given)
+        iam.create_user(UserName="reader")
+        iam.put_user_policy(UserName="reader", PolicyName="read", PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Resource": "*",
+                                                     "Action": ["s3:GetObject",
+                                                                "s3:ListBucket"]}]}))
+        key = iam.create_access_key(UserName="reader")["AccessKey"]
+        for name, value in _s3_env(port, tmp_path / "scratch", key["AccessKeyId"],
+                                   key["SecretAccessKey"]).items():
+            monkeypatch.setenv(name, value)
+        yield
+    finally:
+        stop(process)
+
+
+def test_a_read_only_bucket_is_refused_in_one_line(read_only_s3, tmp_path):
+    done = run_main(*TINY, "hydra.run.dir=s3://readonly/runs/a", cwd=tmp_path)
+    assert done.returncode == EXIT_CONFIG
+    lines = error_lines(done.stderr)
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: access to s3://readonly/runs/a is denied"), lines
+
+
+@pytest.mark.slow
+def test_a_server_gone_mid_run_stops_it_in_one_line_with_the_last_backup_kept(s3, tmp_path):
+    url = f"s3://{BUCKET}/runs/gone"
+    chief = start_cli(*LEAN, f"hydra.run.dir={url}", cwd=tmp_path)
+    try:
+        _wait(_mid_epoch_at_url(s3.fs, f"{BUCKET}/runs/gone", epoch=0), chief)
+        s3.stop()
+        _, err = chief.communicate(timeout=240)
+    finally:
+        chief.kill()
+    assert chief.returncode == EXIT_INTERRUPTED, err[-3000:]
+    lines = [line for line in error_lines(err) if not line.startswith("[")]
+    assert len(lines) == 1 and lines[0].startswith(f"interrupted: {url} cannot be reached"), lines
+    assert "the last backup that reached" in lines[0]
+
+
+@pytest.mark.slow
+def test_a_run_at_gcs_finishes_there_and_evaluates_and_resumes_from_the_url(gcs, tmp_path):
+    from trainer.evaluate import evaluate_run
+    from trainer.predict import predict_run
+
+    url = f"gs://{BUCKET}/runs/g"
+    done = run_main(*TINY, "epochs=1", "logger=[tensorboard]", f"hydra.run.dir={url}",
+                    cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    held = _stored(gcs.fs, f"{BUCKET}/runs/g")
+    assert {"summary.json", ".hydra/config.yaml", "checkpoints/best.keras", "curves.png",
+            "__main__.log", "model_inputs.json"} <= set(held)
+    assert any(rel.startswith("tensorboard/") and ".tfevents." in rel for rel in held)
+    assert "lease.json" not in held and not any(".tmp" in rel for rel in held)
+    assert len([rel for rel in held if rel.endswith("/state.json")]) == 1
+    again = run_main(*TINY, "epochs=1", f"hydra.run.dir={url}", cwd=tmp_path)
+    assert again.returncode == EXIT_CONFIG and error_lines(again.stderr) == [
+        f"error: run directory {url} holds a finished run (summary.json); choose a new "
+        f"hydra.run.dir, or pass resume={url} to continue it"]
+    found = evaluate_run(url)
+    assert found["examples"] > 0 and found["checkpoint"].startswith(url)
+    spec = json.loads(gcs.fs.cat_file(f"{BUCKET}/runs/g/model_inputs.json"))["examples"]
+    np.save(tmp_path / "x.npy", np.zeros((3, *spec["shape"]), dtype=spec["dtype"]))
+    predicted = predict_run(url, str(tmp_path / "x.npy"))
+    assert predicted["rows"] == 3 and predicted["output"] == f"{url}/predictions.csv"
+    assert gcs.fs.cat_file(f"{BUCKET}/runs/g/predictions.csv").count(b"\n") == 4
+    more = run_main(*TINY, "epochs=2", f"resume={url}", cwd=tmp_path)
+    assert more.returncode == 0, more.stderr[-3000:]
+    summary = json.loads(gcs.fs.cat_file(f"{BUCKET}/runs/g/summary.json"))
+    assert summary["epochs_done"] == 2
+    assert summary["resumed_from"]["epoch"] == 2 and summary["resumed_from"]["step"] == 0
+
+
+def _mirror(fs: Any, tmp_path: Path, name: str):
+    from trainer.rundir.remote import Mirror
+
+    return Mirror(f"s3://{BUCKET}/{name}", tmp_path / "mirror", fs, f"{BUCKET}/{name}")
+
+
+def test_a_backup_cut_short_at_the_url_is_never_restored_and_goes_at_the_next_push(s3,
+                                                                                  tmp_path):
+    prefix = f"{BUCKET}/cut"
+    whole, cut = "backup/ckpt-000001-000000000", "backup/ckpt-000001-000000010"
+    for rel in (f"{whole}/model.weights.h5", f"{whole}/state.json", f"{cut}/model.weights.h5",
+                ".hydra/config.yaml"):
+        s3.fs.pipe_file(f"{prefix}/{rel}", b"x")
+    mirror = _mirror(s3.fs, tmp_path, "cut")
+    assert mirror.pull()
+    local = sorted(p.relative_to(mirror.root).as_posix()
+                   for p in mirror.root.rglob("*") if p.is_file())
+    assert local == [".hydra/config.yaml", f"{whole}/model.weights.h5", f"{whole}/state.json"]
+    mirror.push()
+    assert _stored(s3.fs, prefix) == local
+
+
+def test_a_push_puts_each_backups_state_last_and_removes_an_old_backup_marker_first(s3,
+                                                                                   tmp_path):
+    mirror = _mirror(s3.fs, tmp_path, "order")
+    assert not mirror.pull()  # an empty URL: no mirror yet
+    old, new = (mirror.root / f"backup/ckpt-00000{i}-000000000" for i in (1, 2))
+    for folder in (old, new):
+        folder.mkdir(parents=True)
+        (folder / "model.weights.h5").write_bytes(b"w")
+        (folder / "state.json").write_text("{}")
+    (mirror.root / "summary.json").write_text("{}")
+    (mirror.root / "input_cache" / "worker-0").mkdir(parents=True)
+    (mirror.root / "input_cache" / "worker-0" / "train.data").write_bytes(b"c")
+    calls = []
+    real_put, real_rm = s3.fs.put_file, s3.fs.rm_file
+    s3.fs.put_file = lambda local, key: (calls.append(("put", key.split("/", 2)[2])),
+                                         real_put(local, key))
+    s3.fs.rm_file = lambda key: (calls.append(("rm", key.split("/", 2)[2])), real_rm(key))
+    mirror.push()
+    assert calls[-3:] == [("put", "backup/ckpt-000001-000000000/state.json"),
+                          ("put", "backup/ckpt-000002-000000000/state.json"),
+                          ("put", "summary.json")]
+    assert not any("input_cache" in key for _, key in calls)  # a machine's own cache
+    calls.clear()
+    for path in old.iterdir():
+        path.unlink()
+    old.rmdir()
+    mirror.push()
+    assert calls == [("rm", "backup/ckpt-000001-000000000/state.json"),
+                     ("rm", "backup/ckpt-000001-000000000/model.weights.h5")]
+
+
+def test_only_the_chief_of_a_cluster_takes_the_url():
+    from trainer.run.at_url import is_chief
+
+    def tf_config(kind: str, index: int, chief: bool = False) -> dict[str, str]:
+        cluster = {"worker": ["a:1", "b:1"], **({"chief": ["c:1"]} if chief else {})}
+        return {"TF_CONFIG": json.dumps({"cluster": cluster,
+                                         "task": {"type": kind, "index": index}})}
+
+    assert is_chief([], {}) and is_chief(["cluster.task_index=0"], {})
+    assert not is_chief(["cluster.task_index=1"], {})
+    assert is_chief([], tf_config("worker", 0)) and is_chief([], tf_config("chief", 0, True))
+    assert not is_chief([], tf_config("worker", 1))
+    assert not is_chief([], tf_config("worker", 0, chief=True))
+    assert not is_chief([], {"SLURM_PROCID": "2"}) and is_chief([], {"SLURM_PROCID": "0"})
+
+
+@pytest.mark.slow
+@pytest.mark.multiworker
+def test_two_workers_at_one_url_train_once_and_only_the_chief_writes_there(s3, tmp_path):
+    from tests.test_multiworker import COMMON, run_tasks
+    from trainer.distribute.launch import free_ports
+
+    addresses = ",".join(f"127.0.0.1:{port}" for port in free_ports(2))
+    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "TF_CONFIG")}
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(Path(__file__).parent.parent))
+    url = f"s3://{BUCKET}/runs/mw"
+    run_tasks(tmp_path, [([*COMMON, "epochs=1", "verbose=0", "strategy=multi_worker",
+                           f"cluster.workers=[{addresses}]", f"cluster.task_index={index}",
+                           f"hydra.run.dir={url}"], env) for index in (0, 1)], "worker")
+    summary = json.loads(s3.fs.cat_file(f"{BUCKET}/runs/mw/summary.json"))
+    assert summary["workers"] == 2 and summary["cluster"]["task_id"] == 0
+    held = _stored(s3.fs, f"{BUCKET}/runs/mw")
+    assert "lease.json" not in held and [r for r in held if r.endswith(".log")] == [
+        "__main__.log"]
+    assert b"task_index: 0" in s3.fs.cat_file(f"{BUCKET}/runs/mw/.hydra/config.yaml")
+    assert sorted(p.name for p in (tmp_path / "scratch" / "trainer-scratch").iterdir()) == [
+        f"{p.name}" for p in (tmp_path / "scratch" / "trainer-scratch").glob("*-run")]
+
+
+@pytest.mark.slow
+def test_trainer_fit_takes_a_url(s3, tmp_path, monkeypatch):
+    import trainer
+
+    monkeypatch.chdir(tmp_path)
+    result = trainer.fit([*TINY, "epochs=1"], run_dir=f"s3://{BUCKET}/runs/api")
+    held = _stored(s3.fs, f"{BUCKET}/runs/api")
+    assert "summary.json" in held and "lease.json" not in held
+    assert result.summary == json.loads(s3.fs.cat_file(f"{BUCKET}/runs/api/summary.json"))
+    assert result.checkpoints["best"].is_file()  # in the local mirror the Result names
+
+
+def test_a_store_gone_is_not_read_as_denied_from_the_digits_of_its_port():
+    from trainer.rundir.remote import explain
+
+    gone = ConnectionError('Could not connect to the endpoint URL: "http://127.0.0.1:40312/r"')
+    assert explain(gone, "s3://r/a").startswith("s3://r/a cannot be reached")
+    assert explain(OSError("HttpError 403 Forbidden"), "gs://r/a").startswith(
+        "access to gs://r/a is denied")
+    assert explain(OSError("(401) Anonymous caller does not have storage.objects.list access"),
+                   "gs://r/a").startswith("no credentials for gs://r/a")

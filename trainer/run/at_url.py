@@ -1,0 +1,159 @@
+"""The command line's run directory at a URL: `hydra.run.dir=URL` or `resume=URL`; and the
+run at a URL that `trainer.evaluate` and `trainer.predict` read (`readable`).
+
+`at_url` runs around the whole command: where an argument names a URL, it takes the URL's
+lease (`trainer.rundir.lease`), makes the local mirror a copy of what the URL holds
+(`trainer.rundir.remote.Mirror.pull`), and passes the mirror's path to Hydra and the run in
+the URL's place; every backup then reaches the URL (`committed`), and so does the rest at
+the command's end, before the lease is released. Only the chief writes: another worker of a
+cluster (`cluster.task_index` above 0, a `TF_CONFIG` task that is not the chief, a SLURM
+task other than 0) trains in a mirror of its own and never touches the URL, as it writes no
+run directory on disk. (Told from the command line and the environment: the config is not
+composed yet when the URL is replaced.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from trainer.config.errors import ConfigError
+from trainer.rundir.lease import Lease
+from trainer.rundir.remote import (
+    Mirror,
+    fetch,
+    filesystem,
+    is_url,
+    register,
+    scratch,
+    shown,
+    unregister,
+    upload,
+)
+
+KEYS = ("hydra.run.dir", "resume", "+resume")
+__all__ = ["at_url", "deliver", "readable", "shown"]
+
+
+def urls_in(argv: list[str]) -> list[tuple[int, str]]:
+    """The positions and URLs of `hydra.run.dir=URL` and `resume=URL` in `argv`."""
+    found = []
+    for i, arg in enumerate(argv):
+        key, _, value = arg.partition("=")
+        if key in KEYS and is_url(value.strip("'\"")):
+            found.append((i, value.strip("'\"")))
+    return found
+
+
+def is_chief(argv: list[str], environ: dict[str, str] | None = None) -> bool:
+    """Whether this process writes the run directory: not another worker of a cluster."""
+    environ = os.environ if environ is None else environ
+    if environ.get("SLURM_PROCID", "0").strip() not in ("", "0"):
+        return False  # a SLURM step's task other than 0 (the chief)
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if key == "cluster.task_index" and value.strip().isdigit() and int(value) > 0:
+            return False
+    try:
+        task = json.loads(environ.get("TF_CONFIG") or "{}").get("task") or {}
+        cluster = json.loads(environ.get("TF_CONFIG") or "{}").get("cluster") or {}
+    except (ValueError, AttributeError):
+        return True
+    kind, index = task.get("type"), task.get("index", 0)
+    if kind is None or kind == "chief":
+        return True
+    return kind == "worker" and index == 0 and "chief" not in cluster
+
+
+def _the_url(found: list[tuple[int, str]]) -> str:
+    urls = {url.rstrip("/") for _, url in found}
+    if len(urls) > 1:
+        raise ConfigError(f"one run directory at a URL per command; received {sorted(urls)}")
+    url = urls.pop()
+    if "${" in url:  # replaced before Hydra composes: its resolvers never see it
+        raise ConfigError(f"a run directory at a URL is taken as written, without Hydra's "
+                          f"interpolations; spell it out (e.g. with the shell's $(date)); "
+                          f"received {url}")
+    return url
+
+
+@contextmanager
+def at_url(argv: list[str]) -> Iterator[Mirror | None]:
+    """Runs the block with `argv`'s URL (if any) replaced by its local mirror, in place.
+
+    Yields:
+        The mirror (None: no URL in `argv`).
+
+    Raises:
+        ConfigError: another run holds the URL, or its storage cannot be used (one line).
+        Interrupted: the URL could not be written at the end (its last backup is kept).
+    """
+    swept = [arg for arg in argv if arg.startswith("hydra.sweep.dir=")
+             and is_url(arg.partition("=")[2].strip("'\""))]
+    if swept:
+        raise ConfigError(f"a sweep's directory cannot be a URL yet ({swept[0]}); sweep into "
+                          "a local directory, or run each job with hydra.run.dir=URL")
+    found = urls_in(argv)
+    if not found:
+        yield None
+        return
+    url = _the_url(found)
+    chief = is_chief(argv)
+    fs, path = filesystem(url)
+    mirror = Mirror(url, scratch(url, "run" if chief else f"worker-{os.getpid()}"), fs, path)
+    if chief:
+        mirror.lease = Lease(fs, path, url)
+        mirror.listing()  # a missing bucket or no credentials: said before any lease
+        mirror.lease.take()
+    saved = list(argv)
+    try:
+        if chief:
+            mirror.pull()
+        for i, _ in found:
+            key = argv[i].partition("=")[0]
+            # `resume=` is compared between the workers at their rendezvous (the chief
+            # alone reads it): every worker names the chief's mirror
+            place = mirror.root if chief or key == "hydra.run.dir" else scratch(url, "run")
+            argv[i] = f"{key}={place}"
+        register(mirror)
+        yield mirror
+        if chief:
+            mirror.push()
+    except BaseException:
+        if chief:
+            _push_after_failure(mirror)
+        raise
+    finally:
+        unregister(mirror)
+        argv[:] = saved
+        if mirror.lease is not None:
+            mirror.lease.release(quiet=mirror.broken)
+        if not chief:  # another worker's mirror: its own scratch, as on disk
+            shutil.rmtree(mirror.root, ignore_errors=True)
+
+
+def _push_after_failure(mirror: Mirror) -> None:
+    """What a failed run wrote (its log, a backup a signal's stop wrote) reaches the URL
+    where it can; a URL that cannot be written is said in one line, and the run's own error
+    stays the one it ends with."""
+    try:
+        mirror.push()  # nothing where a push failed already (the run's own error)
+    except Exception as error:  # noqa: BLE001 - the run's own error is what it reports
+        print(f"warning: {error}", file=sys.stderr, flush=True)
+
+
+def readable(run_dir: str | Path) -> Path:
+    """The run directory to read: `run_dir` itself, or for a URL a local copy of its whole
+    files (`trainer.rundir.remote.fetch`; no lease: reading never changes the URL)."""
+    return fetch(str(run_dir)) if is_url(run_dir) else Path(run_dir)
+
+
+def deliver(run_dir: str | Path, local: Path, name: str) -> str:
+    """A file written into the local copy of a run at a URL (`predictions.csv`) put at
+    `URL/name`; returns where it is (the local path for a local run)."""
+    return upload(str(run_dir), local, name) if is_url(run_dir) else str(local)

@@ -1,0 +1,305 @@
+"""A run directory at a URL (`hydra.run.dir=s3://bucket/runs/a`, `gs://...`, any fsspec URL
+whose package is installed): the run writes a local mirror, and the URL is kept in step.
+
+The mirror is `$TRAINER_SCRATCH/trainer-scratch/<hash of the URL>` (the system's temporary
+directory where `TRAINER_SCRATCH` is unset). Before the run starts (its lease held:
+`trainer.rundir.lease`), the mirror is made an exact copy of what the URL holds (`pull`),
+so the rules of a local run directory (refuse a finished run, a changed config, resume from
+the newest backup) run on it unchanged. After every backup (`committed`, called by
+`trainer.rundir.backup.BackupStore.save` once the backup is renamed into place) and at the
+run's end, the files that changed are uploaded (`push`):
+
+- each file is one object, PUT whole: an object store's PUT (a multipart upload too) makes
+  the object appear complete or not at all, never half written;
+- a backup's `state.json` is uploaded after every other file of the push, and `summary.json`
+  (a finished run) last of all: a reader that finds a backup's `state.json` finds its
+  weights; a `backup/ckpt-*/` without `state.json` is a backup cut short, never downloaded,
+  and removed at the next push, as `tidy` removes a local `.tmp-*`;
+- files gone from the mirror (an old backup pruned) are removed after the upload, each
+  backup's `state.json` first, so the URL holds the newest two whole backups at every point.
+
+A push that fails (the network gone, access revoked) stops the run as a signal does
+(`Interrupted`, exit 75): the URL keeps the last backup that reached it, and the same command
+resumes from it. The endpoint and credentials are the storage library's own: `AWS_*`
+variables (`AWS_ENDPOINT_URL` for an S3-compatible server) for s3fs, Google's application
+default credentials and `STORAGE_EMULATOR_HOST` for gcsfs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainer.config.errors import ConfigError, Interrupted
+from trainer.rundir.layout import LOCK
+
+log = logging.getLogger(__name__)
+
+SCRATCH = "TRAINER_SCRATCH"
+LEASE = "lease.json"
+MARKER = "state.json"  # a backup's: written (and uploaded) after its other files
+FINISHED = "summary.json"  # a finished run's: uploaded last
+LOCAL_ONLY = "input_cache"  # never uploaded (see `_local_files`)
+# The package fsspec needs for each scheme, for the one line where it is missing.
+PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs",
+            "abfs": "adlfs", "hf": "huggingface_hub"}
+URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def is_url(place: Any) -> bool:
+    """Whether a run directory is a URL (`file://` and plain paths are local)."""
+    text = str(place)
+    return bool(URL.match(text)) and not text.startswith("file://")
+
+
+def scratch(url: str, purpose: str = "run") -> Path:
+    """The local mirror of `url`: one per URL and purpose (`run`, or `read` for evaluate and
+    predict, which never write the run's mirror)."""
+    base = os.environ.get(SCRATCH) or tempfile.gettempdir()
+    digest = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
+    return Path(base) / "trainer-scratch" / f"{digest}-{purpose}"
+
+
+def filesystem(url: str) -> tuple[Any, str]:
+    """The fsspec file system of `url` and the path in it (`bucket/runs/a`).
+
+    Raises:
+        ConfigError: no package for the scheme is installed (naming it), or fsspec does not
+            know the scheme.
+    """
+    protocol = url.split("://", 1)[0].lower()
+    try:
+        import fsspec
+    except ImportError:
+        raise ConfigError(f"a run directory at a URL ({url}) needs fsspec: pip install "
+                          "'trainer[remote]'") from None
+    options: dict[str, Any] = {}
+    if protocol in ("gs", "gcs") and os.environ.get("STORAGE_EMULATOR_HOST"):
+        # an emulator has no credentials, and no gRPC endpoint to probe a bucket's kind
+        # (gcsfs waits 60 s per bucket for it)
+        os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+        options["token"] = "anon"
+    try:
+        kind = fsspec.get_filesystem_class(protocol)
+    except ImportError:
+        package = PACKAGES.get(protocol, f"the fsspec package for {protocol}://")
+        raise ConfigError(f"a run directory at {url} needs {package}: pip install "
+                          f"'trainer[remote]' (or {package})") from None
+    except ValueError:
+        raise ConfigError(f"a run directory at {url}: fsspec knows no scheme {protocol}://; "
+                          "use s3://, gs:// or another fsspec URL") from None
+    # a fresh instance (fsspec's cache would keep an endpoint the environment no longer
+    # names) that lists the store each time it is asked (another writer may have written)
+    fs = kind(skip_instance_cache=True, use_listings_cache=False, **options)
+    return fs, fs._strip_protocol(url).rstrip("/")
+
+
+def _status(text: str, code: int) -> bool:
+    """Whether a message holds the HTTP status `code` (not as part of a port or a number:
+    `127.0.0.1:40312` holds no 403)."""
+    return re.search(rf"(?<![\d:.]){code}(?![\d])", text) is not None
+
+
+def explain(error: BaseException, url: str) -> str:
+    """What went wrong with the storage at `url`, in words a user can act on."""
+    name = type(error).__name__
+    text = (str(error).splitlines() or [name])[0].strip() or name
+    # botocore raises NoCredentialsError; gcsfs without credentials goes on anonymously,
+    # and Google's store answers 401 ("Anonymous caller does not have ... access")
+    if ("Credentials" in name or "Unable to locate credentials" in text
+            or "Anonymous caller" in text or _status(text, 401)):
+        return (f"no credentials for {url} ({text}); set AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) for s3://, "
+                "GOOGLE_APPLICATION_CREDENTIALS for gs://")
+    if isinstance(error, PermissionError) or "AccessDenied" in text or _status(text, 403):
+        return f"access to {url} is denied ({text}); grant this user read and write there"
+    if isinstance(error, FileNotFoundError):
+        return (f"the bucket of {url} does not exist ({text}); create it, or choose "
+                "another hydra.run.dir")
+    return (f"{url} cannot be reached ({name}: {text}); check the network and the endpoint "
+            "(AWS_ENDPOINT_URL, STORAGE_EMULATOR_HOST)")
+
+
+def _local_files(root: Path) -> dict[str, tuple[int, int]]:
+    """The mirror's files (relative path -> size and modification time), without the
+    local lock, the temporary names a write in progress uses, and `input_cache/` (a
+    machine's own decoded copy of the data, which tf.data writes while it reads and builds
+    again where it is missing)."""
+    found = {}
+    for path in root.rglob("*"):
+        rel = path.relative_to(root).as_posix()
+        if rel in (LOCK, LEASE) or rel.startswith(f"{LOCAL_ONLY}/") or any(
+                part.startswith(".tmp-") or (part.startswith(".") and part.endswith(".tmp"))
+                for part in rel.split("/")):
+            continue
+        if path.is_file():
+            stat = path.stat()
+            found[rel] = (stat.st_size, stat.st_mtime_ns)
+    return found
+
+
+def _backup_of(rel: str) -> str | None:
+    """`backup/ckpt-X` for a file of that backup, else None."""
+    parts = rel.split("/")
+    return "/".join(parts[:2]) if len(parts) >= 3 and parts[0] == "backup" else None
+
+
+def _is_marker(rel: str) -> bool:
+    return _backup_of(rel) is not None and rel.endswith("/" + MARKER) and rel.count("/") == 2
+
+
+@dataclass
+class Mirror:
+    """A run directory at `url` and its local mirror `root`.
+
+    Attributes:
+        url: the run directory's URL.
+        root: the local mirror.
+        fs, path: the URL's fsspec file system and the path in it.
+        lease: the lease held on the URL (`trainer.rundir.lease.Lease`); None: reading only.
+        sent: what the URL holds as the mirror last saw it: relative path -> (size, mtime)
+            of the local file uploaded or downloaded (None: at the URL, not in the mirror).
+    """
+
+    url: str
+    root: Path
+    fs: Any
+    path: str
+    lease: Any = None
+    sent: dict[str, tuple[int, int] | None] = field(default_factory=dict)
+    broken: bool = False  # a push failed: the URL keeps its last whole backup, untouched
+
+    def _key(self, rel: str) -> str:
+        return f"{self.path}/{rel}"
+
+    def listing(self) -> list[str]:
+        """What the URL holds, as paths relative to it (the lease left out).
+
+        Raises:
+            ConfigError: the bucket is missing, access is denied, no credentials, no network.
+        """
+        try:
+            found = self.fs.find(self.path, detail=False)
+        except Exception as error:  # noqa: BLE001 - every storage failure is one line
+            raise ConfigError(explain(error, self.url)) from None
+        rels = [key[len(self.path) + 1:] for key in found if key.startswith(self.path + "/")]
+        return [rel for rel in rels if rel and rel != LEASE]
+
+    def pull(self) -> bool:
+        """Makes the mirror an exact copy of the URL's whole files (a backup cut short left
+        out); returns whether the URL held anything. An empty URL leaves no mirror, so a run
+        that fails at start leaves nothing, as in a new local directory."""
+        rels = self.listing()
+        whole = {_backup_of(rel) for rel in rels if _is_marker(rel)}
+        wanted = [rel for rel in rels if (_backup_of(rel) is None or _backup_of(rel) in whole)
+                  and not any(p.startswith(".tmp-") for p in rel.split("/"))]
+        shutil.rmtree(self.root, ignore_errors=True)
+        self.sent = dict.fromkeys(rels)  # what is not downloaded goes at the first push
+        if not rels:
+            return False
+        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            for rel in wanted:
+                (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
+                self.fs.get_file(self._key(rel), str(self.root / rel))
+        except Exception as error:  # noqa: BLE001 - every storage failure is one line
+            raise ConfigError(explain(error, self.url)) from None
+        for rel in wanted:
+            stat = (self.root / rel).stat()
+            self.sent[rel] = (stat.st_size, stat.st_mtime_ns)
+        return True
+
+    def push(self) -> None:
+        """Uploads what changed in the mirror since the last push (backup markers, then the
+        summary, last) and removes from the URL what the mirror no longer holds.
+
+        Raises:
+            Interrupted: the lease was taken over, or the URL cannot be written: the run
+                stops with the URL's last whole backup kept.
+        """
+        if self.broken or not self.root.is_dir():
+            return
+        if self.lease is not None:
+            self.lease.check()
+        files = _local_files(self.root)
+        changed = [rel for rel, sig in sorted(files.items()) if self.sent.get(rel) != sig]
+        order = ([r for r in changed if not _is_marker(r) and r != FINISHED]
+                 + [r for r in changed if _is_marker(r)] + [r for r in changed if r == FINISHED])
+        gone = sorted((rel for rel in self.sent if rel not in files),
+                      key=lambda rel: (not _is_marker(rel), rel))
+        try:
+            for rel in order:
+                self.fs.put_file(str(self.root / rel), self._key(rel))
+                self.sent[rel] = files[rel]
+            for rel in gone:
+                self.fs.rm_file(self._key(rel))
+                del self.sent[rel]
+        except Exception as error:  # noqa: BLE001 - every storage failure stops the run
+            self.broken = True
+            raise Interrupted(f"{explain(error, self.url)}; the run stopped, and the last "
+                              f"backup that reached {self.url} is kept: rerun the same "
+                              "command to resume from it") from None
+
+
+# The mirrors of this process's runs: the local mirror's real path -> its Mirror.
+_mirrors: dict[str, Mirror] = {}
+# Every mirror's path -> its URL, kept after its run for the run's last line (`shown`).
+_names: dict[str, str] = {}
+
+
+def register(mirror: Mirror) -> None:
+    """Makes backups written into `mirror.root` reach its URL (`committed`)."""
+    _mirrors[os.path.realpath(mirror.root)] = mirror
+    _names[str(mirror.root)] = mirror.url
+
+
+def unregister(mirror: Mirror) -> None:
+    _mirrors.pop(os.path.realpath(mirror.root), None)
+
+
+def committed(run_dir: Path) -> None:
+    """A backup of `run_dir` is complete: where it mirrors a URL, the URL is brought in
+    step (nothing for a local run directory)."""
+    mirror = _mirrors.get(os.path.realpath(run_dir))
+    if mirror is not None:
+        mirror.push()
+
+
+def shown(text: str) -> str:
+    """A message with each mirror's local path written as its URL (what the user named)."""
+    for root, url in _names.items():
+        text = text.replace(root, url)
+    return text
+
+
+def fetch(url: str) -> Path:
+    """A copy of the run directory at `url` to read (`trainer.evaluate`, `trainer.predict`):
+    its whole files, downloaded into a mirror of their own; returns its path.
+
+    Raises:
+        ConfigError: the URL holds nothing, or cannot be read (one line).
+    """
+    fs, path = filesystem(url)
+    mirror = Mirror(url, scratch(url, "read"), fs, path)
+    if not mirror.pull():
+        raise ConfigError(f"{url} holds no run (nothing is there); pass the URL of an "
+                          "earlier run's directory")
+    _names[str(mirror.root)] = url
+    return mirror.root
+
+
+def upload(url: str, local: Path, name: str) -> str:
+    """Puts one local file at `url/name` (whole, one PUT); returns its URL."""
+    fs, path = filesystem(url)
+    try:
+        fs.put_file(str(local), f"{path}/{name}")
+    except Exception as error:  # noqa: BLE001 - every storage failure is one line
+        raise ConfigError(explain(error, url)) from None
+    return f"{url.rstrip('/')}/{name}"
