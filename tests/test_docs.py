@@ -106,10 +106,10 @@ TESTED_BY = {
     # docs/resume.md: a run directory at a URL (on moto's S3 server and gcp-storage-emulator)
     "python -m trainer hydra.run.dir=s3://my-bucket/runs/a checkpoint.backup_every=50":
         "tests/test_remote_rundir.py::"
-        "test_killed_mid_epoch_at_s3_resumes_to_the_weights_of_an_uninterrupted_run",
+        "test_killed_mid_epoch_at_a_url_resumes_to_the_weights_of_an_uninterrupted_run",
     "python -m trainer.evaluate s3://my-bucket/runs/a":
         "tests/test_remote_rundir.py::"
-        "test_killed_mid_epoch_at_s3_resumes_to_the_weights_of_an_uninterrupted_run",
+        "test_killed_mid_epoch_at_a_url_resumes_to_the_weights_of_an_uninterrupted_run",
     # the README
     "python -m trainer": RUNS_AS_WRITTEN,
     "python -m trainer model=mobilenet devices=[0,1]":

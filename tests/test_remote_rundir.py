@@ -143,14 +143,17 @@ def _wait(predicate, process: subprocess.Popen, timeout: float = 240) -> None:
         time.sleep(0.1)
 
 
-def test_killed_mid_epoch_at_s3_resumes_to_the_weights_of_an_uninterrupted_run(s3, tmp_path,
-                                                                             capsys):
+@pytest.mark.parametrize("scheme", ["s3", pytest.param("gs", marks=pytest.mark.slow)])
+def test_killed_mid_epoch_at_a_url_resumes_to_the_weights_of_an_uninterrupted_run(
+        scheme, request, tmp_path, capsys):
     """The issue's measure: a chief killed mid-epoch, a second start refused while it
     trained, the rerun from the URL alone (a new machine: the local mirror wiped) ending
-    with an uninterrupted local run's weights."""
+    with an uninterrupted local run's weights; on moto's S3 server, and on the GCS
+    emulator (slow: the same code behind another fsspec store)."""
+    s3 = request.getfixturevalue({"s3": "s3", "gs": "gcs"}[scheme])
     clean = tmp_path / "clean"
     assert run_main(*LEAN, f"hydra.run.dir={clean}", cwd=tmp_path).returncode == 0
-    url = f"s3://{BUCKET}/runs/a"
+    url = f"{scheme}://{BUCKET}/runs/a"
     chief = start_cli(*LEAN, f"hydra.run.dir={url}", cwd=tmp_path)
     try:
         _wait(_mid_epoch_at_url(s3.fs, f"{BUCKET}/runs/a", epoch=0), chief)
