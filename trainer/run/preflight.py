@@ -30,6 +30,7 @@ from trainer.distribute.cluster import Cluster, resolve_cluster
 from trainer.models.formats import check_converters
 from trainer.run.owner import Owner
 from trainer.run.resolve import Spec, resolve
+from trainer.run.sidecar import check_with_evaluator, without_validation
 from trainer.rundir.lock import acquire, check_writable
 from trainer.rundir.names import check_name
 from trainer.rundir.resume import (
@@ -141,7 +142,11 @@ def preflight(cfg: DictConfig, logs: str | Path | None = None,
     spec = resolve(cfg, choices, check_config(cfg))
     exact_kernels(spec.deterministic, environ)
     cluster = resolve_cluster(list(spec.cluster.workers), spec.cluster.task_index,
-                              environ.get("TF_CONFIG"), environ, spec.cluster.port_base)
+                              environ.get("TF_CONFIG"), environ, spec.cluster.port_base,
+                              spec.cluster.evaluator)
+    if cluster is not None and cluster.evaluator is not None:
+        check_with_evaluator(spec)
+        spec = without_validation(spec)
     if cluster is not None and not cluster.is_chief:
         # its Hydra directory (`.hydra/`, the log) goes again if the start fails
         fresh = ((Path(logs), None),) if logs is not None and not Path(logs).exists() else ()
