@@ -14,18 +14,16 @@ from tests import test_multiworker as multiworker
 from trainer.config.errors import ConfigError
 from trainer.distribute.cluster import evaluator_task, from_tf_config, resolve_cluster
 from trainer.distribute.launch import Launcher, tf_configs, worker_commands
-from trainer.run.resolve import resolve
+from trainer.run.resolve import check_with_evaluator, resolve, without_validation
 from trainer.run.sidecar import (
     EvaluatorDir,
     await_result,
     best_record,
-    check_with_evaluator,
     final_summary,
     improved,
     merged,
     ready_epochs,
     validated_line,
-    without_validation,
 )
 
 launches = multiworker.launches  # the launcher's fixture: no process is left behind

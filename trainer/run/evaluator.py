@@ -37,37 +37,22 @@ from trainer.run.restore import load_weights_checked
 from trainer.run.sidecar import (
     EvaluatorDir,
     best_record,
+    chief_holds,
     final_summary,
     improved,
     read_history,
+    read_trained,
     ready_epochs,
+    wait_for_run,
     write_history,
 )
 from trainer.rundir.atomic import write_json
 from trainer.rundir.checksum import write_beside
 from trainer.rundir.layout import RunDir
-from trainer.rundir.lock import holder
 
 
 def say(line: str) -> None:
     print(f"evaluator: {line}", flush=True)
-
-
-def wait_for_run(run_dir: Path, timeout_s: float | None, poll_s: float) -> None:
-    """Waits for the chief to record the run's config (it does once its data is checked).
-
-    Raises:
-        ConfigError: none came within `timeout_s` (None: no limit).
-    """
-    config = RunDir(run_dir).config
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    while not config.is_file():
-        if deadline is not None and time.monotonic() > deadline:
-            raise ConfigError(f"the evaluator waited {timeout_s:g} s "
-                              f"(strategy.start_timeout_s) for the chief to start a run in "
-                              f"{run_dir}, which never wrote {config}; start the workers, or "
-                              "give the evaluator the chief's hydra.run.dir")
-        time.sleep(poll_s)
 
 
 def build(run_dir: Path) -> tuple[Spec, Run]:
@@ -184,12 +169,6 @@ class Evaluator:
         return result
 
 
-def chief_gone(run_dir: Path, seen: bool) -> bool:
-    """Whether the chief stopped without ending training: it held the run directory's lock
-    (`seen`) and holds it no more."""
-    return seen and holder(run_dir) is None
-
-
 def run_evaluator(run_dir: str | Path, timeout_s: float | None, poll_s: float = 0.5) -> int:
     """The evaluator's process: validates each epoch as the chief hands it over, until the
     chief says training ended (then the final test) or stops. Returns the exit code."""
@@ -198,24 +177,18 @@ def run_evaluator(run_dir: str | Path, timeout_s: float | None, poll_s: float = 
     wait_for_run(run_dir, timeout_s, poll_s)
     spec, run = build(run_dir)
     evaluator = Evaluator(run_dir, spec, run)
-    seen = False
+    seen = False  # whether the chief held the run directory's lock yet
     while True:
-        seen = seen or holder(run_dir) is not None
+        seen = seen or chief_holds(run_dir)
         evaluator.step()
-        trained = _trained(evaluator.place)
+        trained = read_trained(evaluator.place)
         if trained is not None and not ready_epochs(evaluator.place.inbox, evaluator.done):
             evaluator.finish(trained)
             say("done: validated every epoch and ran the final test")
             return 0
-        if trained is None and chief_gone(run_dir, seen):
+        if trained is None and seen and not chief_holds(run_dir):
             evaluator.step()  # what the chief handed over before it stopped
             say("the chief stopped before training ended; a resume starts an evaluator again")
             return 0
         time.sleep(poll_s)
 
-
-def _trained(place: EvaluatorDir) -> dict[str, Any] | None:
-    try:
-        return json.loads(place.trained.read_text())
-    except (OSError, ValueError):
-        return None

@@ -36,7 +36,6 @@ from trainer.run.guards import check_space, translate
 from trainer.run.inputs import record as record_inputs
 from trainer.run.preflight import Checked
 from trainer.run.resume import Start, restore_backup
-from trainer.run.sidecar import EvaluatorDir, await_result, clear_result, merged
 from trainer.run.summary import build_summary, process_seconds, write_summary
 from trainer.run.wiring import Callbacks, build_callbacks
 from trainer.rundir.backup import StopRequest, stop_on_signals
@@ -124,8 +123,6 @@ class Session:
         self.callbacks = build_callbacks(
             self.spec, run, self.run_dir, self.started, start.at, self.request, self.extra,
             history=start.history, evaluator=self.evaluator)
-        if self.evaluator and run.is_chief:
-            clear_result(EvaluatorDir.of(self.run_dir))  # a stopped run's end, if any
         self.callbacks.backup.resumed_metrics = start.metrics  # the resumed epoch's metrics
         return start
 
@@ -172,8 +169,8 @@ class Session:
         report["loggers"] = logged_to(callbacks.trackers, self.run_dir)
         report["finetune"] = self.phases
         if run.is_chief:
-            if self.evaluator:
-                report = self._validated(report)
+            if callbacks.handoff is not None:  # validated by an evaluator: its result
+                report = callbacks.handoff.validated(report, self.spec.strategy.start_timeout_s)
             callbacks.curves.draw(report["history"])  # what epoch ends left undrawn
             write_summary(report, self.run_dir)
             finish_trackers(list(callbacks.trackers), report, "FINISHED")
@@ -183,12 +180,3 @@ class Session:
                   f"({cluster.addresses[0]}) wrote the checkpoints and summary", flush=True)
         return report
 
-    def _validated(self, report: dict[str, Any]) -> dict[str, Any]:
-        """The summary with the evaluator's validation and test merged in, once it has
-        validated every epoch (waiting at most `strategy.start_timeout_s`)."""
-        timeout = self.spec.strategy.start_timeout_s
-        limit = "" if timeout is None else f" (at most {timeout:g} s)"
-        print(f"training ended; waiting for the evaluator's validation{limit}", flush=True)
-        result, why = await_result(EvaluatorDir.of(self.run_dir), report["epochs_done"],
-                                   timeout)
-        return merged(report, result, why)

@@ -29,12 +29,14 @@ import json
 import math
 import re
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainer.config.errors import ConfigError
 from trainer.rundir.atomic import write_json
+from trainer.rundir.layout import RunDir
+from trainer.rundir.lock import holder
 
 _ENTRY = re.compile(r"epoch-(\d{6})\.json")
 
@@ -121,35 +123,6 @@ def best_record(records: list[dict[str, Any]], monitor: str, mode: str) -> dict 
     return best
 
 
-def check_with_evaluator(spec: Any) -> None:
-    """Refuses what needs validation on the workers while they train: they do not wait for
-    the evaluator, so a callback that reads a validation metric (early stopping, a plateau)
-    would read nothing; so would the k best checkpoints and their average.
-
-    Raises:
-        ConfigError: naming the key.
-    """
-    for name, node in (spec.callbacks or {}).items():
-        monitor = str((node or {}).get("monitor", ""))
-        if monitor.startswith("val_"):
-            raise ConfigError(f"callbacks.{name} monitors {monitor}, which the evaluator "
-                              "computes after the workers have moved on; with an evaluator, "
-                              f"monitor a training metric or remove it; received: {monitor}")
-    saving = spec.checkpoint
-    for key, value in (("keep_best", saving.keep_best), ("average_best", saving.average_best)):
-        if value:
-            raise ConfigError(f"checkpoint.{key} is not kept with an evaluator (it keeps "
-                              f"best.keras alone); set checkpoint.{key}=0; received: {value}")
-    if spec.optimizer.get("use_ema"):
-        raise ConfigError("optimizer.use_ema with an evaluator: the evaluator validates the "
-                          "backups' raw weights; set optimizer.use_ema=false; received: true")
-
-
-def without_validation(spec: Any) -> Any:
-    """The workers' spec with an evaluator: `best.keras` is the evaluator's to write."""
-    return replace(spec, checkpoint=replace(spec.checkpoint, save_best=False))
-
-
 def final_summary(records: list[dict[str, Any]], trained: dict[str, Any], best: dict | None,
                   test: dict | None, test_checkpoint: str | None) -> dict[str, Any]:
     """The evaluator's result (`evaluator/summary.json`), for the chief to merge."""
@@ -170,6 +143,7 @@ def merged(summary: dict[str, Any], result: dict[str, Any] | None, why: str | No
     found = dict(summary)
     if result is None:
         found["validated_by"] = {"task": "evaluator", "complete": False, "why": why}
+        found["validated_by"]["says"] = validated_line(found["validated_by"])
         return found
     history = dict(found.get("history") or {})
     history.update(result["history"])
@@ -179,6 +153,7 @@ def merged(summary: dict[str, Any], result: dict[str, Any] | None, why: str | No
                              "epochs": result["epochs"], "best": result["best"],
                              "why": None if result["complete"] else
                              f"epochs {_missing(result)} were not validated"}
+    found["validated_by"]["says"] = validated_line(found["validated_by"])
     return found
 
 
@@ -225,3 +200,35 @@ def await_result(place: EvaluatorDir, epochs_done: int, timeout_s: float | None,
         time.sleep(poll_s)
     return None, (f"the evaluator gave no result within {timeout_s:g} s "
                   "(strategy.start_timeout_s) of the end of training")
+
+
+def wait_for_run(run_dir: Path, timeout_s: float | None, poll_s: float) -> None:
+    """The evaluator's start: waits for the chief to record the run's config (it does once
+    its data is checked).
+
+    Raises:
+        ConfigError: none came within `timeout_s` (None: no limit).
+    """
+    config = RunDir(run_dir).config
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while not config.is_file():
+        if deadline is not None and time.monotonic() > deadline:
+            raise ConfigError(f"the evaluator waited {timeout_s:g} s "
+                              f"(strategy.start_timeout_s) for the chief to start a run in "
+                              f"{run_dir}, which never wrote {config}; start the workers, or "
+                              "give the evaluator the chief's hydra.run.dir")
+        time.sleep(poll_s)
+
+
+def chief_holds(run_dir: Path) -> bool:
+    """Whether a process (the chief) holds the run directory's lock: the chief stopped
+    without ending training once it held it and holds it no more."""
+    return holder(run_dir) is not None
+
+
+def read_trained(place: EvaluatorDir) -> dict[str, Any] | None:
+    """What the chief said at the end of training (`trained.json`); None before."""
+    try:
+        return json.loads(place.trained.read_text())
+    except (OSError, ValueError):
+        return None

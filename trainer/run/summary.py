@@ -16,7 +16,6 @@ from trainer.config.schema import config_dir
 from trainer.data.augment import describe
 from trainer.data.fingerprint import of_source
 from trainer.internals.tf_runtime import onednn_enabled
-from trainer.run.sidecar import validated_line
 from trainer.run.step import has_forward_losses
 from trainer.rundir.atomic import write_json
 from trainer.rundir.backup import BackupStore, tidy
@@ -487,7 +486,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     ]
     rows += [(f"train {k}", v) for k, v in summary["train_metrics"].items()]
     rows += [(f"validation {k}", v) for k, v in summary["validation_metrics"].items()]
-    validated = validated_line(summary.get("validated_by"))
+    validated = (summary.get("validated_by") or {}).get("says")  # an evaluator's
     rows += [("validated by", validated)] if validated else []
     if summary.get("test_metrics") is not None:
         rows += [(f"test {k}", v) for k, v in summary["test_metrics"].items()]

@@ -16,13 +16,12 @@ from trainer.distribute.multiworker import on_stuck, stop_agreement
 from trainer.run.assemble import Run
 from trainer.run.callbacks import (
     AtomicModelCheckpoint,
+    HandOff,
     KeepBestCheckpoints,
     StepWatchdog,
     Throughput,
 )
-from trainer.run.handoff import HandOff
 from trainer.run.resolve import Spec
-from trainer.run.sidecar import EvaluatorDir
 from trainer.rundir.backup import Backup, BackupStore
 from trainer.rundir.layout import RunDir
 from trainer.task.build import build_callbacks as build_user_callbacks
@@ -72,8 +71,7 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
         request: the stop request signals set.
         extra: callbacks passed to `train()` in code, after the configured ones.
         history: per-epoch metrics of the epochs done before `start` (from the backup).
-        evaluator: an evaluator validates beside the workers: the chief hands it each epoch's
-            backup (`trainer.run.handoff`).
+        evaluator: an evaluator validates: the chief hands it each epoch (`HandOff`).
     """
     check_metric_name(spec.optimized_metric, run.logged, tested=run.data.test is not None)
     saving = spec.checkpoint
@@ -98,7 +96,6 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
         saved.append(AtomicModelCheckpoint(
             str(layout.checkpoint("best")), monitor=saving.monitor,
             save_best_only=True, mode=best_mode))
-    if saving.save_best:
         saved[0].same_as = saved[1]  # a final epoch that was the best: last links best
     kept = (KeepBestCheckpoints.of(layout, saving, best_mode, start[0],
                                    saved[1] if saving.save_best else None)
@@ -116,8 +113,7 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
         throughput=Throughput(run.data.source.train_size, run.batch.global_size, started),
         backup=backup, checkpoints=tuple(saved), trackers=trackers, watchdog=watchdog,
         user=(*user, *extra), kept=kept,
-        handoff=HandOff(backup, EvaluatorDir.of(run_dir)) if evaluator and run.is_chief
-        else None,
+        handoff=HandOff.of(backup, run_dir) if evaluator and run.is_chief else None,
         trial=optuna_trial(spec.optimized_metric, run.logged, run.workers),
         curves=Curves(run_dir, lambda: backup.history, saving.monitor if saving.save_best
                       else None, best_mode) if run.is_chief else None)
