@@ -106,6 +106,11 @@ def test_the_chief_waits_for_the_result_no_longer_than_its_limit(tmp_path):
     result, why = await_result(place, 3, timeout_s=0.2, poll_s=0.05)
     assert result is None and "within 0.2 s" in why
     assert json.loads(place.trained.read_text()) == {"epochs_done": 3}
+    place.alive.touch()
+    os.utime(place.alive, (1, 1))  # its last sign of life long ago: it died
+    result, why = await_result(place, 3, timeout_s=60, poll_s=0.05)
+    assert result is None and why.startswith("the evaluator stopped (no sign of life for")
+    place.alive.touch()
     place.summary.write_text(json.dumps({"epochs_trained": 3, "epochs": [1, 2, 3]}))
     result, why = await_result(place, 3, timeout_s=5, poll_s=0.05)
     assert result["epochs"] == [1, 2, 3] and why is None

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -35,6 +36,7 @@ from trainer.run.reopen import compose_run_config
 from trainer.run.resolve import Spec, resolve
 from trainer.run.restore import load_weights_checked
 from trainer.run.sidecar import (
+    BEAT_S,
     EvaluatorDir,
     best_record,
     chief_holds,
@@ -169,13 +171,39 @@ class Evaluator:
         return result
 
 
+def beating(alive: Path, every_s: float = BEAT_S) -> threading.Event:
+    """Touches `alive` every `every_s` seconds from a daemon thread (a long evaluation
+    included) until the returned event is set: the chief's sign that it still works."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.is_set():
+            try:
+                alive.parent.mkdir(parents=True, exist_ok=True)
+                alive.touch()
+            except OSError:
+                pass  # the run directory is being removed: nothing to say
+            stop.wait(every_s)
+
+    threading.Thread(target=beat, name="evaluator-alive", daemon=True).start()
+    return stop
+
+
 def run_evaluator(run_dir: str | Path, timeout_s: float | None, poll_s: float = 0.5) -> int:
     """The evaluator's process: validates each epoch as the chief hands it over, until the
     chief says training ended (then the final test) or stops. Returns the exit code."""
     run_dir = Path(run_dir)
     say(f"validating the run in {run_dir} as the chief writes it")
     wait_for_run(run_dir, timeout_s, poll_s)
-    spec, run = build(run_dir)
+    stop = beating(EvaluatorDir.of(run_dir).alive)
+    try:
+        return _evaluate(run_dir, *build(run_dir), poll_s)
+    finally:
+        stop.set()
+
+
+def _evaluate(run_dir: Path, spec: Spec, run: Run, poll_s: float) -> int:
+    """Validates epochs until the chief ends training (then tests) or stops."""
     evaluator = Evaluator(run_dir, spec, run)
     seen = False  # whether the chief held the run directory's lock yet
     while True:

@@ -15,12 +15,14 @@ evaluator/inbox/epoch-000003.json         that epoch's training logs; written af
 evaluator/history.jsonl                   the evaluator's record, one line per epoch
 evaluator/trained.json                    the chief: training ended after N epochs
 evaluator/summary.json                    the evaluator: every epoch validated, the test
+evaluator/alive                           touched by the evaluator every `BEAT_S` seconds
 ```
 
 The chief writes `summary.json` once, whole: at its end it writes `trained.json`, waits (at
 most `strategy.start_timeout_s`) for the evaluator's `summary.json`, and merges it into its
 own (`merged`); an evaluator that died or is late leaves the summary saying validation was
-incomplete.
+incomplete. The chief stops waiting early for an evaluator that gave a sign of life once
+and none for `STALE_S` seconds (it died); one that never did may yet start, late.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from trainer.rundir.layout import RunDir
 from trainer.rundir.lock import holder
 
 _ENTRY = re.compile(r"epoch-(\d{6})\.json")
+BEAT_S = 2.0  # how often the evaluator says it is alive
+STALE_S = 30.0  # no sign of life for this long: it is gone
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,18 @@ class EvaluatorDir:
     @property
     def summary(self) -> Path:
         return self.root / "summary.json"
+
+    @property
+    def alive(self) -> Path:
+        return self.root / "alive"
+
+
+def gone_for(alive: Path, now: float) -> float | None:
+    """Seconds since the evaluator's last sign of life (`alive`'s time); None: none yet."""
+    try:
+        return max(0.0, now - alive.stat().st_mtime)
+    except OSError:
+        return None
 
 
 def ready_epochs(inbox: Path, done: set[int] = frozenset()) -> list[int]:
@@ -180,12 +196,14 @@ def clear_result(place: EvaluatorDir) -> None:
 
 
 def await_result(place: EvaluatorDir, epochs_done: int, timeout_s: float | None,
-                 poll_s: float = 0.5) -> tuple[dict | None, str | None]:
+                 poll_s: float = 0.5, stale_s: float = STALE_S
+                 ) -> tuple[dict | None, str | None]:
     """The chief's end: says training ended (`trained.json`), then waits at most
-    `timeout_s` (None: no limit) for the evaluator's result.
+    `timeout_s` (None: no limit) for the evaluator's result, less where the evaluator gave
+    no sign of life for `stale_s` seconds.
 
     Returns:
-        (result, None), or (None, why) where none came in time.
+        (result, None), or (None, why) where none came.
     """
     write_json(place.trained, {"epochs_done": epochs_done})
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -193,10 +211,12 @@ def await_result(place: EvaluatorDir, epochs_done: int, timeout_s: float | None,
         try:
             result = json.loads(place.summary.read_text())
         except (OSError, ValueError):
-            time.sleep(poll_s)
-            continue
-        if result.get("epochs_trained") == epochs_done:
+            result = None
+        if result is not None and result.get("epochs_trained") == epochs_done:
             return result, None
+        silent = gone_for(place.alive, time.time())
+        if silent is not None and silent > stale_s:
+            return None, f"the evaluator stopped (no sign of life for {silent:.0f} s)"
         time.sleep(poll_s)
     return None, (f"the evaluator gave no result within {timeout_s:g} s "
                   "(strategy.start_timeout_s) of the end of training")
