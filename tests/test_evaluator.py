@@ -190,6 +190,9 @@ def test_two_workers_and_an_evaluator(tmp_path, launches):
     validated = summary["validated_by"]
     assert validated["complete"] and validated["epochs"] == [1, 2], validated
     assert "validated by           the evaluator (2 epochs" in launch.output
+    # the workers validated nothing: their epoch lines log no val_ metric
+    assert [line for line in launch.output.splitlines()
+            if line.startswith("[worker") and "val_" in line] == []
     records = [json.loads(line) for line in
                (run_dir / "evaluator" / "history.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records] == [1, 2]

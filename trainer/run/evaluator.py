@@ -28,13 +28,13 @@ from typing import Any
 import tensorflow as tf
 
 from trainer.config.errors import ConfigError
+from trainer.config.messages import one_line
 from trainer.distribute.devices import open_devices
 from trainer.run.assemble import Run, assemble
 from trainer.run.finish import evaluate_split
 from trainer.run.preflight import check_config
 from trainer.run.reopen import compose_run_config
 from trainer.run.resolve import Spec, resolve
-from trainer.run.restore import load_weights_checked
 from trainer.run.sidecar import (
     BEAT_S,
     EvaluatorDir,
@@ -108,9 +108,7 @@ class Evaluator:
         """One epoch: validation metrics, best.keras where it improves, its record, then the
         inbox entry removed."""
         weights = self._weights(epoch)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Skipping variable loading")
-            self.run.model.load_weights(weights)
+        self.load(weights, f"epoch {epoch}'s weights")
         metrics = evaluate_split(self.run, self.run.data.validation)
         logs = json.loads(self.place.logs(epoch).read_text())
         record = {"epoch": epoch, **logs, **{f"val_{k}": float(v) for k, v in metrics.items()}}
@@ -125,6 +123,18 @@ class Evaluator:
         say(f"epoch {epoch}: " + ", ".join(f"val_{k} {v:.4f}" for k, v in metrics.items()))
         for path in (self.place.logs(epoch), weights):
             path.unlink(missing_ok=True)
+
+    def load(self, path: Path, what: str) -> None:
+        """Loads weights (a backup's, or a checkpoint with the optimizer, which evaluation
+        does not need); a file that does not load is one line."""
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Skipping variable loading")
+                self.run.model.load_weights(path)
+        except Exception as error:  # noqa: BLE001 - a damaged file fails in many ways
+            raise ConfigError(f"{what} {path} do not load into the evaluator's model "
+                              f"({one_line(error)}); the workers train on, the summary will "
+                              "say validation was incomplete") from None
 
     def save_best(self, epoch: int, value: float) -> None:
         """`checkpoints/best.keras` (atomically, its hash beside it) holds `epoch`'s
@@ -160,7 +170,7 @@ class Evaluator:
             if self.spec.checkpoint.test_with == "best" and self.layout.checkpoint(
                     "best").is_file():
                 used = self.layout.checkpoint("best")
-                load_weights_checked(self.run.model, used, "best")
+                self.load(used, "the best epoch's weights")
             metrics = evaluate_split(self.run, self.run.data.test)
             test = {k: float(v) for k, v in metrics.items()}
             say("test: " + ", ".join(f"{k} {v:.4f}" for k, v in test.items()))
