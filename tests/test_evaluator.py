@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -189,7 +190,8 @@ def test_two_workers_and_an_evaluator(tmp_path, launches):
     summary = json.loads((run_dir / "summary.json").read_text())
     validated = summary["validated_by"]
     assert validated["complete"] and validated["epochs"] == [1, 2], validated
-    assert "validated by           the evaluator (2 epochs" in launch.output
+    assert re.search(r"\[worker 0\]   validated by +the evaluator \(2 epochs; best.keras is "
+                     rf"epoch {validated['best']['epoch']}\)", launch.output)
     # the workers validated nothing: their epoch lines log no val_ metric
     assert [line for line in launch.output.splitlines()
             if line.startswith("[worker") and "val_" in line] == []
@@ -212,3 +214,28 @@ def test_two_workers_and_an_evaluator(tmp_path, launches):
     assert list((run_dir / "tensorboard" / "validation").iterdir())
     assert not (run_dir / "evaluator" / "inbox").exists()
 
+
+
+@pytest.mark.multiworker
+def test_an_evaluator_killed_mid_run_leaves_training_going(tmp_path, launches):
+    """SIGKILL to the evaluator after its first epoch: the workers finish, the chief stops
+    waiting once the evaluator is silent (`STALE_S`), and the summary says validation was
+    incomplete; no process is left behind."""
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    launch = launches(2, *multiworker.COMMON, "epochs=3", "--evaluator",
+                      f"hydra.run.dir={run_dir}")
+    multiworker.wait_for(lambda: "[evaluator] evaluator: epoch 1:" in launch.output, 240,
+                         launch, "the evaluator's first epoch")
+    pid = int(re.search(r"\[launch\] evaluator: pid (\d+)", launch.output).group(1))
+    os.killpg(pid, signal.SIGKILL)
+    began = time.monotonic()
+    assert launch.wait(timeout=300) == 0, launch.output[-3000:]
+    assert time.monotonic() - began < 200  # not the whole strategy.start_timeout_s (300 s)
+    assert "the evaluator stopped with SIGKILL; the workers train on" in launch.output
+    validated = json.loads((run_dir / "summary.json").read_text())["validated_by"]
+    assert not validated["complete"] and "no sign of life" in validated["why"], validated
+    assert re.search(r"\[worker 0\]   validated by +the evaluator, incomplete: the "
+                     r"evaluator stopped \(no sign of life", launch.output)
