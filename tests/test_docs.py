@@ -138,6 +138,8 @@ TESTED_BY = {
         "tests/test_fault_tolerance.py::test_finished_run_is_not_overwritten_unless_resumed",
     "python -m trainer.launch --workers 2 epochs=3 hydra.run.dir=runs/two":
         "tests/test_multiworker.py::test_two_workers_train_like_one",
+    "python -m trainer.launch --workers 2 --evaluator epochs=3 hydra.run.dir=runs/eval":
+        "tests/test_evaluator.py::test_two_workers_and_an_evaluator",
     "python -m trainer.launch --workers 2 dataset.service=local:2 epochs=3 "
     "hydra.run.dir=runs/served":
         "tests/test_data_service.py::test_two_workers_each_with_local_services_train_like_one",

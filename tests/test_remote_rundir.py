@@ -511,3 +511,20 @@ def test_a_store_gone_is_not_read_as_denied_from_the_digits_of_its_port():
         "access to gs://r/a is denied")
     assert explain(OSError("(401) Anonymous caller does not have storage.objects.list access"),
                    "gs://r/a").startswith("no credentials for gs://r/a")
+
+
+def test_an_evaluator_beside_workers_at_a_url_is_one_line():
+    """The evaluator reads the chief's files on a shared file system: a run directory at a
+    URL with one is refused before any lease or download."""
+    from trainer.config.errors import ConfigError
+    from trainer.run.at_url import at_url, with_evaluator
+
+    described = {"cluster": {"worker": ["127.0.0.1:1"], "evaluator": ["127.0.0.1:2"]},
+                 "task": {"type": "worker", "index": 0}}
+    assert with_evaluator([], {"TF_CONFIG": json.dumps(described)})
+    assert with_evaluator(["cluster.evaluator=127.0.0.1:5000"], {})
+    assert not with_evaluator(["cluster.evaluator=null"], {})
+    assert not with_evaluator([], {"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1"]}})})
+    with pytest.raises(ConfigError, match=r"not at a URL \(s3://runs/r\)"):
+        with at_url(["trainer", "hydra.run.dir=s3://runs/r", "cluster.evaluator=127.0.0.1:5"]):
+            pass

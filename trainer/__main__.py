@@ -22,6 +22,7 @@ from omegaconf.errors import InterpolationResolutionError
 
 from trainer.config.compose import composed
 from trainer.config.schema import config_dir, register_configs
+from trainer.distribute.cluster import evaluator_task
 from trainer.internals.hydra_app import args_parser
 from trainer.run import process
 from trainer.run.at_url import at_url
@@ -80,6 +81,8 @@ def main() -> None:
     argv = list(sys.argv)
     with process.signals_raise():
         try:
+            if evaluator_task(os.environ.get("TF_CONFIG")):
+                raise SystemExit(_evaluate_beside(sys.argv[1:]))
             # A run directory at a URL: Hydra and the run see its local mirror.
             with at_url(sys.argv):
                 _run(sys.argv[1:])
@@ -121,6 +124,32 @@ def _precheck(args: list[str]) -> bool:
     except InterpolationResolutionError:
         return False  # it needs a running job (`${hydra:...}`): the job checks it
     return _checked[0].recorded and _checked[0].run_dir == Path(run.logs)
+
+
+def _evaluate_beside(args: list[str]) -> int:
+    """`TF_CONFIG`'s `evaluator` task: validates the chief's run (its `hydra.run.dir`) beside
+    the workers (`trainer.run.evaluator`); Hydra's job never starts, so it writes nothing
+    of its own there. Returns the exit code."""
+    run = composed(args)
+    if run is None or not run.logs:
+        print("error: the evaluator validates one run: give it the chief's hydra.run.dir; "
+              f"received: {' '.join(args)}", file=sys.stderr, flush=True)
+        return 2
+    if "://" in str(run.logs):
+        print(f"error: an evaluator beside the workers reads the run directory as files the "
+              f"chief writes (a shared file system), not at a URL ({run.logs}); use a shared "
+              "directory, or no evaluator", file=sys.stderr, flush=True)
+        return 2
+    os.environ.pop("TF_CONFIG", None)  # it is no member of the workers' cluster
+    timeout = run.cfg.strategy.start_timeout_s
+
+    def work() -> int:
+        # an entry point: the evaluator's build module imports TensorFlow, started by now
+        from trainer.run.evaluator import run_evaluator
+
+        return run_evaluator(run.logs, timeout)
+
+    return process.guarded(work)
 
 
 def _record(cfg: DictConfig) -> None:

@@ -62,6 +62,8 @@ class ClusterConfig:
     task_index: int = 0
     # SLURM job steps: the tasks on a node listen on port_base, port_base + 1, ...
     port_base: int = 8888
+    # host:port of an evaluator validating each checkpoint beside the workers (null: none)
+    evaluator: str | None = None
 
 
 # The optimizer node is open: `_target_` names any Keras optimizer class (or the user's), its

@@ -11,13 +11,18 @@ line and wins over `TF_CONFIG`. Without either, a SLURM job step (`srun`) is rea
 environment SLURM gives each task (`slurm_cluster`): no `scontrol`, no hand-made TF_CONFIG.
 Task 0 of the `chief` job, or worker 0 where there is no chief job, is the chief: the one
 worker that writes the run directory.
+
+An `evaluator` job (`TF_CONFIG`'s, or `cluster.evaluator=host:port`) is outside the
+MultiWorkerMirroredStrategy cluster, as TensorFlow's SidecarEvaluator was: the workers only
+learn that one validates beside them (`Cluster.evaluator`); the evaluator's own process is
+told by `TF_CONFIG`'s task type (`evaluator_task`) and never joins the collective.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from trainer.config.errors import ConfigError
@@ -39,6 +44,7 @@ class Cluster:
         source: where it came from: `TF_CONFIG`, `cluster.workers` or `SLURM`.
         local_index: SLURM only: this task's index on its node (`SLURM_LOCALID`).
         local_tasks: SLURM only: how many tasks of the step run on this node.
+        evaluator: the evaluator's address where one validates beside the workers, else None.
     """
 
     jobs: dict[str, tuple[str, ...]]
@@ -48,6 +54,7 @@ class Cluster:
     # SLURM only: this task's index among the tasks on its node, and how many run there
     local_index: int | None = None
     local_tasks: int | None = None
+    evaluator: str | None = None
 
     @property
     def tasks(self) -> list[tuple[str, int, str]]:
@@ -92,15 +99,33 @@ def _check_address(address: Any, where: str) -> str:
     return str(address)
 
 
-def from_workers(workers: list[str], task_index: int) -> Cluster:
-    """The cluster `cluster.workers=[...] cluster.task_index=I` describe (worker 0 is chief)."""
+def from_workers(workers: list[str], task_index: int, evaluator: str | None = None) -> Cluster:
+    """The cluster `cluster.workers=[...] cluster.task_index=I` describe (worker 0 is chief),
+    with `cluster.evaluator` where one validates beside them."""
     addresses = tuple(_check_address(w, "cluster.workers") for w in workers)
     if len(set(addresses)) != len(addresses):
         raise ConfigError(f"cluster.workers lists an address twice; received: {list(addresses)}")
     if not 0 <= task_index < len(addresses):
         raise ConfigError(f"cluster.task_index must be in 0..{len(addresses) - 1} for "
                           f"{len(addresses)} workers; received: {task_index}")
-    return Cluster({"worker": addresses}, "worker", task_index, "cluster.workers")
+    return Cluster({"worker": addresses}, "worker", task_index, "cluster.workers",
+                   evaluator=_evaluator(evaluator))
+
+
+def _evaluator(address: str | None) -> str | None:
+    return None if address is None else _check_address(address, "cluster.evaluator")
+
+
+def evaluator_task(tf_config: str | None) -> bool:
+    """Whether `TF_CONFIG` makes this process the evaluator (`task.type` `evaluator`)."""
+    if not tf_config:
+        return False
+    try:
+        config = json.loads(tf_config)
+    except json.JSONDecodeError:
+        return False  # the pre-flight says why, in one line
+    task = config.get("task") if isinstance(config, dict) else None
+    return isinstance(task, dict) and task.get("type") == "evaluator"
 
 
 def from_tf_config(text: str) -> Cluster | None:
@@ -125,23 +150,41 @@ def from_tf_config(text: str) -> Cluster | None:
             for job in JOBS if job in cluster}
     if len(jobs.get("chief", ())) > 1:
         raise ConfigError(f"TF_CONFIG may have one chief; received: {list(jobs['chief'])}")
+    evaluators = list(cluster.get("evaluator") or [])
+    if len(evaluators) > 1:
+        raise ConfigError(f"TF_CONFIG may have one evaluator; received: {evaluators}")
     if not isinstance(task_index, int) or not 0 <= task_index < len(jobs.get(task_type, ())):
         raise ConfigError(f"TF_CONFIG task index {task_index!r} is not a task of job "
                           f"{task_type!r}, which has {len(jobs.get(task_type, ()))}")
-    return Cluster(jobs, task_type, task_index, "TF_CONFIG")
+    return Cluster(jobs, task_type, task_index, "TF_CONFIG",
+                   evaluator=_check_address(evaluators[0], "TF_CONFIG cluster.evaluator")
+                   if evaluators else None)
 
 
 def resolve_cluster(workers: list[str], task_index: int, tf_config: str | None,
-                    environ: Any = None, port_base: int = DEFAULT_PORT_BASE) -> Cluster | None:
+                    environ: Any = None, port_base: int = DEFAULT_PORT_BASE,
+                    evaluator: str | None = None) -> Cluster | None:
     """The cluster of this run: `cluster.workers` if given, else `TF_CONFIG`, else a SLURM
-    job step of several tasks (from `environ`), else None."""
+    job step of several tasks (from `environ`), else None. `evaluator` (`cluster.evaluator`)
+    adds an evaluator to a cluster that names none.
+
+    Raises:
+        ConfigError: `cluster.evaluator` without a cluster of workers to validate for.
+    """
+    found = None
     if workers:
-        return from_workers(list(workers), task_index)
+        return from_workers(list(workers), task_index, evaluator)
     if tf_config:
-        return from_tf_config(tf_config)
-    if environ is not None:
-        return slurm_cluster(environ, port_base)
-    return None
+        found = from_tf_config(tf_config)
+    elif environ is not None:
+        found = slurm_cluster(environ, port_base)
+    if evaluator is not None and found is None:
+        raise ConfigError("cluster.evaluator validates beside the workers of a multi-worker "
+                          "run; this run has no cluster (cluster.workers, TF_CONFIG or SLURM); "
+                          f"received: cluster.evaluator={evaluator}")
+    if evaluator is not None and found.evaluator is None:
+        return replace(found, evaluator=_evaluator(evaluator))
+    return found
 
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")

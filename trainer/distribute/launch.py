@@ -14,6 +14,13 @@ the launcher start every worker again on other free ports, up to three times.
 Worker 0 is the chief and writes the run directory (`hydra.run.dir`, chosen here when not
 given); the others run in a temporary directory removed at the end. Launching again with the
 same `hydra.run.dir` resumes from the chief's backup.
+
+`--evaluator` starts one more process, `TF_CONFIG`'s `evaluator` task (outside the workers'
+collective), which validates each epoch beside them (`trainer.run.evaluator`); its lines come
+prefixed with `[evaluator]`. The workers never wait for it while they train, and it failing
+does not stop them (the summary says validation was incomplete); once the workers have
+ended it gets `--grace` seconds to end by itself, and it is stopped with them on a failure
+or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -52,11 +59,16 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
-def tf_configs(addresses: Sequence[str]) -> list[str]:
-    """The `TF_CONFIG` of each worker of a cluster of `addresses` (worker 0 is the chief)."""
-    return [json.dumps({"cluster": {"worker": list(addresses)},
-                        "task": {"type": "worker", "index": i}})
-            for i in range(len(addresses))]
+def tf_configs(addresses: Sequence[str], evaluator: str | None = None) -> list[str]:
+    """The `TF_CONFIG` of each worker of a cluster of `addresses` (worker 0 is the chief),
+    then, with an `evaluator` address, the evaluator's."""
+    cluster: dict[str, list[str]] = {"worker": list(addresses)}
+    if evaluator is not None:
+        cluster["evaluator"] = [evaluator]
+    tasks = [("worker", i) for i in range(len(addresses))]
+    tasks += [("evaluator", 0)] if evaluator is not None else []
+    return [json.dumps({"cluster": cluster, "task": {"type": kind, "index": i}})
+            for kind, i in tasks]
 
 
 def _value(overrides: Sequence[str], key: str) -> str | None:
@@ -65,14 +77,16 @@ def _value(overrides: Sequence[str], key: str) -> str | None:
 
 
 def worker_commands(workers: int, overrides: Sequence[str], run_dir: str,
-                    scratch: Path) -> list[list[str]]:
-    """The command line of each worker.
+                    scratch: Path, evaluator: bool = False) -> list[list[str]]:
+    """The command line of each worker, then the evaluator's (with `evaluator`: it reads the
+    chief's run directory).
 
     Args:
         workers: how many workers.
         overrides: the user's Hydra overrides (`hydra.run.dir` is replaced per worker).
         run_dir: the chief's run directory.
         scratch: a temporary directory for the other workers' Hydra directories.
+        evaluator: one more command, for the evaluator.
     """
     common = [o for o in overrides if not o.startswith("hydra.run.dir=")]
     if _value(overrides, "strategy") is None and _value(overrides, "strategy.name") is None:
@@ -80,8 +94,8 @@ def worker_commands(workers: int, overrides: Sequence[str], run_dir: str,
     if _value(overrides, "verbose") is None:
         common.append("verbose=2")  # a line per epoch: progress bars do not survive prefixing
     return [[sys.executable, "-m", "trainer", *common,
-             f"hydra.run.dir={run_dir if i == 0 else scratch / f'worker-{i}'}"]
-            for i in range(workers)]
+             f"hydra.run.dir={run_dir if i == 0 or i == workers else scratch / f'worker-{i}'}"]
+            for i in range(workers + bool(evaluator))]
 
 
 def _mkdir(path: Path) -> str:
@@ -136,8 +150,10 @@ class Launcher:
     """
 
     def __init__(self, commands: list[list[str]], envs: list[dict[str, str]],
-                 grace: float = 30.0, out: IO[str] = sys.stdout) -> None:
+                 grace: float = 30.0, out: IO[str] = sys.stdout, evaluator: bool = False
+                 ) -> None:
         self.commands, self.envs, self.grace, self.out = commands, envs, grace, out
+        self.workers = len(commands) - bool(evaluator)  # the evaluator comes last
         self.procs: list[subprocess.Popen] = []
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
@@ -157,10 +173,14 @@ class Launcher:
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     preexec_fn=setup)
             self.procs.append(proc)
-            self.say(f"[launch] worker {i}: pid {proc.pid}")
+            self.say(f"[launch] {self.label(i)}: pid {proc.pid}")
             thread = threading.Thread(target=self._relay, args=(i, proc), daemon=True)
             thread.start()
             self._threads.append(thread)
+
+    def label(self, index: int) -> str:
+        """`worker I`, or `evaluator`."""
+        return f"worker {index}" if index < self.workers else "evaluator"
 
     def _relay(self, index: int, proc: subprocess.Popen) -> None:
         assert proc.stdout is not None
@@ -169,27 +189,52 @@ class Launcher:
             for part in text.split("\r"):
                 if part.strip():
                     self.port_taken = self.port_taken or IN_USE in part
-                    self.say(f"[worker {index}] {part}")
+                    self.say(f"[{self.label(index)}] {part}")
 
     def wait(self) -> int:
-        """Waits for all workers; returns 0, or the exit status of the first that failed."""
+        """Waits for all workers; returns 0, or the exit status of the first that failed.
+        The evaluator's end is said, never a failure: the workers go on without it."""
         first: tuple[int, int] | None = None
+        told = False
         while True:
             codes = [p.poll() for p in self.procs]
-            failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+            told = told or self._evaluator_ended(codes)
+            failed = [(i, c) for i, c in enumerate(codes[:self.workers])
+                      if c not in (None, 0)]
             if first is None and failed:
                 first = failed[0]
                 self.say(f"[launch] worker {first[0]} stopped with {describe_exit(first[1])}; "
                          "stopping the others")
                 patience = 0.0 if first[1] == EXIT_CONFIG else self.grace
                 self.stop(patience)
-            if all(c is not None for c in codes):
+            elif first is None and all(c is not None for c in codes[:self.workers]):
+                self._let_evaluator_end()
+            if all(p.poll() is not None for p in self.procs):
                 break
             time.sleep(0.1)
         self.join()
         if first is None:
             return 0
         return first[1] if first[1] > 0 else 128 - first[1]
+
+    def _evaluator_ended(self, codes: list[int | None]) -> bool:
+        """Says once that the evaluator ended with a failure (the workers go on)."""
+        code = codes[self.workers] if len(codes) > self.workers else None
+        if code not in (None, 0):
+            self.say(f"[launch] the evaluator stopped with {describe_exit(code)}; the workers "
+                     "train on (the summary says validation was incomplete)")
+            return True
+        return False
+
+    def _let_evaluator_end(self) -> None:
+        """The workers have ended: the evaluator gets `grace` seconds to end by itself, then
+        is stopped."""
+        for proc in self.procs[self.workers:]:
+            try:
+                proc.wait(timeout=self.grace)
+            except subprocess.TimeoutExpired:
+                self.say("[launch] the evaluator did not end with the run; stopping it")
+                self.stop(0.0)
 
     def stop(self, patience: float) -> None:
         """Gives the workers `patience` seconds to end, then SIGTERM, then SIGKILL."""
@@ -232,6 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Runs N local workers of one multi-worker training (strategy=multi_worker).",
         epilog="Any other argument is a trainer override, e.g. model=mobilenet epochs=5.")
     parser.add_argument("--workers", type=int, required=True, help="how many workers (>= 1)")
+    parser.add_argument("--evaluator", action="store_true",
+                        help="one more process validating each epoch beside the workers")
     parser.add_argument("--grace", type=float, default=30.0,
                         help="seconds the workers get to stop by themselves (default 30)")
     args, overrides = parser.parse_known_args(argv)
@@ -246,8 +293,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     run_dir = _value(overrides, "hydra.run.dir") or default_run_dir()
     with tempfile.TemporaryDirectory(prefix="trainer-launch-") as scratch:
-        commands = worker_commands(args.workers, overrides, run_dir, Path(scratch))
-        launcher, code = launch(commands, Path(scratch), args.grace)
+        commands = worker_commands(args.workers, overrides, run_dir, Path(scratch),
+                                   args.evaluator)
+        launcher, code = launch(commands, Path(scratch), args.grace, evaluator=args.evaluator)
     if code:
         launcher.say(ending(code, run_dir))
     return code
@@ -257,12 +305,12 @@ PORT_ATTEMPTS = 3
 
 
 def launch(commands: list[list[str]], scratch: Path, grace: float,
-           out: IO[str] = sys.stdout) -> tuple[Launcher, int]:
+           out: IO[str] = sys.stdout, evaluator: bool = False) -> tuple[Launcher, int]:
     """Runs the workers, on other free ports again (up to `PORT_ATTEMPTS` times) where a
     worker found a port taken: free when chosen, a port may be taken before its worker
     listens on it. Returns the last launcher and its exit code."""
     for attempt in range(1, PORT_ATTEMPTS + 1):
-        launcher, code = launch_once(commands, scratch, grace, out)
+        launcher, code = launch_once(commands, scratch, grace, out, evaluator)
         if code != EXIT_CONFIG or not launcher.port_taken or attempt == PORT_ATTEMPTS:
             break
         launcher.say("[launch] a port chosen for a worker was taken meanwhile; starting "
@@ -271,18 +319,22 @@ def launch(commands: list[list[str]], scratch: Path, grace: float,
 
 
 def launch_once(commands: list[list[str]], scratch: Path, grace: float,
-                out: IO[str] = sys.stdout) -> tuple[Launcher, int]:
-    """Runs the workers once on newly chosen free ports; the launcher and its exit code."""
+                out: IO[str] = sys.stdout, evaluator: bool = False) -> tuple[Launcher, int]:
+    """Runs the workers (and the evaluator, last of `commands`) once on newly chosen free
+    ports; the launcher and its exit code."""
     addresses = [f"127.0.0.1:{port}" for port in free_ports(len(commands))]
+    workers = len(commands) - bool(evaluator)
     base = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     base.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # Temporary files of a worker killed before it could clean up go with `scratch`.
     envs = [{**base, "TF_CONFIG": config, "TMPDIR": _mkdir(scratch / f"tmp-{i}")}
-            for i, config in enumerate(tf_configs(addresses))]
-    launcher = Launcher(commands, envs, grace=grace, out=out)
+            for i, config in enumerate(tf_configs(addresses[:workers],
+                                                  addresses[workers] if evaluator else None))]
+    launcher = Launcher(commands, envs, grace=grace, out=out, evaluator=evaluator)
     run_dir = _value(commands[0], "hydra.run.dir")
-    launcher.say(f"[launch] {len(commands)} workers on {', '.join(addresses)}; "
-                 f"the chief (worker 0) writes {run_dir}")
+    launcher.say(f"[launch] {workers} workers on {', '.join(addresses[:workers])}; "
+                 f"the chief (worker 0) writes {run_dir}"
+                 + ("; an evaluator validates beside them" if evaluator else ""))
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         launcher.start()

@@ -50,6 +50,22 @@ def urls_in(argv: list[str]) -> list[tuple[int, str]]:
     return found
 
 
+def with_evaluator(argv: list[str], environ: dict[str, str] | None = None) -> bool:
+    """Whether the command is one task of a cluster with an evaluator: `cluster.evaluator`
+    given, or an `evaluator` job in `TF_CONFIG` (what `trainer.launch --evaluator` sets)."""
+    environ = os.environ if environ is None else environ
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if key.lstrip("+") == "cluster.evaluator" and value.strip("'\" ") not in ("", "null"):
+            return True
+    try:
+        described = json.loads(environ.get("TF_CONFIG") or "{}")
+    except ValueError:
+        return False  # the cluster's own check names a TF_CONFIG that is not JSON
+    return isinstance(described, dict) and bool(
+        (described.get("cluster") or {}).get("evaluator"))
+
+
 def is_chief(argv: list[str], environ: dict[str, str] | None = None) -> bool:
     """Whether this process writes the run directory: not another worker of a cluster."""
     environ = os.environ if environ is None else environ
@@ -103,6 +119,10 @@ def at_url(argv: list[str]) -> Iterator[Mirror | None]:
         yield None
         return
     url = _the_url(found)
+    if with_evaluator(argv):
+        raise ConfigError(f"an evaluator beside the workers reads the run directory as files "
+                          f"the chief writes (a shared file system), not at a URL ({url}); "
+                          "use a shared directory, or no evaluator")
     chief = is_chief(argv)
     fs, path = filesystem(url)
     mirror = Mirror(url, scratch(url, "run" if chief else f"worker-{os.getpid()}"), fs, path)

@@ -1,16 +1,21 @@
 """Callbacks Keras does not ship: time to first step and steady throughput, atomic
-checkpoints (the k best among them), the run's progress bar, the watchdog."""
+checkpoints (the k best among them), the run's progress bar, the watchdog, the chief's
+hand-off to an evaluator beside the workers."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import keras
+import numpy as np
 
 from trainer.internals.keras_callbacks import CheckpointHooks, ProgbarAt
+from trainer.run.sidecar import EvaluatorDir, await_result, clear_result, merged
 from trainer.rundir.atomic import write_json
 from trainer.rundir.checkpoint import KeptBest
 from trainer.rundir.checksum import read_beside, write_beside, write_checksum
@@ -325,3 +330,64 @@ class KeepBestCheckpoints(keras.callbacks.Callback):
             return True
         except OSError:
             return False
+
+
+class HandOff(keras.callbacks.Callback):
+    """Puts every epoch's backup in an evaluator's inbox (`trainer.run.sidecar`), after
+    `Backup`; never waits for the evaluator while the workers train.
+
+    The weights are hard-linked from the backup the epoch's end just wrote (no second copy
+    while the backup lives; the link keeps them once the rotation removes the backup), then
+    the epoch's training logs are written, atomically: an entry whose `.json` is there is
+    whole. At the run's end, `validated` waits (bounded) for the evaluator's result.
+
+    Args:
+        backup: the run's `Backup` callback (its store's directory, whether it stopped).
+        place: the run's `evaluator/` directory.
+    """
+
+    def __init__(self, backup: keras.callbacks.Callback, place: EvaluatorDir) -> None:
+        super().__init__()
+        self.backup, self.place = backup, place
+
+    @classmethod
+    def of(cls, backup: keras.callbacks.Callback, run_dir: Any) -> HandOff:
+        return cls(backup, EvaluatorDir.of(run_dir))
+
+    def on_train_begin(self, logs=None):
+        clear_result(self.place)  # a stopped run's end, if any: this run ends anew
+
+    def validated(self, report: dict[str, Any], timeout_s: float | None) -> dict[str, Any]:
+        """The summary with the evaluator's validation and test merged in, once it has
+        validated every epoch (waiting at most `timeout_s`, None: no limit)."""
+        limit = "" if timeout_s is None else f" (at most {timeout_s:g} s)"
+        print(f"training ended; waiting for the evaluator's validation{limit}", flush=True)
+        result, why = await_result(self.place, report["epochs_done"], timeout_s)
+        return merged(report, result, why)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.backup.interrupted:
+            return
+        saved = self.backup.store.directory / f"ckpt-{epoch + 1:06d}-{0:09d}"
+        source = next((saved / n for n in ("model.keras", "model.weights.h5")
+                       if (saved / n).is_file()), None)
+        if source is None:
+            return
+        self.place.inbox.mkdir(parents=True, exist_ok=True)
+        suffix = ".keras" if source.name.endswith(".keras") else ".weights.h5"
+        target = self.place.weights(epoch + 1, suffix)
+        _link_or_copy(source, target)
+        write_json(self.place.logs(epoch + 1),
+                   {k: float(v) for k, v in (logs or {}).items()
+                    if isinstance(v, (int, float, np.number)) or np.ndim(v) == 0})
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """`target` is `source`'s content, whole: a hard link, or a copy renamed into place."""
+    tmp = target.with_name(f".tmp-{target.name}")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(source, tmp)
+    except OSError:
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, target)

@@ -29,7 +29,7 @@ from trainer.data.augment import check as check_augment
 from trainer.distribute.cluster import Cluster, resolve_cluster
 from trainer.models.formats import check_converters
 from trainer.run.owner import Owner
-from trainer.run.resolve import Spec, resolve
+from trainer.run.resolve import Spec, resolve, with_evaluator
 from trainer.rundir.lock import acquire, check_writable
 from trainer.rundir.names import check_name
 from trainer.rundir.resume import (
@@ -114,6 +114,15 @@ def check_config(cfg: DictConfig, reach: bool = False) -> Parsed | None:
     return parsed
 
 
+def _cluster_of(spec: Spec, environ: Any) -> tuple[Spec, Cluster | None]:
+    """The run's cluster, and its spec for it: with an evaluator, validation is the
+    evaluator's (`trainer.run.sidecar.with_evaluator`)."""
+    given = spec.cluster
+    cluster = resolve_cluster(list(given.workers), given.task_index, environ.get("TF_CONFIG"),
+                              environ, given.port_base, given.evaluator)
+    return with_evaluator(spec, cluster), cluster
+
+
 def preflight(cfg: DictConfig, logs: str | Path | None = None,
               run_dir: str | Path | None = None, choices: dict[str, str] | None = None,
               environ: dict[str, str] | None = None) -> Checked:
@@ -140,8 +149,7 @@ def preflight(cfg: DictConfig, logs: str | Path | None = None,
         check_writable(Path(logs))
     spec = resolve(cfg, choices, check_config(cfg))
     exact_kernels(spec.deterministic, environ)
-    cluster = resolve_cluster(list(spec.cluster.workers), spec.cluster.task_index,
-                              environ.get("TF_CONFIG"), environ, spec.cluster.port_base)
+    spec, cluster = _cluster_of(spec, environ)
     if cluster is not None and not cluster.is_chief:
         # its Hydra directory (`.hydra/`, the log) goes again if the start fails
         fresh = ((Path(logs), None),) if logs is not None and not Path(logs).exists() else ()

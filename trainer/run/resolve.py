@@ -6,17 +6,20 @@ evaluation) reads the `Spec`. Its sections are the schema's own dataclasses (Hyd
 `OmegaConf.to_object`), plus what is derived from them once: `devices` and `export` as the
 config's check parsed them (`trainer.config.validate.Parsed`), the runtime seed and the
 learning-rate plan. The open nodes (`model`, `dataset`, `optimizer`,
-`callbacks`, `logger`), whose keys are their builders' arguments, are plain dicts.
+`callbacks`, `logger`), whose keys are their builders' arguments, are plain dicts. A worker
+with an evaluator beside it (`with_evaluator`) is refused what needs validation while it
+trains, and leaves `best.keras` to the evaluator.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from trainer.config.build import group_defaults
+from trainer.config.errors import ConfigError
 from trainer.config.image_size import image_size_choice
 from trainer.config.schema import (
     BatchConfig,
@@ -193,3 +196,41 @@ def resolve(cfg: DictConfig, choices: dict[str, str] | None = None,
         sync_batchnorm=bool(node("sync_batchnorm")), validation_split=node("validation_split"),
         steps_per_epoch=node("steps_per_epoch"), validation_steps=node("validation_steps"),
     )
+
+
+def check_with_evaluator(spec: Any) -> None:
+    """Refuses what needs validation on the workers while they train: they do not wait for
+    the evaluator, so a callback that reads a validation metric (early stopping, a plateau)
+    would read nothing; so would the k best checkpoints and their average.
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    for name, node in (spec.callbacks or {}).items():
+        monitor = str((node or {}).get("monitor", ""))
+        if monitor.startswith("val_"):
+            raise ConfigError(f"callbacks.{name} monitors {monitor}, which the evaluator "
+                              "computes after the workers have moved on; with an evaluator, "
+                              f"monitor a training metric or remove it; received: {monitor}")
+    saving = spec.checkpoint
+    for key, value in (("keep_best", saving.keep_best), ("average_best", saving.average_best)):
+        if value:
+            raise ConfigError(f"checkpoint.{key} is not kept with an evaluator (it keeps "
+                              f"best.keras alone); set checkpoint.{key}=0; received: {value}")
+    if spec.optimizer.get("use_ema"):
+        raise ConfigError("optimizer.use_ema with an evaluator: the evaluator validates the "
+                          "backups' raw weights; set optimizer.use_ema=false; received: true")
+
+
+def with_evaluator(spec: Any, cluster: Any) -> Any:
+    """The spec of a worker of `cluster`: as it is without an evaluator; with one, checked
+    (`check_with_evaluator`) and `without_validation`."""
+    if cluster is None or cluster.evaluator is None:
+        return spec
+    check_with_evaluator(spec)
+    return without_validation(spec)
+
+
+def without_validation(spec: Spec) -> Spec:
+    """The workers' spec with an evaluator: `best.keras` is the evaluator's to write."""
+    return replace(spec, checkpoint=replace(spec.checkpoint, save_best=False))

@@ -17,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,8 @@ class Session:
         self._needed = 0
         self._scratch = False
         self._trackers_done = False
+        # an evaluator validates beside the workers (trainer.run.sidecar): none here
+        self.evaluator = self.cluster is not None and self.cluster.evaluator is not None
         checked.owner.adopt(self)  # its guards: the first of the run's one stack
         if self.run_dir is None:
             self.run_dir = Path(tempfile.mkdtemp(
@@ -96,6 +99,8 @@ class Session:
         that the model exports to the formats `export` names."""
         run = assemble(self.spec, self.plan, self.cluster, self.run_dir)
         self.spec = run.spec or self.spec  # as the data made it: its batch, the monitor
+        if self.evaluator:  # validation and test are the evaluator's, never the workers'
+            run = replace(run, data=replace(run.data, validation=None, test=None))
         with run.strategy.scope():  # the optimizer's slots are distributed variables
             if not run.model.optimizer.built:  # built now: the space estimate counts them
                 run.model.optimizer.build(run.model.trainable_variables)
@@ -117,7 +122,7 @@ class Session:
         self.phases = prepare_finetune(run.model, self.spec.finetune, self.spec.epochs)
         self.callbacks = build_callbacks(
             self.spec, run, self.run_dir, self.started, start.at, self.request, self.extra,
-            history=start.history)
+            history=start.history, evaluator=self.evaluator)
         self.callbacks.backup.resumed_metrics = start.metrics  # the resumed epoch's metrics
         return start
 
@@ -164,6 +169,8 @@ class Session:
         report["loggers"] = logged_to(callbacks.trackers, self.run_dir)
         report["finetune"] = self.phases
         if run.is_chief:
+            if callbacks.handoff is not None:  # validated by an evaluator: its result
+                report = callbacks.handoff.validated(report, self.spec.strategy.start_timeout_s)
             callbacks.curves.draw(report["history"])  # what epoch ends left undrawn
             write_summary(report, self.run_dir)
             finish_trackers(list(callbacks.trackers), report, "FINISHED")
@@ -172,3 +179,4 @@ class Session:
             print(f"worker {cluster.task_id} of {cluster.num_workers} finished; the chief "
                   f"({cluster.addresses[0]}) wrote the checkpoints and summary", flush=True)
         return report
+

@@ -486,6 +486,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     ]
     rows += [(f"train {k}", v) for k, v in summary["train_metrics"].items()]
     rows += [(f"validation {k}", v) for k, v in summary["validation_metrics"].items()]
+    validated = (summary.get("validated_by") or {}).get("says")  # an evaluator's
+    rows += [("validated by", validated)] if validated else []
     if summary.get("test_metrics") is not None:
         rows += [(f"test {k}", v) for k, v in summary["test_metrics"].items()]
         used = (Path(summary["test_checkpoint"]).name if summary.get("test_checkpoint")

@@ -16,6 +16,7 @@ from trainer.distribute.multiworker import on_stuck, stop_agreement
 from trainer.run.assemble import Run
 from trainer.run.callbacks import (
     AtomicModelCheckpoint,
+    HandOff,
     KeepBestCheckpoints,
     StepWatchdog,
     Throughput,
@@ -43,20 +44,22 @@ class Callbacks:
     curves: Any = None  # draws curves.png (the chief's), after the backup
     kept: Any = None  # the k best checkpoints (checkpoint.keep_best), after best.keras
     trial: Any = None  # a job of trainer's Optuna sweeper: its trial (trainer.track.pruning)
+    handoff: Any = None  # with an evaluator: each epoch's backup into its inbox (the chief's)
 
     def all(self) -> list:
         """Built-in ones first (the watchdog last of them), then the user's. The backup
         follows the checkpoints: at an epoch's end it links the best one just written; the
         curves follow the backup, whose history then holds the epoch; the Optuna trial
         follows the trackers, which log a pruned trial's last epoch too."""
-        found = [self.throughput, *self.checkpoints, self.kept, self.backup, self.curves,
+        found = [self.throughput, *self.checkpoints, self.kept, self.backup, self.handoff,
+                 self.curves,
                  *self.trackers, self.trial, self.watchdog, *self.user]
         return [c for c in found if c is not None]
 
 
 def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
                     start: tuple[int, int], request: Any, extra: tuple = (),
-                    history: dict | None = None) -> Callbacks:
+                    history: dict | None = None, evaluator: bool = False) -> Callbacks:
     """Throughput, backup, checkpoints, trackers, the watchdog, then the user's callbacks.
 
     Args:
@@ -68,6 +71,7 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
         request: the stop request signals set.
         extra: callbacks passed to `train()` in code, after the configured ones.
         history: per-epoch metrics of the epochs done before `start` (from the backup).
+        evaluator: an evaluator validates: the chief hands it each epoch (`HandOff`).
     """
     check_metric_name(spec.optimized_metric, run.logged, tested=run.data.test is not None)
     saving = spec.checkpoint
@@ -92,7 +96,6 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
         saved.append(AtomicModelCheckpoint(
             str(layout.checkpoint("best")), monitor=saving.monitor,
             save_best_only=True, mode=best_mode))
-    if saving.save_best:
         saved[0].same_as = saved[1]  # a final epoch that was the best: last links best
     kept = (KeepBestCheckpoints.of(layout, saving, best_mode, start[0],
                                    saved[1] if saving.save_best else None)
@@ -110,6 +113,7 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
         throughput=Throughput(run.data.source.train_size, run.batch.global_size, started),
         backup=backup, checkpoints=tuple(saved), trackers=trackers, watchdog=watchdog,
         user=(*user, *extra), kept=kept,
+        handoff=HandOff.of(backup, run_dir) if evaluator and run.is_chief else None,
         trial=optuna_trial(spec.optimized_metric, run.logged, run.workers),
         curves=Curves(run_dir, lambda: backup.history, saving.monitor if saving.save_best
                       else None, best_mode) if run.is_chief else None)
