@@ -180,11 +180,15 @@ def test_an_evaluator_that_does_not_end_with_the_run_is_stopped():
 
 
 @pytest.mark.multiworker
-def test_two_workers_and_an_evaluator(tmp_path, launches):
+def test_two_workers_and_an_evaluator(tmp_path, launches, tiny_config):
+    """The issue's measure: 2 workers and an evaluator end with the weights of a run that
+    validates itself (1 device, the same global batch), the validation history the
+    evaluator's, each record what `trainer.evaluate` gives for that epoch's checkpoint."""
     from trainer.evaluate import evaluate_run
 
     run_dir = tmp_path / "run"
-    launch = launches(2, *multiworker.COMMON, "logger=[tensorboard]", "epochs=2",
+    batch = ["batch.per_replica=null", "batch.global_size=64", "optimizer.lr=0.01", "epochs=2"]
+    launch = launches(2, *multiworker.COMMON, *batch, "logger=[tensorboard]",
                       "--evaluator", f"hydra.run.dir={run_dir}")
     assert launch.wait(timeout=300) == 0, launch.output[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -213,9 +217,13 @@ def test_two_workers_and_an_evaluator(tmp_path, launches):
         assert summary["test_metrics"][name] == pytest.approx(value, abs=1e-6), name
     assert list((run_dir / "tensorboard" / "validation").iterdir())
     assert not (run_dir / "evaluator" / "inbox").exists()
+    # the same weights as without an evaluator (validating in the run itself)
+    expected = multiworker.reference(tmp_path, tiny_config, "one", *batch)
+    multiworker.assert_same_weights(run_dir, expected, atol=1e-5)
 
 
 
+@pytest.mark.slow  # 64 s: CI's several-process run keeps the evaluator's main test
 @pytest.mark.multiworker
 def test_an_evaluator_killed_mid_run_leaves_training_going(tmp_path, launches):
     """SIGKILL to the evaluator after its first epoch: the workers finish, the chief stops
