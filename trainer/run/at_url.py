@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from trainer.config.errors import ConfigError
+from trainer.distribute.cluster import has_evaluator_job
 from trainer.rundir.lease import Lease
 from trainer.rundir.remote import (
     Mirror,
@@ -58,12 +59,7 @@ def with_evaluator(argv: list[str], environ: dict[str, str] | None = None) -> bo
         key, _, value = arg.partition("=")
         if key.lstrip("+") == "cluster.evaluator" and value.strip("'\" ") not in ("", "null"):
             return True
-    try:
-        described = json.loads(environ.get("TF_CONFIG") or "{}")
-    except ValueError:
-        return False  # the cluster's own check names a TF_CONFIG that is not JSON
-    return isinstance(described, dict) and bool(
-        (described.get("cluster") or {}).get("evaluator"))
+    return has_evaluator_job(environ.get("TF_CONFIG"))
 
 
 def is_chief(argv: list[str], environ: dict[str, str] | None = None) -> bool:
@@ -76,8 +72,8 @@ def is_chief(argv: list[str], environ: dict[str, str] | None = None) -> bool:
         if key == "cluster.task_index" and value.strip().isdigit() and int(value) > 0:
             return False
     try:
-        task = json.loads(environ.get("TF_CONFIG") or "{}").get("task") or {}
-        cluster = json.loads(environ.get("TF_CONFIG") or "{}").get("cluster") or {}
+        described = json.loads(environ.get("TF_CONFIG") or "{}")
+        task, cluster = described.get("task") or {}, described.get("cluster") or {}
     except (ValueError, AttributeError):
         return True
     kind, index = task.get("type"), task.get("index", 0)

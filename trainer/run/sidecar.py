@@ -31,56 +31,17 @@ import json
 import math
 import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainer.config.errors import ConfigError
 from trainer.rundir.atomic import write_json
-from trainer.rundir.layout import RunDir
+from trainer.rundir.layout import EvaluatorDir, RunDir
 from trainer.rundir.lock import holder
 
 _ENTRY = re.compile(r"epoch-(\d{6})\.json")
 BEAT_S = 2.0  # how often the evaluator says it is alive
 STALE_S = 30.0  # no sign of life for this long: it is gone
-
-
-@dataclass(frozen=True)
-class EvaluatorDir:
-    """The paths of `RUN_DIR/evaluator/`."""
-
-    root: Path
-
-    @classmethod
-    def of(cls, run_dir: Path) -> EvaluatorDir:
-        return cls(Path(run_dir) / "evaluator")
-
-    @property
-    def inbox(self) -> Path:
-        return self.root / "inbox"
-
-    def weights(self, epoch: int, suffix: str = ".weights.h5") -> Path:
-        """An epoch's weights in the inbox (`.keras` where the backup linked a checkpoint)."""
-        return self.inbox / f"epoch-{epoch:06d}{suffix}"
-
-    def logs(self, epoch: int) -> Path:
-        return self.inbox / f"epoch-{epoch:06d}.json"
-
-    @property
-    def history(self) -> Path:
-        return self.root / "history.jsonl"
-
-    @property
-    def trained(self) -> Path:
-        return self.root / "trained.json"
-
-    @property
-    def summary(self) -> Path:
-        return self.root / "summary.json"
-
-    @property
-    def alive(self) -> Path:
-        return self.root / "alive"
 
 
 def gone_for(alive: Path, now: float) -> float | None:

@@ -17,6 +17,8 @@ RUN_DIR/
   input_cache/          dataset.cache=disk: worker-W/SPLIT[-lane-L].* (tf.data's files)
   summary.json          written last: the run finished
   trial.json            a sweep job's outcome
+  evaluator/            an evaluator beside the workers: what the chief and it hand each
+                        other (`EvaluatorDir`; `trainer.run.sidecar`)
 ```
 """
 
@@ -123,6 +125,11 @@ class RunDir:
     def trial(self) -> Path:
         return self.root / "trial.json"
 
+    @property
+    def evaluator(self) -> EvaluatorDir:
+        """What the chief and an evaluator beside the workers hand each other."""
+        return EvaluatorDir(self.root / "evaluator")
+
     def holds_run(self) -> bool:
         """Whether a run of trainer's wrote here (a backup, checkpoints or a summary); an
         empty `checkpoints/` or `backup/` (a run that failed in its first epoch) holds
@@ -140,3 +147,41 @@ class RunDir:
     def finished(self) -> bool:
         """Whether a run finished here (its summary is written last)."""
         return self.summary.is_file()
+
+
+@dataclass(frozen=True)
+class EvaluatorDir:
+    """The paths of `RUN_DIR/evaluator/`."""
+
+    root: Path
+
+    @classmethod
+    def of(cls, run_dir: Path) -> EvaluatorDir:
+        return cls(Path(run_dir) / "evaluator")
+
+    @property
+    def inbox(self) -> Path:
+        return self.root / "inbox"
+
+    def weights(self, epoch: int, suffix: str = ".weights.h5") -> Path:
+        """An epoch's weights in the inbox (`.keras` where the backup linked a checkpoint)."""
+        return self.inbox / f"epoch-{epoch:06d}{suffix}"
+
+    def logs(self, epoch: int) -> Path:
+        return self.inbox / f"epoch-{epoch:06d}.json"
+
+    @property
+    def history(self) -> Path:
+        return self.root / "history.jsonl"
+
+    @property
+    def trained(self) -> Path:
+        return self.root / "trained.json"
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.json"
+
+    @property
+    def alive(self) -> Path:
+        return self.root / "alive"
