@@ -425,14 +425,8 @@ def build_stream_epochs(dataset: tf.data.Dataset, global_batch: int, *, steps_pe
     On several workers the strategy shards each global batch by element (tf.data's `DATA`
     policy): every worker reads the whole stream and keeps its share.
     """
-    if preprocess is not None:
-        dataset = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
-    dataset = finite_checked(dataset, role)
-    if shuffle_buffer:
-        dataset = dataset.shuffle(shuffle_buffer, seed=seed)
-    batches = dataset.batch(global_batch, drop_remainder=True)
-    if scale is not None:
-        batches = batches.map(_scaler(scale), num_parallel_calls=tf.data.AUTOTUNE)
+    batches = _batches(prepare(dataset, preprocess, "none", role=role), global_batch, True,
+                       scale, seed, shuffle_buffer, True, 1, None)
     if class_weight:
         batches = batches.map(class_weight_map_fn(class_weight),
                               num_parallel_calls=tf.data.AUTOTUNE)
