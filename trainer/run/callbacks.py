@@ -17,6 +17,7 @@ import numpy as np
 from trainer.internals.keras_callbacks import CheckpointHooks, ProgbarAt
 from trainer.run.sidecar import EvaluatorDir, await_result, clear_result, merged
 from trainer.rundir.atomic import write_json
+from trainer.rundir.backup import LINKED, WEIGHTS
 from trainer.rundir.checkpoint import KeptBest
 from trainer.rundir.checksum import read_beside, write_beside, write_checksum
 from trainer.rundir.layout import RunDir
@@ -368,9 +369,8 @@ class HandOff(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if self.backup.interrupted:
             return
-        saved = self.backup.store.directory / f"ckpt-{epoch + 1:06d}-{0:09d}"
-        source = next((saved / n for n in ("model.keras", "model.weights.h5")
-                       if (saved / n).is_file()), None)
+        saved = self.backup.store.path(epoch + 1)
+        source = next((saved / n for n in (LINKED, WEIGHTS) if (saved / n).is_file()), None)
         if source is None:
             return
         self.place.inbox.mkdir(parents=True, exist_ok=True)

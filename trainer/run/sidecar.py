@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config.errors import ConfigError
-from trainer.rundir.atomic import write_json
+from trainer.rundir.atomic import write_json, write_text
 from trainer.rundir.layout import EvaluatorDir, RunDir
 from trainer.rundir.lock import holder
 
@@ -82,11 +82,8 @@ def read_history(path: Path) -> list[dict[str, Any]]:
 
 
 def write_history(path: Path, records: list[dict[str, Any]]) -> None:
-    """Writes every record, one JSON line each, to a temporary name renamed into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-    tmp.replace(path)
+    """Writes every record, one JSON line each, whole (`write_text`)."""
+    write_text(path, "".join(json.dumps(r) + "\n" for r in records))
 
 
 def best_record(records: list[dict[str, Any]], monitor: str, mode: str) -> dict | None:

@@ -136,10 +136,14 @@ class BackupStore:
         finally:
             self.seconds += time.perf_counter() - began
 
+    def path(self, epoch: int, step: int = 0) -> Path:
+        """Where the backup at (`epoch`, `step`) is (`step` 0: the epoch's start)."""
+        return self.directory / f"ckpt-{epoch:06d}-{step:09d}"
+
     def _save(self, model: keras.Model, epoch: int, step: int, same_as: Path | None,
               history: dict | None = None) -> Path:
         self.directory.mkdir(parents=True, exist_ok=True)
-        final = self.directory / f"ckpt-{epoch:06d}-{step:09d}"
+        final = self.path(epoch, step)
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.directory))
         sums = {}
         digest = read_beside(same_as) if same_as is not None else None

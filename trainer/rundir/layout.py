@@ -157,7 +157,7 @@ class EvaluatorDir:
 
     @classmethod
     def of(cls, run_dir: Path) -> EvaluatorDir:
-        return cls(Path(run_dir) / "evaluator")
+        return RunDir(Path(run_dir)).evaluator
 
     @property
     def inbox(self) -> Path:
