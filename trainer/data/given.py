@@ -179,7 +179,8 @@ def _count(elements: tf.data.Dataset) -> tuple[int, int | None]:
     def step(state, element):
         return state[0] + 1, tf.maximum(state[1], tf.cast(tf.reduce_max(element[1]), tf.int64))
 
-    size, top = elements.reduce((np.int64(0), np.int64(-1)), lambda s, *e: step(s, e))
+    # reduce passes (state, element): a tuple element stays one argument, never unpacked
+    size, top = elements.reduce((np.int64(0), np.int64(-1)), step)
     return int(size), int(top) + 1 if int(top) >= 1 else None
 
 

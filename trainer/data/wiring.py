@@ -614,14 +614,17 @@ def check_class_weight(weights: dict[int, float] | None, source: Any) -> None:
     if weights is None:
         return
     spec = source.train.element_spec
-    if source.num_classes is None or isinstance(spec[1], dict):
+    # Keras's rule: one target tensor, read as class indices (cast to integers) or, with
+    # a last axis above 1, as one-hot rows (their argmax)
+    if len(spec) < 2 or not isinstance(spec[1], tf.TensorSpec):
         raise ConfigError("class_weight weighs the classes of one class target; this dataset "
-                          + ("has no classes (a regression target)" if source.num_classes is None
-                             else "has a target per output") + "; remove class_weight")
+                          + ("has no targets" if len(spec) < 2 else "has a target per output")
+                          + "; remove class_weight")
     if len(spec) > 2:
         raise ConfigError("class_weight and the dataset's own sample weights cannot be combined "
                           "(as in Keras's fit); remove class_weight or the sample weights")
-    beyond = sorted(k for k in weights if k >= source.num_classes)
+    beyond = sorted(k for k in weights if source.num_classes is not None
+                    and k >= source.num_classes)
     if beyond:
         raise ConfigError(f"class_weight names class {beyond[0]}; this dataset has "
                           f"{source.num_classes} classes (0-{source.num_classes - 1})")

@@ -108,7 +108,7 @@ def compiled_model(spec: Spec, data: Data, global_batch: int, steps: int,
                   steps_per_execution=speed.steps_per_execution,
                   jit_compile=speed.jit_compile)
     build_compiled(model, x, y)
-    check_class_losses(model, y)
+    check_class_losses(model, data.probe)
     check_one_batch(model, data.probe, source.num_classes)
     names, ways = logged_metrics(model)
     weights_only = make_saveable(model)

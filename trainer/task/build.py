@@ -521,12 +521,23 @@ def save_weights_in_keras_files(model: keras.Model, reason: str) -> None:
     model.save = save
 
 
-def check_class_losses(model: keras.Model, y_true: Any) -> None:
-    """Refuses a loss over class indices (sparse categorical cross-entropy) on a float
-    target: a regression target, read as classes, would train without an error."""
+def check_class_losses(model: keras.Model, batches: tf.data.Dataset) -> None:
+    """Refuses a loss over class indices (sparse categorical cross-entropy) on float targets
+    that are not whole numbers (a regression target, read as classes, would train without
+    an error); float class indices (`1.0`) are taken, as Keras takes them.
+
+    Args:
+        model: the compiled model.
+        batches: the batches whose first one is probed.
+    """
     entries = compiled_losses(model)
     if entries is None:
         return
+    try:
+        batch = next(iter(batches.take(1)), None)
+    except tf.errors.OpError:  # bad data: the run's data checks name it as it trains
+        return
+    y_true = None if batch is None else keras.utils.unpack_x_y_sample_weight(batch)[1]
     flat = tf.nest.flatten(y_true)
     for index, entry in enumerate(entries):
         if getattr(entry.loss, "fn", None) is not keras.losses.sparse_categorical_crossentropy:
@@ -535,12 +546,13 @@ def check_class_losses(model: keras.Model, y_true: Any) -> None:
             target = functools.reduce(lambda node, key: node[key], entry.path, y_true)
         except (KeyError, IndexError, TypeError):
             target = flat[index] if index < len(flat) else None
-        if target is not None and "float" in str(target.dtype):
+        if target is not None and target.dtype.is_floating and not bool(
+                tf.reduce_all(tf.equal(target, tf.round(target)))):
             raise ConfigError(
                 f"loss {entry.loss.name} takes class indices, but output {entry.name!r}'s "
-                f"target is {target.dtype} of shape {tuple(target.shape)} (a regression "
-                "target?): use a regression loss such as mean_squared_error, or integer "
-                "class indices")
+                f"target is {target.dtype.name} of shape {_batch_shape(target)} (a regression "
+                "target?), not whole numbers: use a regression loss such as "
+                "mean_squared_error, or class indices")
 
 
 # One batch through the model and its loss before training. The symbolic build checks
