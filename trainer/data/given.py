@@ -1,6 +1,17 @@
 """Data as Keras's `fit` takes it, turned into a `Source`: a `tf.data.Dataset` (batched or
-not), arrays `(x, y)`, `(x, y, sample_weight)` or `x` alone, a dict of such splits, or a
-callable returning any of those.
+not), arrays `(x, y)`, `(x, y, sample_weight)` or `x` alone, a `keras.utils.PyDataset`, a
+Python generator of batches, a dict of such splits, or a callable returning any of those.
+
+One small adapter per kind, as Keras's `fit` reads its data
+(`keras/src/trainers/data_adapters/`), each answering the same questions (the examples, the
+batch they came in, their count and classes): `_arrays`, `_dataset`, `_py_dataset`,
+`_generator`. Lists are read as tuples, as Keras's adapters read them (`[x, y]` is `(x, y)`;
+`([a, b], y)` two inputs), a 1-tuple `(x,)` is inputs alone, and an input given as None is
+an optional input left out. A `PyDataset` is read batch after batch each epoch
+(`on_epoch_end` after each pass), so what it draws anew is drawn anew; one whose
+`num_batches` is None repeats for ever (a stream). A generator can be read once: with
+`steps_per_epoch` it is a stream; without, it is read whole, once, into memory (Keras's
+`fit` reads it for its first epoch alone).
 
 `load` is the builder behind `dataset._target_=trainer.data.given.load`: the object given to
 `trainer.fit(data=...)` (`trainer.config.given`). `as_source` converts what any dataset
@@ -22,9 +33,11 @@ unknown length where the run gives its role steps (`streams`): it is read pass a
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+import itertools
+from collections.abc import Iterator, Mapping
 from typing import Any
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -65,10 +78,10 @@ def as_source(found: Any, target: str, streams: tuple[str, ...] = ()) -> Source:
     """
     if isinstance(found, Source):
         return found
-    if isinstance(found, Mapping) and found and set(found) <= set(SPLITS):
-        if "train" not in found:
-            raise DataError(f"dataset {target}: a dict of splits needs `train`; received "
-                            f"{', '.join(found)}")
+    if target == f"{__name__}.load":  # the object given to trainer.fit
+        target = "trainer.fit(data=...)"
+    if _is_splits(found):
+        _check_split_keys(found, target)
         splits = {role: _split(value, target, role, role in streams)
                   for role, value in found.items()}
     else:
@@ -83,7 +96,29 @@ def as_source(found: Any, target: str, streams: tuple[str, ...] = ()) -> Source:
                   num_outputs=None if train.classes is not None else _outputs(train.dataset),
                   reads_in_preprocess=train.fingerprint is not None,
                   fingerprint=_fingerprint(splits), given_batch=train.batch,
-                  endless=tuple(role for role, s in splits.items() if s.endless))
+                  endless=tuple(role for role, s in splits.items() if s.endless),
+                  read_as=_read_as(found.get("train") if _is_splits(found) else found))
+
+
+def _is_splits(found: Any) -> bool:
+    """Whether a dict is one of splits (its values whole splits: tuples, lists, datasets,
+    PyDatasets, generators), not one split's named inputs (arrays)."""
+    if not isinstance(found, Mapping) or not found:
+        return False
+    return set(found) <= set(SPLITS) or any(
+        isinstance(v, (tuple, list, tf.data.Dataset, keras.utils.PyDataset, Iterator, Source))
+        for v in found.values())
+
+
+def _check_split_keys(found: Mapping, target: str) -> None:
+    """A dict of splits holds `train`, and only the keys of splits."""
+    unknown = [key for key in found if key not in SPLITS]
+    if unknown:
+        raise DataError(f"dataset {target}: a dict of splits takes the keys "
+                        f"{', '.join(SPLITS)}; received {unknown[0]!r}")
+    if "train" not in found:
+        raise DataError(f"dataset {target}: a dict of splits needs `train`; received "
+                        f"{', '.join(found)}")
 
 
 class _Split:
@@ -98,39 +133,144 @@ class _Split:
 
 
 def _split(value: Any, target: str, role: str, stream: bool = False) -> _Split:
+    """One split through the adapter of its kind."""
     if isinstance(value, Source):
         raise DataError(f"dataset {target}: a Source holds all its splits; return it alone, "
                         "not inside a dict")
     if isinstance(value, tf.data.Dataset):
-        return _dataset_split(value, target, role, stream)
-    parts = value if isinstance(value, tuple) and len(value) in (2, 3) else (value,)
-    if isinstance(value, list) and len(value) in (2, 3):
-        parts = tuple(value)  # [x, y] as Keras's validation_data takes it
+        return _dataset(value, target, role, stream)
+    if isinstance(value, keras.utils.PyDataset):
+        return _py_dataset(value, target, role, stream)
+    if isinstance(value, Iterator):
+        return _generator(value, target, role, stream)
+    return _arrays(value, target, role)
+
+
+def _arrays(value: Any, target: str, role: str) -> _Split:
+    """Arrays `(x, y)`, `(x, y, sample_weight)`, `(x,)` or `x`, lists read as tuples."""
+    read_as, value = _read_as(value), keras.tree.lists_to_tuples(value)
+    parts = value if isinstance(value, tuple) and len(value) in (1, 2, 3) else (value,)
     _check_arrays(parts, target, role)
     sizes = {int(np.shape(leaf)[0]) for leaf in tf.nest.flatten(parts) if leaf is not None}
     if len(sizes) != 1:
         raise DataError(f"dataset {target}: the {role} arrays hold different numbers of "
-                        f"examples ({', '.join(str(s) for s in sorted(sizes))}); they must match")
+                        f"examples ({', '.join(str(s) for s in sorted(sizes))}); they must "
+                        "match" + (f" ({read_as})" if read_as else ""))
     size = sizes.pop()
     if size == 0:
         raise DataError(f"dataset {target}: the {role} split holds no example")
+    if len(parts) == 3:
+        _check_weights(np.min(parts[2]), target, role)
     dataset = tf.data.Dataset.from_tensor_slices(tuple(parts))
     classes = _classes(parts[1]) if len(parts) > 1 else None
     return _Split(dataset, size, None, classes, of_arrays(*parts))
 
 
+def _read_as(value: Any) -> str | None:
+    """How a list of 2 or 3 parts was read (Keras reads `[x, y]` as `(x, y)`), for a
+    refusal that may come from reading it so; None for any other form."""
+    if not (isinstance(value, list) and len(value) in (2, 3)):
+        return None
+    parts = "(x, y" + (", sample_weight)" if len(value) == 3 else ")")
+    return (f"a list of {len(value)} is read as {parts}, as Keras reads it; for "
+            f"{len(value)} inputs alone give a tuple holding their tuple "
+            f"(({', '.join('abc'[:len(value)])}),) or a dict by input name")
+
+
+def _check_weights(lowest: Any, target: str, role: str) -> None:
+    """Refuses negative sample weights (training would maximize those examples' loss), as
+    negative class and loss weights are refused."""
+    if float(lowest) < 0:
+        raise DataError(f"dataset {target}: its {role} sample weights hold {float(lowest):g}; "
+                        "sample weights must be 0 or more")
+
+
 def _check_arrays(parts: tuple, target: str, role: str) -> None:
     for leaf in tf.nest.flatten(parts):
+        if leaf is None:  # an optional input left out (one device trains it)
+            continue
         if not isinstance(leaf, (np.ndarray, tf.Tensor)) or not np.ndim(leaf):
             raise DataError(
                 f"dataset {target} returned {type(leaf).__name__} in its {role} split; it may "
-                "return a Source, a tf.data.Dataset, arrays (x, y), (x, y, sample_weight) or "
-                "x (NumPy arrays, or dicts of them by input name), a dict of such splits "
-                "(train, validation, test), or a function returning one")
+                "return a Source, a tf.data.Dataset, a keras.utils.PyDataset, a generator of "
+                "batches, arrays (x, y), (x, y, sample_weight) or x (NumPy arrays, or "
+                "tuples or dicts of them by input name), a dict of such splits (train, "
+                "validation, test), or a function returning one")
 
 
-def _dataset_split(dataset: tf.data.Dataset, target: str, role: str,
-                   stream: bool = False) -> _Split:
+def _py_dataset(given: Any, target: str, role: str, stream: bool = False) -> _Split:
+    """A `keras.utils.PyDataset`: its batches read in order each pass, `on_epoch_begin` and
+    `on_epoch_end` around each (so what it draws anew is drawn anew every epoch), as a
+    batched dataset; one whose `num_batches` is None repeats for ever."""
+    count = given.num_batches
+
+    def batches():
+        given.on_epoch_begin()
+        for index in range(count) if count is not None else itertools.count():
+            yield _standard_batch(given[index], target)
+        given.on_epoch_end()
+
+    first = [_standard_batch(given[i], target) for i in range(min(2, count or 2))]
+    if not first:
+        raise DataError(f"dataset {target}: its {role} PyDataset holds no batch")
+    dataset = tf.data.Dataset.from_generator(batches, output_signature=_batch_spec(first))
+    if count is None:
+        dataset = dataset.repeat()  # for ever: read as a stream, bounded by its steps
+    else:
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(count))
+    return _dataset(dataset, target, role, stream)
+
+
+def _generator(given: Iterator, target: str, role: str, stream: bool = False) -> _Split:
+    """A Python generator of batches: read once. Where the run gives this role steps, a
+    stream; else read whole into memory (it cannot be read a second time), its first
+    batch's size the batch it came in."""
+    first = next(given, None)
+    if first is None:
+        raise DataError(f"dataset {target}: its {role} generator yields no batch")
+    first = _standard_batch(first, target)
+    batch = int(np.shape(keras.tree.flatten(first)[0])[0])
+    if stream:  # read once, as it runs: its batch and classes from its first batch alone
+        chained = itertools.chain([first], (_standard_batch(b, target) for b in given))
+        dataset = tf.data.Dataset.from_generator(lambda: chained,
+                                                 output_signature=_batch_spec([first]))
+        # a generator that ends ends the repeat too (tf.data stops on an empty pass)
+        return _Split(dataset.unbatch().repeat(), 0, batch,
+                      _classes(first[1]) if len(first) > 1 else None, None, endless=True)
+    batches = [first, *(_standard_batch(b, target) for b in given)]
+    arrays = keras.tree.map_structure(lambda *leaves: np.concatenate(leaves), *batches)
+    found = _arrays(arrays, target, role)
+    found.batch = batch
+    return found
+
+
+def _standard_batch(batch: Any, target: str) -> tuple:
+    """A batch as `(x,)`, `(x, y)` or `(x, y, sample_weight)` of arrays, lists read as
+    tuples, as Keras's PyDataset and generator adapters read them."""
+    if isinstance(batch, (np.ndarray, tf.Tensor, Mapping)):
+        batch = (batch,)
+    batch = keras.tree.lists_to_tuples(batch)
+    if not isinstance(batch, tuple) or len(batch) not in (1, 2, 3):
+        raise DataError(f"dataset {target}: a batch must be (x,), (x, y) or (x, y, "
+                        f"sample_weight); received {type(batch).__name__}")
+    return keras.tree.map_structure(np.asarray, batch)
+
+
+def _batch_spec(batches: list) -> Any:
+    """The spec of batches like these: the batch axis, and any axis on which they differ,
+    of unknown size."""
+    def spec(*leaves):
+        shapes = {np.shape(leaf)[1:] for leaf in leaves}
+        shape = [d if all(s[i] == d for s in shapes) else None
+                 for i, d in enumerate(np.shape(leaves[0])[1:])]
+        return tf.TensorSpec((None, *shape), tf.as_dtype(leaves[0].dtype))
+
+    return keras.tree.map_structure(spec, *batches)
+
+
+def _dataset(dataset: tf.data.Dataset, target: str, role: str,
+             stream: bool = False) -> _Split:
+    """A `tf.data.Dataset`, batched or not, finite or repeating for ever."""
     batch = batch_size_of(dataset)
     count = int(dataset.cardinality())
     if count == tf.data.INFINITE_CARDINALITY and role == "test":
@@ -144,7 +284,7 @@ def _dataset_split(dataset: tf.data.Dataset, target: str, role: str,
     if count == tf.data.INFINITE_CARDINALITY or (unknown and (
             stream or repeats_for_ever(dataset))):  # `repeat().filter(...)`: never counted
         return _stream_split(dataset, elements, batch, count)
-    size, classes = _count(elements)
+    size, classes = _count(elements, target, role)
     if size == 0:
         raise DataError(f"dataset {target}: its {role} dataset holds no example")
     if batch == UNKNOWN:  # batched by something trainer cannot read: its first batch's size
@@ -170,17 +310,20 @@ def _stream_split(dataset: tf.data.Dataset, elements: tf.data.Dataset, batch: in
     return _Split(elements, 0, batch, classes, None, endless=True)
 
 
-def _count(elements: tf.data.Dataset) -> tuple[int, int | None]:
+def _count(elements: tf.data.Dataset, target: str = "", role: str = "train"
+           ) -> tuple[int, int | None]:
     """(examples, classes): one pass over a dataset; classes where the targets are integer
-    scalars (or of shape (1,)), else None."""
-    if not _integer_target(elements):
-        return int(elements.reduce(np.int64(0), lambda n, *_: n + 1)), None
+    scalars (or of shape (1,)), else None. Refuses negative sample weights on the way."""
+    integer, weighted = _integer_target(elements), len(elements.element_spec) == 3
 
     def step(state, element):
-        return state[0] + 1, tf.maximum(state[1], tf.cast(tf.reduce_max(element[1]), tf.int64))
+        top = tf.cast(tf.reduce_max(element[1]), tf.int64) if integer else state[1]
+        low = tf.cast(tf.reduce_min(element[2]), tf.float64) if weighted else state[2]
+        return state[0] + 1, tf.maximum(state[1], top), tf.minimum(state[2], low)
 
     # reduce passes (state, element): a tuple element stays one argument, never unpacked
-    size, top = elements.reduce((np.int64(0), np.int64(-1)), step)
+    size, top, lowest = elements.reduce((np.int64(0), np.int64(-1), np.float64(0)), step)
+    _check_weights(lowest, target, role)
     return int(size), int(top) + 1 if int(top) >= 1 else None
 
 

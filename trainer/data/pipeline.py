@@ -83,6 +83,9 @@ class Source:
             as Keras's `fit` takes one with `steps_per_epoch` / `validation_steps`); their
             sizes stay 0 until `trainer.data.wiring.bounded` gives them the examples their
             steps read.
+        read_as: how an ambiguous form was read (a list of 2 or 3 arrays as `(x, y)` or
+            `(x, y, sample_weight)`), said where the model cannot take it; None where
+            nothing was ambiguous.
 
     Elements may also be `(features,)` alone: a model that trains on its inputs (its own
     `train_step`, or losses from `add_loss`) has no targets.
@@ -108,6 +111,7 @@ class Source:
     shard: Callable[[Any], tf.data.Dataset] | None = None
     given_batch: int | None = None
     endless: tuple[str, ...] = ()
+    read_as: str | None = None
 
     def __post_init__(self) -> None:
         if self.num_outputs is None:

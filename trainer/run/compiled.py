@@ -13,6 +13,7 @@ from typing import Any
 
 import keras
 
+from trainer.config.errors import ConfigError
 from trainer.data.wiring import Data, loss_for_labels, model_ready
 from trainer.distribute.adapt import build_adapting, decided_apart
 from trainer.distribute.cluster import Cluster
@@ -94,7 +95,12 @@ def compiled_model(spec: Spec, data: Data, global_batch: int, steps: int,
     source = data.source
     model, notes = _built(spec, source, place)
     x, y, _ = keras.utils.unpack_x_y_sample_weight(symbolic_batch(data.probe.element_spec))
-    y_pred = output_spec(model, x)
+    try:
+        y_pred = output_spec(model, x)
+    except ConfigError as error:  # say how an ambiguous form was read (`[a, b]` as (x, y))
+        if source.read_as is None:
+            raise
+        raise ConfigError(f"{error} ({source.read_as})") from None
     outputs = len(keras.tree.flatten(y_pred))
     task = choose_task(model, {"loss": loss_for_labels(spec.loss, spec.augment),
                                "loss_named": spec.loss != default_loss(),

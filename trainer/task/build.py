@@ -538,14 +538,10 @@ def check_class_losses(model: keras.Model, batches: tf.data.Dataset) -> None:
     except tf.errors.OpError:  # bad data: the run's data checks name it as it trains
         return
     y_true = None if batch is None else keras.utils.unpack_x_y_sample_weight(batch)[1]
-    flat = tf.nest.flatten(y_true)
     for index, entry in enumerate(entries):
         if getattr(entry.loss, "fn", None) is not keras.losses.sparse_categorical_crossentropy:
             continue
-        try:
-            target = functools.reduce(lambda node, key: node[key], entry.path, y_true)
-        except (KeyError, IndexError, TypeError):
-            target = flat[index] if index < len(flat) else None
+        target = _output_part(y_true, entry, index)
         if target is not None and target.dtype.is_floating and not bool(
                 tf.reduce_all(tf.equal(target, tf.round(target)))):
             raise ConfigError(
@@ -596,7 +592,7 @@ def check_one_batch(model: keras.Model, batches: tf.data.Dataset,
     if type(model).compute_loss is not keras.Model.compute_loss:
         return  # its own compute_loss decides which loss takes which output
     for index, entry in enumerate(entries):
-        target, output = _output_part(y, entry.path, index), _output_part(y_pred, entry.path, index)
+        target, output = _output_part(y, entry, index), _output_part(y_pred, entry, index)
         if target is None or output is None:
             continue
         what = "the model's output" if len(entries) == 1 else f"output {entry.name!r}"
@@ -639,11 +635,14 @@ def _check_validation(model: keras.Model, entries: list) -> None:
         "its logs, as train_step does), or give a loss (loss=... in the config)")
 
 
-def _output_part(structure: Any, path: Any, index: int) -> Any:
-    """An output's part of targets or predictions: by the loss entry's path, else by its
-    position among the flattened parts."""
+def _output_part(structure: Any, entry: Any, index: int) -> Any:
+    """An output's part of targets or predictions: by the loss entry's path; in a dict, by
+    the output's name (as Keras's compiled loss matches dict targets to a list of outputs);
+    else by its position among the flattened parts."""
+    if isinstance(structure, dict) and entry.name in structure:
+        return structure[entry.name]
     try:
-        return functools.reduce(lambda node, key: node[key], path or (), structure)
+        return functools.reduce(lambda node, key: node[key], entry.path or (), structure)
     except (KeyError, IndexError, TypeError):
         flat = keras.tree.flatten(structure)
         return flat[index] if index < len(flat) else None
