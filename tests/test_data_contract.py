@@ -188,3 +188,238 @@ def test_tf_data(form, target, weight, place, tmp_path):
     want = reference((form == "filter", target, weight), build, parts[0],
                      parts[1] if len(parts) > 1 and y is not None else None, **kwargs)
     assert_close(trained(build, data, [*PLACES[place], *extra], tmp_path), want)
+
+
+# -- structures: several inputs (dict, tuple, list), optional input, several targets -------
+
+A, B = X[:, :2].copy(), X[:, 2:].copy()
+PRIORITY = TARGETS["regression"]
+
+
+def two_inputs(named: bool):
+    """Inputs `a` (2 features) and `b` (3), concatenated into one softmax layer."""
+    def build():
+        keras.utils.set_random_seed(7)
+        a, b = keras.Input((2,), name="a"), keras.Input((3,), name="b")
+        outputs = keras.layers.Dense(CLASSES, activation="softmax")(
+            keras.layers.Concatenate()([a, b]))
+        model = keras.Model({"a": a, "b": b} if named else [a, b], outputs)
+        model.compile(optimizer=keras.optimizers.SGD(LR),
+                      loss="sparse_categorical_crossentropy")
+        return model
+
+    return build
+
+
+def two_outputs():
+    """The functional-API guide's shape: outputs `priority` (regression) then `department`
+    (classes), compiled with a loss per output name; sorted names would swap them."""
+    keras.utils.set_random_seed(7)
+    inputs = keras.Input((FEATURES,))
+    priority = keras.layers.Dense(1, name="priority")(inputs)
+    department = keras.layers.Dense(CLASSES, activation="softmax", name="department")(inputs)
+    model = keras.Model(inputs, [priority, department])
+    model.compile(optimizer=keras.optimizers.SGD(LR),
+                  loss={"priority": "mse", "department": "sparse_categorical_crossentropy"})
+    return model
+
+
+@keras.saving.register_keras_serializable(package="test_data_contract")
+class Optional(keras.layers.Layer):
+    """A softmax layer over `x`, plus `o` where given."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(CLASSES, activation="softmax")
+
+    def call(self, x, o=None):
+        return self.dense(x if o is None else x + o)
+
+
+def with_optional():
+    """Inputs `x` and an optional `o`, added to `x` where given (Keras's own test)."""
+    keras.utils.set_random_seed(7)
+    x, o = keras.Input((FEATURES,), name="x"), keras.Input((FEATURES,), name="o",
+                                                          optional=True)
+    model = keras.Model({"x": x, "o": o}, Optional()(x, o))
+    model.compile(optimizer=keras.optimizers.SGD(LR), loss="sparse_categorical_crossentropy")
+    return model
+
+
+def weighted_metrics():
+    """A compiled builder's `weighted_metrics`, read with sample weights."""
+    model = one_layer("int")()
+    model.compile(optimizer=keras.optimizers.SGD(LR), loss="sparse_categorical_crossentropy",
+                  weighted_metrics=["accuracy"])
+    return model
+
+
+Y = TARGETS["int"]
+# form: (builder, data for trainer, plain Keras's fit arguments)
+STRUCTURES = {
+    "dict_inputs": (two_inputs(True), ({"a": A, "b": B}, Y), ({"a": A, "b": B}, Y)),
+    "tuple_inputs": (two_inputs(False), ((A, B), Y), ((A, B), Y)),
+    "list_inputs": (two_inputs(False), ([A, B], Y), ([A, B], Y)),
+    "tuple_targets": (two_outputs, (X, (PRIORITY, Y)), (X, (PRIORITY, Y))),
+    "list_targets": (two_outputs, (X, [PRIORITY, Y]), (X, [PRIORITY, Y])),
+    "dict_targets": (two_outputs, (X, {"priority": PRIORITY, "department": Y}),
+                     (X, {"priority": PRIORITY, "department": Y})),
+    "optional_none": (with_optional, ({"x": X, "o": None}, Y), ({"x": X, "o": None}, Y)),
+    "weighted_metrics": (weighted_metrics, (X, Y, SAMPLE_WEIGHT), (X, Y, SAMPLE_WEIGHT)),
+}
+STRUCTURE_CELLS = [
+    ("dict_inputs", "one"), ("dict_inputs", "custom2"), ("tuple_inputs", "fit2"),
+    ("list_inputs", "one"), ("list_inputs", "fit2"), ("list_inputs", "custom2"),
+    ("tuple_targets", "custom2"), ("list_targets", "one"), ("list_targets", "fit2"),
+    ("dict_targets", "one"), ("dict_targets", "fit2"), ("dict_targets", "custom2"),
+    ("optional_none", "one"), ("weighted_metrics", "fit2"), ("weighted_metrics", "custom2"),
+]
+
+
+@pytest.mark.parametrize("form, place", STRUCTURE_CELLS)
+def test_structures(form, place, tmp_path):
+    """Several inputs and targets in every structure Keras's `fit` takes, lists as tuples,
+    dict targets matched to the outputs by name; an optional input left out (None)."""
+    build, data, plain = STRUCTURES[form]
+    x, y, *w = plain
+    want = reference(("structure", form), build, x, y,
+                     **({"sample_weight": w[0]} if w else {}))
+    extra = [f"batch.global_size={BATCH}", "batch.per_replica=null"]
+    assert_close(trained(build, data, [*PLACES[place], *extra], tmp_path), want)
+
+
+# -- PyDataset, a generator, Keras's dataset utilities -------------------------------------
+
+class Batches(keras.utils.PyDataset):
+    """`(x, y[, w])` batches of the shared arrays, in order; counts its epochs."""
+
+    def __init__(self, parts, endless=False):
+        super().__init__()
+        self.parts, self.endless, self.epochs = parts, endless, 0
+
+    @property
+    def num_batches(self):
+        return None if self.endless else N // BATCH
+
+    def __getitem__(self, index):
+        index %= N // BATCH
+        return tuple(p[index * BATCH:(index + 1) * BATCH] for p in self.parts)
+
+    def on_epoch_end(self):
+        self.epochs += 1
+
+
+def batches_of(parts):
+    """A Python generator of `(x, y[, w])` batches of the shared arrays, once."""
+    for start in range(0, N, BATCH):
+        yield tuple(p[start:start + BATCH] for p in parts)
+
+
+def endless_batches_of(parts):
+    """A Python generator of the batches, for ever."""
+    while True:
+        yield from batches_of(parts)
+
+
+OBJECT_CELLS = [
+    ("py_dataset", "int", "none", "one"), ("py_dataset", "int_n1", "sample", "fit2"),
+    ("py_dataset", "one_hot", "class", "custom2"), ("py_dataset_endless", "int", "none", "fit2"),
+    ("generator", "int", "none", "custom2"), ("generator", "regression", "sample", "one"),
+    ("generator", "float_index", "class", "fit2"),
+    ("generator_endless", "int", "none", "one"), ("generator_endless", "int", "none", "custom2"),
+]
+
+
+@pytest.mark.parametrize("form, target, weight, place", OBJECT_CELLS)
+def test_py_dataset_and_generators(form, target, weight, place, tmp_path):
+    """A `keras.utils.PyDataset` (finite, or endless with `steps_per_epoch`) and a Python
+    generator (read once; endless with `steps_per_epoch`), their own batch the global one."""
+    y, build = TARGETS[target], one_layer(target)
+    parts = (X, y, SAMPLE_WEIGHT) if weight == "sample" else (X, y)
+    data = {"py_dataset": lambda: Batches(parts), "generator": lambda: batches_of(parts),
+            "py_dataset_endless": lambda: Batches(parts, endless=True),
+            "generator_endless": lambda: endless_batches_of(parts)}[form]
+    extra = [f"steps_per_epoch={N // BATCH}"] if form.endswith("endless") else []
+    kwargs = {"sample_weight": SAMPLE_WEIGHT} if weight == "sample" else {}
+    if weight == "class":
+        extra.append("class_weight={0: 1.0, 1: 2.0, 2: 0.5}")
+        kwargs["class_weight"] = CLASS_WEIGHT
+    want = reference(("arrays", target, weight), build, X, y, **kwargs)
+    assert_close(trained(build, data, [*PLACES[place], *extra], tmp_path), want)
+
+
+def test_a_py_dataset_is_read_anew_every_epoch(tmp_path):
+    """Each epoch reads the PyDataset's batches again (`on_epoch_end` after each pass), so
+    what it draws in `__getitem__` is drawn anew, as under Keras's `fit`."""
+    given = Batches((X, Y))
+    build = one_layer("int")
+    trainer.fit([*QUIET, "devices=1", "epochs=3"], model=build, data=given,
+                run_dir=tmp_path / "run")
+    assert given.epochs >= 3
+
+
+def test_a_given_dataset_is_read_anew_every_epoch_unless_cache_is_set(tmp_path):
+    """Random augmentation inside a given `tf.data` dataset is drawn anew every epoch (not
+    cached by the default `dataset.cache`), as under Keras's `fit`; `dataset.cache=memory`
+    given in the call caches it."""
+    def noisy():
+        ds = tf.data.Dataset.from_tensor_slices((X, TARGETS["regression"]))
+        return ds.map(lambda x, y: (x + tf.random.normal(tf.shape(x)), y)).batch(BATCH)
+
+    def frozen():  # rate 0: only the data changes the loss
+        model = one_layer("regression")()
+        model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
+        return model
+
+    losses = {}
+    for cache in ([], ["dataset.cache=memory"]):
+        result = trainer.fit([*QUIET, "devices=1", "epochs=2", *cache], model=frozen,
+                             data=noisy, run_dir=tmp_path / f"run{len(cache)}")
+        losses[bool(cache)] = result.history["loss"]
+    assert abs(losses[False][0] - losses[False][1]) > 1e-3
+    assert losses[True][0] == pytest.approx(losses[True][1], rel=1e-6)
+
+
+# -- refusals: one line naming the form and what to give instead ---------------------------
+
+REFUSED = {
+    "optional_none_on_two_replicas": (
+        with_optional, ({"x": X, "o": None}, Y), ["devices=2"],
+        "the dataset gives input o as None (an optional input left out): a batch split "
+        "over 2 replicas"),
+    "inputs_alone_as_a_list": (
+        two_inputs(True), [A, B], ["devices=1"],
+        "a list of 2 is read as (x, y), as Keras reads it; for 2 inputs alone give a tuple "
+        "holding their tuple ((a, b),) or a dict by input name"),
+    "negative_sample_weights": (
+        one_layer("int"), (X, Y, -SAMPLE_WEIGHT), ["devices=1"],
+        "dataset trainer.fit(data=...): its train sample weights hold -"),
+    "negative_sample_weights_in_a_dataset": (
+        one_layer("int"),
+        lambda: tf.data.Dataset.from_tensor_slices((X, Y, SAMPLE_WEIGHT - 1.0)).batch(BATCH),
+        ["devices=1"], "its train sample weights hold -"),
+    "split_named_valid": (
+        one_layer("int"), {"train": (X, Y), "valid": (X, Y)}, ["devices=1"],
+        "a dict of splits takes the keys train, validation, test; received 'valid'"),
+    "split_named_Train": (
+        one_layer("int"), {"Train": (X, Y)}, ["devices=1"],
+        "a dict of splits takes the keys train, validation, test; received 'Train'"),
+    "class_weight_with_two_targets": (
+        two_outputs, (X, (PRIORITY, Y)), ["devices=1", "class_weight={0: 1.0}"],
+        "class_weight weighs the classes of one class target; this dataset has a target "
+        "per output"),
+    "float_targets_that_are_not_classes": (
+        one_layer("int"), (X, TARGETS["regression"][:, 0]), ["devices=1"],
+        "loss sparse_categorical_crossentropy takes class indices, but output"),
+    "endless_py_dataset_without_steps": (
+        one_layer("int"), lambda: Batches((X, Y), endless=True), ["devices=1"],
+        "steps_per_epoch"),
+}
+
+
+@pytest.mark.parametrize("form", REFUSED)
+def test_refusals(form, tmp_path):
+    build, data, overrides, message = REFUSED[form]
+    with pytest.raises(trainer.TrainerError) as error:
+        trainer.fit([*QUIET, *overrides], model=build, data=data, run_dir=tmp_path / "run")
+    assert message in str(error.value) and "\n" not in str(error.value), str(error.value)

@@ -150,13 +150,17 @@ def _named(**objects: Any) -> list[str]:
 
 def _objects(overrides: list[str], **objects: Any) -> dict[str, Any]:
     """What the call holds for the run (`trainer.config.given.holding`): the objects no
-    dotted name reaches, and whether a batched dataset's own batch is the global batch (the
-    overrides set no batch)."""
+    dotted name reaches, whether a batched dataset's own batch is the global batch (the
+    overrides set no batch), and whether a given dataset is left uncached (the overrides
+    set no `dataset.cache`)."""
     held = {role: obj for role, obj in objects.items()
             if obj is not None and not isinstance(obj, str)}
     sets_batch = any(o.lstrip("+~").startswith(("batch.per_replica", "batch.global_size"))
                      for o in overrides)
-    return {**held, "batch_from_data": objects.get("data") is not None and not sets_batch}
+    sets_cache = any(o.lstrip("+~").startswith("dataset.cache") for o in overrides)
+    given = objects.get("data") is not None
+    return {**held, "batch_from_data": given and not sets_batch,
+            "cache_from_data": given and not sets_cache}
 
 
 def tune(overrides: Sequence[str] = (), what: str = "lr",

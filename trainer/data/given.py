@@ -206,9 +206,11 @@ def _py_dataset(given: Any, target: str, role: str, stream: bool = False) -> _Sp
 
     def batches():
         given.on_epoch_begin()
-        for index in range(count) if count is not None else itertools.count():
-            yield _standard_batch(given[index], target)
-        given.on_epoch_end()
+        try:
+            for index in range(count) if count is not None else itertools.count():
+                yield _standard_batch(given[index], target)
+        finally:  # also where a pass stops at its last example, before the generator's end
+            given.on_epoch_end()
 
     first = [_standard_batch(given[i], target) for i in range(min(2, count or 2))]
     if not first:
@@ -231,8 +233,8 @@ def _generator(given: Iterator, target: str, role: str, stream: bool = False) ->
     first = _standard_batch(first, target)
     batch = int(np.shape(keras.tree.flatten(first)[0])[0])
     if stream:  # read once, as it runs: its batch and classes from its first batch alone
-        chained = itertools.chain([first], (_standard_batch(b, target) for b in given))
-        dataset = tf.data.Dataset.from_generator(lambda: chained,
+        rest = (_standard_batch(b, target) for b in given)
+        dataset = tf.data.Dataset.from_generator(_replaying(first, rest),
                                                  output_signature=_batch_spec([first]))
         # a generator that ends ends the repeat too (tf.data stops on an empty pass)
         return _Split(dataset.unbatch().repeat(), 0, batch,
@@ -242,6 +244,26 @@ def _generator(given: Iterator, target: str, role: str, stream: bool = False) ->
     found = _arrays(arrays, target, role)
     found.batch = batch
     return found
+
+
+# Batches of a generator's stream kept for the passes that read its start again: the
+# checks before training read its first batches, then training reads it from the start.
+REPLAYED = 16
+
+
+def _replaying(first: Any, rest: Iterator) -> Any:
+    """A function giving the stream's batches from its start on every call: the first
+    `REPLAYED` batches read are kept and given again, then the generator goes on."""
+    kept = [first]
+
+    def batches():
+        yield from list(kept)
+        for batch in rest:
+            if len(kept) < REPLAYED:
+                kept.append(batch)
+            yield batch
+
+    return batches
 
 
 def _standard_batch(batch: Any, target: str) -> tuple:
@@ -360,7 +382,7 @@ def _shapes(spec: Any) -> Any:
         return {k: _shapes(v) for k, v in spec.items()}
     if isinstance(spec, tuple):
         return tuple(_shapes(v) for v in spec)
-    return tuple(spec.shape)
+    return tuple(spec.shape) if hasattr(spec, "shape") else None  # an input left out: None
 
 
 def _fingerprint(splits: dict[str, _Split]) -> dict[str, Any] | None:

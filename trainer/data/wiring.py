@@ -120,6 +120,10 @@ def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = N
     if "train" in source.endless:
         _check_stream(augment, pipeline, options["_target_"])
         pipeline["cache"] = "none"  # a stream has no end to cache up to
+    elif given_flag("cache_from_data") and source.fingerprint is None:
+        # a given dataset (not arrays) may draw anew each pass (random augmentation in its
+        # map): read anew every epoch, as Keras's fit reads it, unless dataset.cache is set
+        pipeline["cache"] = "none"
     reading = Reading.of(pipeline, batching, run_dir)
     reading.check_memory(source)
     common = dict(preprocess=source.preprocess, scale=source.scale, seed=seed,

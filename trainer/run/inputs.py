@@ -35,7 +35,8 @@ def describe(source: Any) -> dict[str, Any]:
     """A source's examples and classes, as `model_inputs.json` holds them."""
     shape = source.input_shape
     return {"examples": _spec(source.train.element_spec[0]),
-            "model": ({k: list(v) for k, v in shape.items()} if isinstance(shape, Mapping)
+            "model": ({k: None if v is None else list(v) for k, v in shape.items()}
+                      if isinstance(shape, Mapping)
                       else list(shape)),
             "class_names": None if source.class_names is None else list(source.class_names),
             "num_classes": source.num_classes, "num_outputs": source.num_outputs}
