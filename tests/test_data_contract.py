@@ -423,3 +423,73 @@ def test_refusals(form, tmp_path):
     with pytest.raises(trainer.TrainerError) as error:
         trainer.fit([*QUIET, *overrides], model=build, data=data, run_dir=tmp_path / "run")
     assert message in str(error.value) and "\n" not in str(error.value), str(error.value)
+
+
+# -- what Keras's dataset utilities return (batched tf.data datasets) ----------------------
+
+WORDS = ["red", "green", "blue", "cat", "dog"]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """A folder of 8x8 images and one of short texts, 2 classes of 8 each."""
+    root, rng = tmp_path_factory.mktemp("folders"), np.random.default_rng(3)
+    for name in ("a", "b"):
+        (root / "img" / name).mkdir(parents=True)
+        (root / "txt" / name).mkdir(parents=True)
+        for i in range(8):
+            keras.utils.save_img(root / "img" / name / f"{i}.png",
+                                 rng.integers(0, 255, (8, 8, 3)).astype("uint8"))
+            words = rng.choice(WORDS, 3)
+            (root / "txt" / name / f"{i}.txt").write_text(" ".join(words))
+    return root
+
+
+def utility_cell(kind: str, root):
+    """(builder, a function returning the utility's dataset) for one of Keras's utilities."""
+    if kind == "image":
+        def data():
+            return keras.utils.image_dataset_from_directory(
+                root / "img", image_size=(8, 8), batch_size=4, shuffle=False)
+        layers = [keras.Input((8, 8, 3)), keras.layers.Rescaling(1 / 255),
+                  keras.layers.Flatten()]
+        units, loss = 2, "sparse_categorical_crossentropy"
+    elif kind == "text":
+        def data():
+            return keras.utils.text_dataset_from_directory(root / "txt", batch_size=4,
+                                                           shuffle=False)
+        layers = [keras.Input((), dtype="string"), keras.layers.TextVectorization(
+            vocabulary=WORDS, output_mode="multi_hot")]
+        units, loss = 2, "sparse_categorical_crossentropy"
+    else:
+        series = np.sin(np.arange(80, dtype="float32") / 5)[:, None]
+
+        def data():
+            return keras.utils.timeseries_dataset_from_array(
+                series[:-5], series[5:, 0], sequence_length=5, batch_size=8)
+        layers = [keras.Input((5, 1)), keras.layers.Flatten()]
+        units, loss = 1, "mse"
+
+    def build():
+        keras.utils.set_random_seed(7)
+        model = keras.Sequential([*layers, keras.layers.Dense(
+            units, activation="softmax" if units > 1 else None)])
+        model.compile(optimizer=keras.optimizers.SGD(LR), loss=loss)
+        return model
+
+    return build, data
+
+
+UTILITY_CELLS = [("image", "one"), ("image", "fit2"), ("text", "one"), ("text", "custom2"),
+                 ("timeseries", "custom2"), ("timeseries", "fit2")]
+
+
+@pytest.mark.parametrize("kind, place", UTILITY_CELLS)
+def test_keras_dataset_utilities(kind, place, folders, tmp_path):
+    """`image_dataset_from_directory`, `text_dataset_from_directory` and
+    `timeseries_dataset_from_array` as they return: batched, their batch the global one."""
+    build, data = utility_cell(kind, folders)
+    model = build()
+    with tf.device("/cpu:0"):
+        model.fit(data(), epochs=1, verbose=0, shuffle=False)
+    assert_close(trained(build, data, PLACES[place], tmp_path), model.get_weights())
