@@ -94,10 +94,10 @@ def compiled_model(spec: Spec, data: Data, global_batch: int, steps: int,
     source = data.source
     model, notes = _built(spec, source, place)
     x, y, _ = keras.utils.unpack_x_y_sample_weight(symbolic_batch(data.probe.element_spec))
-    y_pred = output_spec(model, x)
-    outputs = len(keras.tree.flatten(y_pred))
+    y_pred = output_spec(model, x)  # None: a model with no call(), trained by its train_step
+    outputs = len(keras.tree.flatten(y_pred)) if y_pred is not None else 1
     task = choose_task(model, {"loss": loss_for_labels(spec.loss, spec.augment),
-                               "loss_named": spec.loss != default_loss(),
+                               "loss_named": spec.loss not in (None, default_loss()),
                                "metrics": spec.metrics, "loss_weights": spec.loss_weights,
                                "optimizer": spec.optimizer, "targets": y is not None},
                        source.num_classes is not None, outputs)
@@ -109,7 +109,7 @@ def compiled_model(spec: Spec, data: Data, global_batch: int, steps: int,
                   jit_compile=speed.jit_compile)
     build_compiled(model, x, y)
     check_class_losses(model, y)
-    check_one_batch(model, data.probe, source.num_classes)
+    check_one_batch(model, data.probe, source.num_classes, data.validation is not None)
     names, ways = logged_metrics(model)
     weights_only = make_saveable(model)
     return Compiled(model, lr, task.loss, tuple(names), ways, task.compiled_by, weights_only,

@@ -36,6 +36,8 @@ from trainer.internals.keras_compile import (
 )
 from trainer.internals.keras_compile import output_spec as output_spec_of
 from trainer.internals.keras_step import (
+    build_without_call,
+    defines_call,
     keeps_own_test_step,
     keeps_own_train_step,
     symbolic_build,
@@ -212,8 +214,16 @@ def symbolic_batch(element_spec: Any) -> Any:
 
 def output_spec(model: keras.Model, x: Any) -> Any:
     """The model's outputs for symbolic inputs `x`, building its variables as Keras's fit
-    does on its first batch (a subclassed model has none until then). Call inside the
-    strategy's scope."""
+    does on its first batch (a subclassed model has none until then); None for a model with
+    its own `train_step` and no `call` (keras.io's VAE), which nothing calls. Call inside
+    the strategy's scope."""
+    if not defines_call(model):
+        name = type(model).__name__
+        if keeps_own_train_step(model):
+            return None
+        raise ConfigError(f"model class {name} defines no call(), so Keras's train_step "
+                          f"cannot compute its outputs: define {name}.call(inputs), or a "
+                          "train_step of its own")
     try:
         return output_spec_of(model, x)
     except Exception as error:  # noqa: BLE001 - a model that cannot take the data
@@ -462,7 +472,11 @@ def optimizer_settings(optimizer: keras.optimizers.Optimizer) -> dict[str, Any]:
 def build_compiled(model: keras.Model, x: Any, y: Any) -> None:
     """Builds a compiled model's loss, metrics and optimizer from symbolic batches, as
     Keras's fit does from its first batch (call inside the strategy's scope); a loss or
-    metrics that do not fit the outputs and targets is one line."""
+    metrics that do not fit the outputs and targets is one line. A model with no `call`
+    (its `train_step` calls its parts) is built from its parts."""
+    if not defines_call(model):
+        build_without_call(model)
+        return
     try:
         symbolic_build(model, (x, y))
     except (ValueError, TypeError, KeyError) as error:
@@ -554,7 +568,7 @@ PROBED = 8
 
 
 def check_one_batch(model: keras.Model, batches: tf.data.Dataset,
-                    num_classes: int | None) -> None:
+                    num_classes: int | None, validated: bool = True) -> None:
     """Checks, before training, that the model's compiled losses take its outputs and the
     dataset's targets, that a class loss has a unit per class, and that a model with its
     own `train_step` can be validated.
@@ -563,6 +577,7 @@ def check_one_batch(model: keras.Model, batches: tf.data.Dataset,
         model: the compiled, built model.
         batches: the validation batches, as training's validation reads them.
         num_classes: the dataset's classes (None: not a class target).
+        validated: whether the run has a validation split (`batches` are then its own).
 
     Raises:
         ConfigError: one line naming the loss, the output and the target's shape.
@@ -574,13 +589,14 @@ def check_one_batch(model: keras.Model, batches: tf.data.Dataset,
         return                 # data checks name it, with the source's words, as it trains
     if batch is None:
         return
+    if keeps_own_train_step(model):
+        if validated:
+            _check_validation(model, entries)
+        return
     x, y, _ = keras.utils.unpack_x_y_sample_weight(batch)
     x, y = (None if part is None else keras.tree.map_structure(
         lambda t: None if t is None else t[:PROBED], part) for part in (x, y))  # an optional input
     y_pred = model(x, training=False)
-    if keeps_own_train_step(model):
-        _check_validation(model, entries)
-        return
     if type(model).compute_loss is not keras.Model.compute_loss:
         return  # its own compute_loss decides which loss takes which output
     for index, entry in enumerate(entries):
@@ -617,14 +633,16 @@ def _check_units(entry: Any, what: str, output: Any, num_classes: int | None) ->
 def _check_validation(model: keras.Model, entries: list) -> None:
     """A model with its own `train_step` is validated by trainer's test step (Keras's, with
     exact weights), which needs a loss: compiled, or added in the forward pass."""
-    if keeps_own_test_step(model) or entries or model.losses:
+    if keeps_own_test_step(model) or (defines_call(model) and (entries or model.losses)):
         return
     name = type(model).__name__
+    what, loss = ("no call() to validate with", "") if not defines_call(model) else (
+        "no loss to validate with (compiled without one, and none added in its forward "
+        "pass)", ", give a loss (loss=... in the config)")
     raise ConfigError(
-        f"model class {name} trains with its own train_step, but has no test_step and no "
-        "loss to validate with (compiled without one, and none added in its forward pass): "
-        f"validation would fail after the first epoch; define {name}.test_step (returning "
-        "its logs, as train_step does), or give a loss (loss=... in the config)")
+        f"model class {name} trains with its own train_step, but has no test_step and "
+        f"{what}, and the run has a validation split: define {name}.test_step (returning "
+        f"its logs, as train_step does){loss}, or give no validation data")
 
 
 def _output_part(structure: Any, path: Any, index: int) -> Any:
