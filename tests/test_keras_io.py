@@ -121,3 +121,73 @@ def test_a_model_with_no_call_and_no_train_step_is_one_line(tmp_path):
         trainer.fit([*QUIET, "devices=1"], model=build_empty,
                     data=(DIGITS, DIGITS), run_dir=tmp_path / "run")
     assert "model class Empty defines no call()" in str(error.value)
+
+
+def _regression(n: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(n, 5)).astype("float32")
+    return x, (x @ np.arange(1, 6, dtype="float32") / 5)[:, None]
+
+
+def _sgd_builder():
+    def build_regression():
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(4, activation="relu"),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+        return model
+
+    return build_regression
+
+
+def test_arrays_with_no_batch_setting_train_at_keras_32_and_the_scripts_rate(tmp_path):
+    """`fit(x, y)` trains at 32 examples a step: `data=(x, y)` with no batch override on 2
+    replicas is a global batch of 32 (16 each), the compiled rate 0.05 unscaled, and ends
+    with the weights Keras's `fit(x, y, shuffle=False)` reaches on one device."""
+    x, y = _regression(96)
+    build_regression = _sgd_builder()
+    result = trainer.fit([*QUIET, "devices=2", "epochs=2", "dataset.shuffle=false"],
+                         model=build_regression, data=(x, y), run_dir=tmp_path / "run")
+    batch, rate = result.summary["batch"], result.summary["learning_rate"]
+    assert (batch["global"], batch["per_replica"]) == (32, 16)
+    assert rate["base"] == pytest.approx(0.05) and rate["scaled"] == pytest.approx(0.05)
+    reference = build_regression()
+    reference.fit(x, y, epochs=2, shuffle=False, verbose=0)
+    trained = keras.models.load_model(result.checkpoints["last"]).get_weights()
+    assert max(float(np.abs(a - b).max())
+               for a, b in zip(trained, reference.get_weights(), strict=True)) < 1e-5
+
+
+def test_batch_global_size_alone_sets_the_global_batch(tmp_path):
+    """`batch.global_size=48` without `batch.per_replica=null`: 24 per replica on 2."""
+    result = trainer.fit([*QUIET, "devices=2", "batch.global_size=48"],
+                         model=_sgd_builder(), data=_regression(96), run_dir=tmp_path / "run")
+    batch = result.summary["batch"]
+    assert (batch["global"], batch["per_replica"]) == (48, 24)
+
+
+def _jit_builder():
+    def build_jit():
+        model = _sgd_builder()()
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", jit_compile=True)
+        return model
+
+    return build_jit
+
+
+def test_a_builders_jit_compile_is_honoured_or_one_line(tmp_path):
+    """`compile(jit_compile=True)` in the builder: the step is compiled by XLA on one device
+    (the summary says why), and on 2 CPU replicas, where XLA cannot run, one line names it;
+    so does `jit_compile=false` beside it."""
+    result = trainer.fit([*QUIET, "devices=1"], model=_jit_builder(), data=_regression(64),
+                         run_dir=tmp_path / "run")
+    assert result.summary["jit_compile"] is True
+    assert any("the model builder compiled the model with it" in r
+               for r in result.summary["speed_reasons"])
+    for overrides, said in ((["devices=2"], "cannot run on 2 CPU replicas"),
+                            (["devices=1", "jit_compile=false"], "keep one")):
+        with pytest.raises(trainer.TrainerError) as error:
+            trainer.fit([*QUIET, *overrides], model=_jit_builder(), data=_regression(64),
+                        run_dir=tmp_path / said.replace(" ", "_"))
+        assert "compiled the model with jit_compile=True" in str(error.value)
+        assert said in str(error.value) and "\n" not in str(error.value)

@@ -106,7 +106,7 @@ def _fit(given: list[str], config_dir: str | Path | None, run_dir: str | Path | 
          named: list[str]) -> Result:
     """`fit` once its objects are held: `named` are the overrides that name them."""
     with one_error():
-        given = [*named, *given]
+        given = [*named, *_global_size_alone(given)]
         args = [*(["--config-dir", str(config_dir)] if config_dir is not None else []), *given]
         if run_dir is not None:
             args.append(f"hydra.run.dir={run_dir}")
@@ -134,6 +134,17 @@ def _run(args: list[str], given: list[str]) -> Result:
         if run.cfg.get("tune") is not None:
             return found  # what the tuner found (trainer.tune)
         return _result(Path(run.cfg.get("resume") or run.logs))
+
+
+def _global_size_alone(overrides: list[str]) -> list[str]:
+    """The overrides, with `batch.per_replica=null` added where they set
+    `batch.global_size` and not `batch.per_replica`: the global batch alone sets the batch,
+    as `fit(batch_size=N)` does, instead of being refused beside the default per-replica
+    batch."""
+    keys = {o.lstrip("+~").split("=", 1)[0]: o.split("=", 1)[-1] for o in overrides}
+    if keys.get("batch.global_size", "null") == "null" or "batch.per_replica" in keys:
+        return overrides
+    return [*overrides, "batch.per_replica=null"]
 
 
 def _named(**objects: Any) -> list[str]:

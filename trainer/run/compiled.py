@@ -16,8 +16,9 @@ import keras
 from trainer.data.wiring import Data, loss_for_labels, model_ready
 from trainer.distribute.adapt import build_adapting, decided_apart
 from trainer.distribute.cluster import Cluster
+from trainer.internals.keras_compile import compile_arguments
 from trainer.plan.schedule import LearningRate, learning_rate
-from trainer.plan.speed import SpeedPlan
+from trainer.plan.speed import SpeedPlan, with_compiled_jit
 from trainer.run.resolve import Spec
 from trainer.task.build import (
     build_compiled,
@@ -40,7 +41,8 @@ from trainer.task.build import (
 class Compiled:
     """The compiled model, its learning rate and loss, the names and directions of what it
     logs, who compiled it, why checkpoints hold weights only (or None), the summary's notes
-    on adapting."""
+    on adapting, and the speed plan it was compiled with (a builder's `jit_compile=True`
+    kept)."""
 
     model: Any
     lr: LearningRate
@@ -50,6 +52,7 @@ class Compiled:
     by: str
     weights_only: str | None
     notes: tuple[str, ...] = ()
+    speed: SpeedPlan | None = None
 
 
 def _builder(spec: Spec, source: Any) -> Any:
@@ -102,6 +105,8 @@ def compiled_model(spec: Spec, data: Data, global_batch: int, steps: int,
                                "optimizer": spec.optimizer, "targets": y is not None},
                        source.num_classes is not None, outputs)
     lr = learning_rate(plan_of(spec.lr, task), global_batch, steps, spec.epochs)
+    speed = with_compiled_jit(speed, compile_arguments(model).get("jit_compile")
+                              if getattr(model, "compiled", False) else None, spec.jit_compile)
     model.compile(optimizer=optimizer_for(task, spec.optimizer, lr.schedule), loss=task.loss,
                   loss_weights=task.loss_weights, metrics=task.metrics,
                   weighted_metrics=task.weighted_metrics,
@@ -113,4 +118,4 @@ def compiled_model(spec: Spec, data: Data, global_batch: int, steps: int,
     names, ways = logged_metrics(model)
     weights_only = make_saveable(model)
     return Compiled(model, lr, task.loss, tuple(names), ways, task.compiled_by, weights_only,
-                     notes)
+                     notes, speed)
