@@ -191,3 +191,46 @@ def test_a_builders_jit_compile_is_honoured_or_one_line(tmp_path):
                         run_dir=tmp_path / said.replace(" ", "_"))
         assert "compiled the model with jit_compile=True" in str(error.value)
         assert said in str(error.value) and "\n" not in str(error.value)
+
+
+SCRIPT_CALLBACK = '''
+import keras
+
+class CountEpochs(keras.callbacks.Callback):
+    """A script's own callback, defined in its __main__."""
+
+    def __init__(self):
+        super().__init__()
+        self.epochs, self.losses = [], []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epochs.append(epoch)
+        self.losses.append(logs["loss"])
+'''
+
+
+@pytest.mark.parametrize("overrides", [["devices=1"], ["devices=2"],
+                                       ["devices=2", "loop=custom"]])
+def test_a_scripts_callback_is_called_every_epoch(tmp_path, overrides):
+    """`trainer.fit(callbacks=[...])` with a class defined in a script's `__main__`: called
+    at every epoch's end with the epoch's logs, as `model.fit` calls it, and named in the
+    summary."""
+    namespace = {"__name__": "__main__"}
+    exec(compile(SCRIPT_CALLBACK, "script.py", "exec"), namespace)  # noqa: S102
+    counter = namespace["CountEpochs"]()
+    result = trainer.fit([*QUIET, *overrides, "epochs=3"], model=_sgd_builder(),
+                         data=_regression(64), run_dir=tmp_path / "run", callbacks=[counter])
+    assert counter.epochs == [0, 1, 2]
+    assert counter.losses == pytest.approx(result.history["loss"])
+    assert result.summary["callbacks"] == ["CountEpochs"]
+
+
+@pytest.mark.parametrize("callbacks, said", [
+    ("early_stopping", "takes callbacks as a list of Keras callbacks"),
+    ([print], "callbacks[0] must be a keras.callbacks.Callback object"),
+])
+def test_callbacks_that_are_not_keras_callbacks_are_one_line(tmp_path, callbacks, said):
+    with pytest.raises(trainer.TrainerError) as error:
+        trainer.fit([*QUIET, "devices=1"], model=_sgd_builder(), data=_regression(64),
+                    run_dir=tmp_path / "run", callbacks=callbacks)
+    assert said in str(error.value) and "\n" not in str(error.value)

@@ -732,6 +732,16 @@ def build_callbacks(nodes: Mapping, run_dir: Path,
     return built
 
 
+def check_given_callbacks(callbacks: Sequence[Any]) -> Sequence[Any]:
+    """Callbacks given as objects (`trainer.fit(callbacks=[...])`), returned where all are
+    Keras's; one line naming the first that is not."""
+    for index, callback in enumerate(callbacks):
+        if not isinstance(callback, keras.callbacks.Callback):
+            raise ConfigError(f"callbacks[{index}] must be a keras.callbacks.Callback object, "
+                              f"as model.fit takes them; received: {callback!r}")
+    return callbacks
+
+
 def _callback_class(name: str, target: Any) -> Callable | None:
     """What a callback's `_target_` names; one that cannot be imported is one line.
 
