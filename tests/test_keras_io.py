@@ -234,3 +234,71 @@ def test_callbacks_that_are_not_keras_callbacks_are_one_line(tmp_path, callbacks
         trainer.fit([*QUIET, "devices=1"], model=_sgd_builder(), data=_regression(64),
                     run_dir=tmp_path / "run", callbacks=callbacks)
     assert said in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_model_given_in_place_of_its_builder_is_one_line(tmp_path):
+    with pytest.raises(trainer.TrainerError) as error:
+        trainer.fit([*QUIET, "devices=1"], model=_sgd_builder()(), data=_regression(64),
+                    run_dir=tmp_path / "run")
+    assert str(error.value).startswith("model= takes a function that returns the model, not "
+                                       "a model (a Sequential)")
+    assert "pass a function that returns it" in str(error.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_resuming_an_objects_run_without_its_objects_is_the_documented_line(tmp_path):
+    """docs/api.md: without the objects, one line saying which the run was started from
+    and what to pass (not a diff of the config's markers)."""
+    build_regression = _sgd_builder()
+    trainer.fit([*QUIET, "devices=1"], model=build_regression, data=_regression(64),
+                run_dir=tmp_path / "run")
+    for given, role in (({}, "model"), ({"model": build_regression}, "data")):
+        with pytest.raises(trainer.TrainerError) as error:
+            trainer.fit([*QUIET, "devices=1", "epochs=2", f"resume={tmp_path / 'run'}"],
+                        **given)
+        assert str(error.value).startswith(f"this run's {role} was a Python object")
+        assert f"pass it again ({role}=... to trainer.fit" in str(error.value)
+
+
+@pytest.mark.parametrize("inputs_alone, said", [
+    (False, "was created outside the strategy's scope"),
+    (True, "compiled the model with loss mse, which needs targets"),
+])
+def test_variables_made_outside_the_scope_are_one_line(tmp_path, inputs_alone, said):
+    """A layer built before the builder runs (at a script's top level) is not mirrored:
+    one line naming its variable, before training (it failed in the first step with a bare
+    AssertionError); inputs alone for a loss that needs targets is one line too (trainer's
+    own message crashed on the missing targets)."""
+    outside = keras.Sequential([keras.Input((5,)), keras.layers.Dense(1)])
+
+    def build_around():
+        model = keras.Sequential([outside])
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    x, y = _regression(64)
+    with pytest.raises(trainer.TrainerError) as error:
+        trainer.fit([*QUIET, "devices=2"], model=build_around,
+                    data=x if inputs_alone else (x, y), run_dir=tmp_path / "run")
+    assert said in str(error.value) and "\n" not in str(error.value)
+
+
+def test_weighted_metrics_are_taken_as_kerass_compile_takes_them(tmp_path):
+    """`weighted_metrics=[mae]` with sample weights on 2 replicas: logged under the names
+    Keras's `fit` logs, with the value it reaches on one device."""
+    x, y = _regression(64)
+    w = np.linspace(0.1, 2.0, 64).astype("float32")
+
+    def build_uncompiled():
+        keras.utils.set_random_seed(1)
+        return keras.Sequential([keras.Input((5,)), keras.layers.Dense(1)])
+
+    result = trainer.fit([*QUIET, "devices=2", "loss=mse", "weighted_metrics=[mae]",
+                          "dataset.shuffle=false"], model=build_uncompiled, data=(x, y, w),
+                         run_dir=tmp_path / "run")
+    reference = build_uncompiled()
+    reference.compile(optimizer=keras.optimizers.Adam(0.001), loss="mse",
+                      weighted_metrics=["mae"])
+    logs = reference.fit(x, y, sample_weight=w, epochs=1, shuffle=False, verbose=0).history
+    assert sorted(result.history) == sorted(logs)
+    assert result.history["mae"][0] == pytest.approx(logs["mae"][0], rel=1e-4)

@@ -103,8 +103,21 @@ def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
     with one_error():
         given = as_overrides(overrides, "trainer.fit")
         extra = _callbacks(callbacks)
+        _builder_not_model(model)
         with holding(**_objects(given, model=model, data=data)):
             return _fit(given, config_dir, run_dir, _named(model=model, data=data), extra)
+
+
+def _builder_not_model(model: Any) -> None:
+    """`model=` takes a function that returns the model: a Keras model itself (its variables
+    made outside the strategy's scope) is one line saying so."""
+    if isinstance(model, (str, type)) or not all(
+            hasattr(model, name) for name in ("fit", "compile", "layers")):
+        return
+    raise ConfigError(f"model= takes a function that returns the model, not a model (a "
+                      f"{type(model).__name__}): trainer calls it inside the strategy's "
+                      "scope, so the variables are mirrored over the replicas; pass a "
+                      "function that returns it (def build(): return model ...; model=build)")
 
 
 def _callbacks(callbacks: Any) -> tuple:

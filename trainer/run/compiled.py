@@ -25,6 +25,7 @@ from trainer.task.build import (
     build_model,
     check_class_losses,
     check_one_batch,
+    check_variables_in_scope,
     choose_task,
     default_loss,
     logged_metrics,
@@ -102,6 +103,7 @@ def compiled_model(spec: Spec, data: Data, global_batch: int, steps: int,
     task = choose_task(model, {"loss": loss_for_labels(spec.loss, spec.augment),
                                "loss_named": spec.loss not in (None, default_loss()),
                                "metrics": spec.metrics, "loss_weights": spec.loss_weights,
+                               "weighted_metrics": spec.weighted_metrics,
                                "optimizer": spec.optimizer, "targets": y is not None},
                        source.num_classes is not None, outputs)
     lr = learning_rate(plan_of(spec.lr, task), global_batch, steps, spec.epochs)
@@ -113,6 +115,7 @@ def compiled_model(spec: Spec, data: Data, global_batch: int, steps: int,
                   steps_per_execution=speed.steps_per_execution,
                   jit_compile=speed.jit_compile)
     build_compiled(model, x, y)
+    check_variables_in_scope(model, place[0])
     check_class_losses(model, y)
     check_one_batch(model, data.probe, source.num_classes, data.validation is not None)
     names, ways = logged_metrics(model)

@@ -232,8 +232,28 @@ def output_spec(model: keras.Model, x: Any) -> Any:
 
 
 def _structure(value: Any) -> Any:
-    """Shapes (and dtypes) of a structure of tensors or specs, for a message."""
-    return tf.nest.map_structure(lambda t: f"{t.dtype}{tuple(t.shape)}", value)
+    """Shapes (and dtypes) of a structure of tensors or specs, for a message (None where
+    there is none: inputs alone have no targets)."""
+    def shown(t: Any) -> str:
+        if not hasattr(t, "shape"):
+            return "none" if t is None else type(t).__name__
+        return f"{getattr(t, 'dtype', '')}{tuple(t.shape)}"
+
+    return "none" if value is None else tf.nest.map_structure(shown, value)
+
+
+def check_variables_in_scope(model: keras.Model, strategy: tf.distribute.Strategy) -> None:
+    """Every variable of the built model was created inside the strategy's scope (mirrored
+    over its replicas): one made before (a layer built at a script's top level, a model
+    kept from an earlier call) would fail in the first step, deep in TensorFlow."""
+    for variable in model.variables:
+        if not strategy.extended.variable_created_in_scope(variable.value):
+            raise ConfigError(
+                f"the model's variable {variable.path} was created outside the strategy's "
+                "scope (a layer or model made before trainer called the builder: at a "
+                "script's top level, or kept from an earlier call), so it is not mirrored "
+                "over the replicas: create every layer inside the builder function "
+                "(model=build), which trainer calls in the scope")
 
 
 def default_metrics(specs: Any, classes: bool, outputs: int) -> Any:
@@ -325,8 +345,9 @@ def choose_task(model: keras.Model, config: Mapping[str, Any], classes: bool,
 
     Args:
         model: what the model builder returned.
-        config: the config's `loss`, `metrics`, `loss_weights` and `optimizer`; `targets`
-            False where the dataset gives inputs alone (no loss then, but the model's own).
+        config: the config's `loss`, `metrics`, `loss_weights`, `weighted_metrics` and
+            `optimizer`; `targets` False where the dataset gives inputs alone (no loss then,
+            but the model's own).
         classes: whether the dataset's targets are classes.
         outputs: the model's outputs.
     """
@@ -335,21 +356,30 @@ def choose_task(model: keras.Model, config: Mapping[str, Any], classes: bool,
         raise ConfigError(f"loss={_named(config['loss'])} needs targets; the dataset gives "
                           "inputs alone (x, no y): remove loss (a model that trains on x "
                           "makes its own loss: its train_step, or add_loss), or give (x, y)")
+    weighted = config.get("weighted_metrics")
+    weighted = None if weighted is None else compiled_metrics(weighted)
     if not getattr(model, "compiled", False):
         if not config.get("targets", True):  # x alone: the model's add_loss trains
             metrics = None if config["metrics"] is None else compiled_metrics(config["metrics"])
-            return Task(None, None, metrics)
+            return Task(None, None, metrics, weighted)
         named = default_metrics(config["metrics"], classes, outputs)
         return Task(build_losses(config["loss"]), config["loss_weights"],
-                    compiled_metrics(named))
+                    compiled_metrics(named), weighted)
     own = compile_arguments(model)
     loss = own.get("loss")
+    if loss is not None and not config.get("targets", True):
+        raise ConfigError(f"the model builder compiled the model with loss {_named(loss)}, "
+                          "which needs targets; the dataset gives inputs alone (x, no y): "
+                          "give (x, y), or compile without a loss (a model that trains on x "
+                          "makes its own: its train_step, or add_loss)")
     _conflict("loss", loss, config["loss"], config.get("loss_named",
                                                    config["loss"] != default_loss()))
     _conflict("metrics", own.get("metrics") or own.get("weighted_metrics"),
               config["metrics"], config["metrics"] is not None)
     _conflict("loss_weights", own.get("loss_weights"), config["loss_weights"],
               config["loss_weights"] is not None)
+    _conflict("weighted_metrics", own.get("weighted_metrics"), weighted, weighted is not None)
+    weighted = own.get("weighted_metrics") or weighted
     if own.get("metrics") or own.get("weighted_metrics"):
         metrics = own.get("metrics")
     elif config["metrics"] is not None:
@@ -360,10 +390,10 @@ def choose_task(model: keras.Model, config: Mapping[str, Any], classes: bool,
         own.get("optimizer"), config["optimizer"])
     if loss is None and not named_loss:
         # compiled with no loss: its own `add_loss` is what trains, as in Keras's fit
-        return Task(None, None, metrics, own.get("weighted_metrics"), optimizer, BY_BUILDER)
+        return Task(None, None, metrics, weighted, optimizer, BY_BUILDER)
     return Task(build_losses(loss if loss is not None else config["loss"]),
                 own.get("loss_weights") if loss is not None else config["loss_weights"],
-                metrics, own.get("weighted_metrics"), optimizer, BY_BUILDER)
+                metrics, weighted, optimizer, BY_BUILDER)
 
 
 def _conflict(key: str, theirs: Any, ours: Any, named: bool) -> None:
