@@ -69,7 +69,8 @@ class Result:
 
 
 def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
-        run_dir: str | Path | None = None, *, model: Any = None, data: Any = None) -> Result:
+        run_dir: str | Path | None = None, *, model: Any = None, data: Any = None,
+        callbacks: Sequence[Any] = ()) -> Result:
     """Trains as `python -m trainer OVERRIDES` would, in this process.
 
     Args:
@@ -85,8 +86,11 @@ def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
         data: the data instead of `dataset._target_`: a `Source`, a `tf.data.Dataset`
             (batched or not), arrays `(x, y)`, `(x, y, sample_weight)` or `x`, a dict of
             such splits (`train`, `validation`, `test`), a function returning one of
-            those, or its dotted name. A batched dataset's own batch is the global batch
-            unless the overrides set `batch.per_replica` or `batch.global_size`.
+            those, or its dotted name. Unless the overrides set `batch.per_replica` or
+            `batch.global_size`, the global batch is Keras's: a batched dataset's own, else 32.
+        callbacks: Keras callback objects (`keras.callbacks.Callback`, a class of the
+            script's own too), called as `model.fit(callbacks=...)` calls them, after
+            trainer's own and the config's; the summary names them.
 
     Returns:
         The run's `Result`; for `resume=DIR` of a finished run with nothing more to do, the
@@ -98,15 +102,39 @@ def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
     process.quiet_logs()
     with one_error():
         given = as_overrides(overrides, "trainer.fit")
+        extra = _callbacks(callbacks)
+        _builder_not_model(model)
         with holding(**_objects(given, model=model, data=data)):
-            return _fit(given, config_dir, run_dir, _named(model=model, data=data))
+            return _fit(given, config_dir, run_dir, _named(model=model, data=data), extra)
+
+
+def _builder_not_model(model: Any) -> None:
+    """`model=` takes a function that returns the model: a Keras model itself (its variables
+    made outside the strategy's scope) is one line saying so."""
+    if isinstance(model, (str, type)) or not all(
+            hasattr(model, name) for name in ("fit", "compile", "layers")):
+        return
+    raise ConfigError(f"model= takes a function that returns the model, not a model (a "
+                      f"{type(model).__name__}): trainer calls it inside the strategy's "
+                      "scope, so the variables are mirrored over the replicas; pass a "
+                      "function that returns it (def build(): return model ...; model=build)")
+
+
+def _callbacks(callbacks: Any) -> tuple:
+    """`fit`'s `callbacks` as a tuple; anything but a list or tuple of them is one line
+    (each is checked to be a Keras callback once Keras is imported: `trainer.run.wiring`)."""
+    if isinstance(callbacks, (list, tuple)):
+        return tuple(callbacks)
+    raise ConfigError("trainer.fit takes callbacks as a list of Keras callbacks, as "
+                      f"model.fit does (callbacks=[...]); received: {type(callbacks).__name__}")
 
 
 def _fit(given: list[str], config_dir: str | Path | None, run_dir: str | Path | None,
-         named: list[str]) -> Result:
-    """`fit` once its objects are held: `named` are the overrides that name them."""
+         named: list[str], callbacks: tuple = ()) -> Result:
+    """`fit` once its objects are held: `named` are the overrides that name them;
+    `callbacks` the Keras callbacks given to the call."""
     with one_error():
-        given = [*named, *given]
+        given = [*named, *_global_size_alone(given)]
         args = [*(["--config-dir", str(config_dir)] if config_dir is not None else []), *given]
         if run_dir is not None:
             args.append(f"hydra.run.dir={run_dir}")
@@ -115,11 +143,11 @@ def _fit(given: list[str], config_dir: str | Path | None, run_dir: str | Path | 
                               "line's: call fit in a loop, or run python -m trainer -m ...")
         register_configs()
         with at_url(args):  # a run directory at a URL: the run writes its local mirror
-            return _run(args, given)
+            return _run(args, given, callbacks)
 
 
-def _run(args: list[str], given: list[str]) -> Result:
-    """Composes and runs `fit`'s command line (`args`)."""
+def _run(args: list[str], given: list[str], callbacks: tuple = ()) -> Result:
+    """Composes and runs `fit`'s command line (`args`), with the given Keras callbacks."""
     with one_error():
         run = composed(args)
         if run is None:
@@ -128,12 +156,23 @@ def _run(args: list[str], given: list[str]) -> Result:
         # `.hydra/` once the run's data is checked too: a refused rerun leaves it as it was
         record = partial(_save_config, Path(run.logs), run.cfg, run.overrides)
         found = begin(run.cfg, run.logs, process.start_run, choices=run.choices,
-                      record=record)
+                      record=record, callbacks=callbacks)
         if isinstance(found, Finished):
             return _result(found.run_dir)
         if run.cfg.get("tune") is not None:
             return found  # what the tuner found (trainer.tune)
         return _result(Path(run.cfg.get("resume") or run.logs))
+
+
+def _global_size_alone(overrides: list[str]) -> list[str]:
+    """The overrides, with `batch.per_replica=null` added where they set
+    `batch.global_size` and not `batch.per_replica`: the global batch alone sets the batch,
+    as `fit(batch_size=N)` does, instead of being refused beside the default per-replica
+    batch."""
+    keys = {o.lstrip("+~").split("=", 1)[0]: o.split("=", 1)[-1] for o in overrides}
+    if keys.get("batch.global_size", "null") == "null" or "batch.per_replica" in keys:
+        return overrides
+    return [*overrides, "batch.per_replica=null"]
 
 
 def _named(**objects: Any) -> list[str]:

@@ -280,6 +280,9 @@ class Config:
     # null: [accuracy] for class targets, none otherwise (a mapping replaces null; OmegaConf
     # cannot merge a mapping over a list)
     metrics: Any = None
+    # Keras's compile(weighted_metrics=...): metrics weighted by the sample (and class)
+    # weights, in the same forms as `metrics`; null: none.
+    weighted_metrics: Any = None
     # Multi-output models: loss and metrics may be mappings per output name, and the
     # outputs' losses are weighted by loss_weights (a mapping, as Keras's compile takes it).
     loss_weights: Any = None

@@ -146,7 +146,8 @@ def _validate_profile(profile: Any) -> None:
 
 # Nodes whose keys are their builders' arguments (checked by the builder), not the schema's.
 OPEN_NODES = ("model", "dataset", "optimizer", "callbacks", "logger", "hydra", "loss",
-              "metrics", "loss_weights", "class_weight", "augment", "profile", "devices",
+              "metrics", "weighted_metrics", "loss_weights", "class_weight", "augment",
+              "profile", "devices",
               "steps_per_execution", "jit_compile", "verbose", "hparams_search", "experiment")
 
 
@@ -609,6 +610,10 @@ def _validate_task(cfg: DictConfig) -> None:
              "with _target_ (e.g. [accuracy]), a list of such lists in output order, a "
              f"mapping per output name of such lists, or null; received: "
              f"{_plain(cfg.metrics)!r}")
+    _require(_is_metrics(cfg.weighted_metrics), "weighted_metrics must be as metrics are (a "
+             "list of metric names or nodes with _target_, a list of such lists in output "
+             f"order, a mapping per output name of such lists), or null; received: "
+             f"{_plain(cfg.weighted_metrics)!r}")
     callbacks = cfg.callbacks
     _require(isinstance(callbacks, DictConfig), "callbacks must be a mapping of names to nodes "
              f"with _target_, e.g. callbacks=[early_stopping]; received: {callbacks!r}")

@@ -313,14 +313,18 @@ def taken_by_target(node: dict[str, Any], key: str) -> bool:
     return key in options_for({**node, key: None}, (key,))
 
 
+# Keras's `fit(x, y)` batch where it is given none (`batch_size=None`).
+KERAS_BATCH = 32
+
+
 def batch_of_data(batch: Any, lr: Any, source: Source) -> tuple[Any, Any]:
-    """The batch config and learning-rate plan, with a batched dataset's own batch as the
-    global batch where `trainer.fit(data=...)` was given one and its overrides set no batch
-    (Keras's `fit(dataset)` trains at the dataset's batch); `reference_batch: auto`
-    follows it, so the model's rate is its rate at that batch on any device count."""
-    size = source.given_batch
-    if size is None or not given_flag("batch_from_data"):
+    """The batch config and learning-rate plan, where `trainer.fit(data=...)` was given data
+    and its overrides set no batch: Keras's `fit` batch as the global batch, a batched
+    dataset's own batch (`fit(dataset)`), else Keras's 32 (`fit(x, y)`); `reference_batch:
+    auto` follows it, so the model's rate is its rate at that batch on any device count."""
+    if not given_flag("batch_from_data"):
         return batch, lr
+    size = source.given_batch or KERAS_BATCH
     if lr.reference_auto:
         lr = dataclasses.replace(lr, reference_batch=size)
     return dataclasses.replace(batch, per_replica=None, global_size=size), lr

@@ -39,6 +39,21 @@ def keeps_own_test_step(model: keras.Model) -> bool:
     return type(model).test_step is not TensorFlowTrainer.test_step
 
 
+def defines_call(model: keras.Model) -> bool:
+    """Whether the model computes outputs: a functional or Sequential model, or a subclass
+    with its own `call` (keras.io's VAE has none: its `train_step` calls its parts)."""
+    return type(model).call is not keras.Model.call
+
+
+def build_without_call(model: keras.Model) -> None:
+    """Marks a model with no `call` built once its parts are (Keras's symbolic build would
+    call it), and builds its optimizer's state for its variables, as Keras's first step
+    would, here inside the strategy's scope."""
+    model.built = True
+    if model.optimizer is not None and not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+
+
 def forward(model: keras.Model, x: Any, training: bool) -> Any:
     """The model's outputs, with `training` where its `call` takes it (as Keras's step)."""
     return model(x, training=training) if model._call_has_training_arg else model(x)

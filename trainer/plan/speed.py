@@ -9,7 +9,7 @@ although the CPU reports AVX512_BF16, and at 0.25x with XLA (plain Keras: 0.33x,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from trainer.config.errors import ConfigError
@@ -18,12 +18,15 @@ from trainer.config.schema import PRECISIONS
 
 @dataclass(frozen=True)
 class SpeedPlan:
-    """What the run uses, and why (one reason per choice)."""
+    """What the run uses, and why (one reason per choice), on `replicas` devices of `kind`
+    (`cpu`, `gpu`)."""
 
     precision: str
     jit_compile: bool | str
     steps_per_execution: int
     reasons: tuple[str, ...]
+    kind: str = "cpu"
+    replicas: int = 1
 
 
 def choose_speed(precision: str, jit_compile: Any, steps_per_execution: Any, kind: str,
@@ -46,7 +49,33 @@ def choose_speed(precision: str, jit_compile: Any, steps_per_execution: Any, kin
     p, p_why = _precision(precision, kind, compute_capability)
     j, j_why = _jit(jit_compile, kind, replicas)
     s, s_why = _steps(steps_per_execution, replicas, loop)
-    return SpeedPlan(p, j, s, (p_why, j_why, s_why))
+    return SpeedPlan(p, j, s, (p_why, j_why, s_why), kind, replicas)
+
+
+def with_compiled_jit(speed: SpeedPlan, compiled: Any, asked: Any) -> SpeedPlan:
+    """The plan with a model builder's own `compile(jit_compile=True)` honoured where the
+    config leaves XLA to trainer (`jit_compile=auto`), as Keras's `fit` would compile the
+    step; one line where the config says `false` or XLA cannot run here.
+
+    Args:
+        speed: the plan `choose_speed` made.
+        compiled: the `jit_compile` the builder compiled the model with (None: not compiled).
+        asked: the config's `jit_compile`.
+    """
+    if compiled is not True or speed.jit_compile is True:
+        return speed
+    said = "the model builder compiled the model with jit_compile=True"
+    if asked is False:
+        raise ConfigError(f"{said}; the config also names jit_compile=false: keep one (remove "
+                          "jit_compile=false, or compile the model without jit_compile)")
+    if speed.kind == "cpu" and speed.replicas > 1:
+        raise ConfigError(f"{said}, which cannot run on {speed.replicas} CPU replicas: XLA "
+                          "compiles each replica's step into one CPU device's cluster, which "
+                          "cannot update the variables mirrored on the others; compile "
+                          "without jit_compile=True, or use devices=1")
+    reasons = tuple("jit_compile=true: the model builder compiled the model with it"
+                    if r.startswith("jit_compile=") else r for r in speed.reasons)
+    return replace(speed, jit_compile=True, reasons=reasons)
 
 
 def _precision(value: str, kind: str, cc: tuple[int, int] | None) -> tuple[str, str]:

@@ -152,6 +152,7 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None,
             spec, checkpoint=replace(spec.checkpoint, monitor=monitor))
         batch_norm = synchronize_batch_norm(compiled.model, spec.sync_batchnorm,
                                             strategy.num_replicas_in_sync, batch.accumulate)
+        speed = compiled.speed or speed  # a model builder's jit_compile=True kept
         fit_callbacks, own_step = install_step(compiled.model, loop, batch.accumulate,
                                       speed.steps_per_execution)
     return Run(strategy=strategy, strategy_name=strategy_name, cross_device_ops=cross,

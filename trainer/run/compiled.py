@@ -17,14 +17,16 @@ from trainer.config.errors import ConfigError
 from trainer.data.wiring import Data, loss_for_labels, model_ready
 from trainer.distribute.adapt import build_adapting, decided_apart
 from trainer.distribute.cluster import Cluster
+from trainer.internals.keras_compile import compile_arguments
 from trainer.plan.schedule import LearningRate, learning_rate
-from trainer.plan.speed import SpeedPlan
+from trainer.plan.speed import SpeedPlan, with_compiled_jit
 from trainer.run.resolve import Spec
 from trainer.task.build import (
     build_compiled,
     build_model,
     check_class_losses,
     check_one_batch,
+    check_variables_in_scope,
     choose_task,
     default_loss,
     logged_metrics,
@@ -41,7 +43,8 @@ from trainer.task.build import (
 class Compiled:
     """The compiled model, its learning rate and loss, the names and directions of what it
     logs, who compiled it, why checkpoints hold weights only (or None), the summary's notes
-    on adapting."""
+    on adapting, and the speed plan it was compiled with (a builder's `jit_compile=True`
+    kept)."""
 
     model: Any
     lr: LearningRate
@@ -51,6 +54,7 @@ class Compiled:
     by: str
     weights_only: str | None
     notes: tuple[str, ...] = ()
+    speed: SpeedPlan | None = None
 
 
 def _builder(spec: Spec, source: Any) -> Any:
@@ -96,27 +100,32 @@ def compiled_model(spec: Spec, data: Data, global_batch: int, steps: int,
     model, notes = _built(spec, source, place)
     x, y, _ = keras.utils.unpack_x_y_sample_weight(symbolic_batch(data.probe.element_spec))
     try:
+        # None: a model with no call(), trained by its train_step
         y_pred = output_spec(model, x)
     except ConfigError as error:  # say how an ambiguous form was read (`[a, b]` as (x, y))
         if source.read_as is None:
             raise
         raise ConfigError(f"{error} ({source.read_as})") from None
-    outputs = len(keras.tree.flatten(y_pred))
+    outputs = len(keras.tree.flatten(y_pred)) if y_pred is not None else 1
     task = choose_task(model, {"loss": loss_for_labels(spec.loss, spec.augment),
-                               "loss_named": spec.loss != default_loss(),
+                               "loss_named": spec.loss not in (None, default_loss()),
                                "metrics": spec.metrics, "loss_weights": spec.loss_weights,
+                               "weighted_metrics": spec.weighted_metrics,
                                "optimizer": spec.optimizer, "targets": y is not None},
                        source.num_classes is not None, outputs)
     lr = learning_rate(plan_of(spec.lr, task), global_batch, steps, spec.epochs)
+    speed = with_compiled_jit(speed, compile_arguments(model).get("jit_compile")
+                              if getattr(model, "compiled", False) else None, spec.jit_compile)
     model.compile(optimizer=optimizer_for(task, spec.optimizer, lr.schedule), loss=task.loss,
                   loss_weights=task.loss_weights, metrics=task.metrics,
                   weighted_metrics=task.weighted_metrics,
                   steps_per_execution=speed.steps_per_execution,
                   jit_compile=speed.jit_compile)
     build_compiled(model, x, y)
+    check_variables_in_scope(model, place[0])
     check_class_losses(model, data.probe)
-    check_one_batch(model, data.probe, source.num_classes)
+    check_one_batch(model, data.probe, source.num_classes, data.validation is not None)
     names, ways = logged_metrics(model)
     weights_only = make_saveable(model)
     return Compiled(model, lr, task.loss, tuple(names), ways, task.compiled_by, weights_only,
-                     notes)
+                     notes, speed)

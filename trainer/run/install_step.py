@@ -9,6 +9,7 @@ from trainer.config.errors import ConfigError
 from trainer.internals.keras_step import build_from_one_replica, evaluate_one_step_per_call
 from trainer.run.accumulate import accumulating_train_step
 from trainer.run.step import (
+    as_keras_passes,
     exact_test_step,
     exact_train_step,
     keeps_own_step,
@@ -36,6 +37,8 @@ def install_step(model: Any, loop: str, accumulate: int,
     if not own:
         model.train_step = (accumulating_train_step(model, accumulate) if accumulate > 1
                             else exact_train_step(model))
+    else:
+        model.train_step = as_keras_passes(model.train_step)
     model.test_step = exact_test_step(model)
     if loop != "fit":
         return (), own

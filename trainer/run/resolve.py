@@ -78,6 +78,7 @@ class Spec:
     dataset_defaults: tuple[str, ...]
     loss: Any
     metrics: list[Any] | dict[str, list[Any]] | None
+    weighted_metrics: list[Any] | dict[str, list[Any]] | None
     loss_weights: dict[str, float] | list[float] | None
     class_weight: dict[int, float] | None
     callbacks: dict[str, Any]
@@ -169,7 +170,7 @@ def resolve(cfg: DictConfig, choices: dict[str, str] | None = None,
         dataset=dict(record["dataset"]),
         model_defaults=_defaults(cfg.model), dataset_defaults=_defaults(cfg.dataset),
         loss=node("loss"),
-        metrics=_metrics(record["metrics"]),
+        metrics=_metrics(record["metrics"]), weighted_metrics=_metrics(node("weighted_metrics")),
         loss_weights=node("loss_weights"),
         class_weight=({int(k): float(v) for k, v in node("class_weight").items()}
                       if node("class_weight") is not None else None),

@@ -59,6 +59,19 @@ def keeps_own_step(model: keras.Model) -> bool:
     return keeps_own_train_step(model)
 
 
+def as_keras_passes(step: Any) -> Any:
+    """A model's own `train_step` or `test_step` called with a batch as Keras's `fit` passes
+    it: inputs alone (`fit(x)`, a dataset of `x`) as the inputs themselves, not the `(x,)`
+    trainer's pipeline holds (keras.io's VAE encodes `data` as it comes). Keras passes `(x,)`
+    where `x` is itself a tuple or list of inputs, and so does this."""
+    def passed(data):
+        if isinstance(data, tuple) and len(data) == 1 and not isinstance(data[0], (tuple, list)):
+            data = data[0]
+        return step(data)
+
+    return passed
+
+
 def global_count(local: tf.Tensor) -> tf.Tensor:
     """Examples in the global step (float32): this replica's, summed over the replicas."""
     local = tf.cast(local, tf.float32)
@@ -171,7 +184,7 @@ def exact_test_step(model: keras.Model) -> Any:
     counting as on one device; a model's own `test_step` is kept, its trackers counting."""
     count = count_output_losses(model)
     if keeps_own_test_step(model):
-        original = model.test_step
+        original = as_keras_passes(model.test_step)
 
         def own_test_step(data):
             x, _, _ = unpack(data)

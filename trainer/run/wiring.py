@@ -25,6 +25,7 @@ from trainer.run.resolve import Spec
 from trainer.rundir.backup import Backup, BackupStore
 from trainer.rundir.layout import RunDir
 from trainer.task.build import build_callbacks as build_user_callbacks
+from trainer.task.build import check_given_callbacks
 from trainer.track.curves import Curves
 from trainer.track.pruning import optuna_trial
 from trainer.track.sweep import check_metric_name
@@ -112,7 +113,7 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
     return Callbacks(
         throughput=Throughput(run.data.source.train_size, run.batch.global_size, started),
         backup=backup, checkpoints=tuple(saved), trackers=trackers, watchdog=watchdog,
-        user=(*user, *extra), kept=kept,
+        user=(*user, *check_given_callbacks(extra)), kept=kept,
         handoff=HandOff.of(backup, run_dir) if evaluator and run.is_chief else None,
         trial=optuna_trial(spec.optimized_metric, run.logged, run.workers),
         curves=Curves(run_dir, lambda: backup.history, saving.monitor if saving.save_best

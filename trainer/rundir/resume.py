@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config.errors import ConfigError
+from trainer.config.given import NODES, is_marker, lookup
 from trainer.config.schema import LrPlan
 from trainer.config.validate import cache_mode
 from trainer.rundir.layout import RunDir
@@ -166,6 +167,7 @@ def check_resume(run_dir: Path, state: dict[str, Any] | None,
                           f"epochs={new['epochs']} is fewer; pass epochs>={reached} to "
                           "continue it (its checkpoints are kept)")
     old, now = _cache_modes(flatten(state["config"])), _cache_modes(flatten(new))
+    _objects_again(old, now)
     changed = {k: [old.get(k), now.get(k)] for k in sorted(set(old) | set(now))
                if old.get(k) != now.get(k) and k != "resume" and not _predates(k, old, now)
                and not same_place(old.get(k), now.get(k)) and not same_reference(k, old, now)}
@@ -193,6 +195,15 @@ def check_resume(run_dir: Path, state: dict[str, Any] | None,
                           f"batch.per_replica=null batch.global_size={saved} to resume it on "
                           "any device count")
     return changed
+
+
+def _objects_again(old: dict[str, Any], now: dict[str, Any]) -> None:
+    """A run started from Python objects (`trainer.fit(model=..., data=...)`) resumed without
+    them: the one line `trainer.config.given.lookup` says (which object, what to pass),
+    rather than a config diff of its markers."""
+    for role, node in NODES.items():
+        if is_marker(old.get(f"{node}._target_")) and not is_marker(now.get(f"{node}._target_")):
+            lookup(role, old.get(f"{node}.given"))
 
 
 def check_global_batch(run_dir: Path, state: dict[str, Any] | None, global_batch: int,

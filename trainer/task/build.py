@@ -36,6 +36,8 @@ from trainer.internals.keras_compile import (
 )
 from trainer.internals.keras_compile import output_spec as output_spec_of
 from trainer.internals.keras_step import (
+    build_without_call,
+    defines_call,
     keeps_own_test_step,
     keeps_own_train_step,
     symbolic_build,
@@ -212,8 +214,16 @@ def symbolic_batch(element_spec: Any) -> Any:
 
 def output_spec(model: keras.Model, x: Any) -> Any:
     """The model's outputs for symbolic inputs `x`, building its variables as Keras's fit
-    does on its first batch (a subclassed model has none until then). Call inside the
-    strategy's scope."""
+    does on its first batch (a subclassed model has none until then); None for a model with
+    its own `train_step` and no `call` (keras.io's VAE), which nothing calls. Call inside
+    the strategy's scope."""
+    if not defines_call(model):
+        name = type(model).__name__
+        if keeps_own_train_step(model):
+            return None
+        raise ConfigError(f"model class {name} defines no call(), so Keras's train_step "
+                          f"cannot compute its outputs: define {name}.call(inputs), or a "
+                          "train_step of its own")
     try:
         return output_spec_of(model, x)
     except Exception as error:  # noqa: BLE001 - a model that cannot take the data
@@ -222,8 +232,28 @@ def output_spec(model: keras.Model, x: Any) -> Any:
 
 
 def _structure(value: Any) -> Any:
-    """Shapes (and dtypes) of a structure of tensors or specs, for a message."""
-    return tf.nest.map_structure(lambda t: f"{t.dtype}{tuple(t.shape)}", value)
+    """Shapes (and dtypes) of a structure of tensors or specs, for a message (None where
+    there is none: inputs alone have no targets)."""
+    def shown(t: Any) -> str:
+        if not hasattr(t, "shape"):
+            return "none" if t is None else type(t).__name__
+        return f"{getattr(t, 'dtype', '')}{tuple(t.shape)}"
+
+    return "none" if value is None else tf.nest.map_structure(shown, value)
+
+
+def check_variables_in_scope(model: keras.Model, strategy: tf.distribute.Strategy) -> None:
+    """Every variable of the built model was created inside the strategy's scope (mirrored
+    over its replicas): one made before (a layer built at a script's top level, a model
+    kept from an earlier call) would fail in the first step, deep in TensorFlow."""
+    for variable in model.variables:
+        if not strategy.extended.variable_created_in_scope(variable.value):
+            raise ConfigError(
+                f"the model's variable {variable.path} was created outside the strategy's "
+                "scope (a layer or model made before trainer called the builder: at a "
+                "script's top level, or kept from an earlier call), so it is not mirrored "
+                "over the replicas: create every layer inside the builder function "
+                "(model=build), which trainer calls in the scope")
 
 
 def default_metrics(specs: Any, classes: bool, outputs: int) -> Any:
@@ -315,8 +345,9 @@ def choose_task(model: keras.Model, config: Mapping[str, Any], classes: bool,
 
     Args:
         model: what the model builder returned.
-        config: the config's `loss`, `metrics`, `loss_weights` and `optimizer`; `targets`
-            False where the dataset gives inputs alone (no loss then, but the model's own).
+        config: the config's `loss`, `metrics`, `loss_weights`, `weighted_metrics` and
+            `optimizer`; `targets` False where the dataset gives inputs alone (no loss then,
+            but the model's own).
         classes: whether the dataset's targets are classes.
         outputs: the model's outputs.
     """
@@ -325,21 +356,30 @@ def choose_task(model: keras.Model, config: Mapping[str, Any], classes: bool,
         raise ConfigError(f"loss={_named(config['loss'])} needs targets; the dataset gives "
                           "inputs alone (x, no y): remove loss (a model that trains on x "
                           "makes its own loss: its train_step, or add_loss), or give (x, y)")
+    weighted = config.get("weighted_metrics")
+    weighted = None if weighted is None else compiled_metrics(weighted)
     if not getattr(model, "compiled", False):
         if not config.get("targets", True):  # x alone: the model's add_loss trains
             metrics = None if config["metrics"] is None else compiled_metrics(config["metrics"])
-            return Task(None, None, metrics)
+            return Task(None, None, metrics, weighted)
         named = default_metrics(config["metrics"], classes, outputs)
         return Task(build_losses(config["loss"]), config["loss_weights"],
-                    compiled_metrics(named))
+                    compiled_metrics(named), weighted)
     own = compile_arguments(model)
     loss = own.get("loss")
+    if loss is not None and not config.get("targets", True):
+        raise ConfigError(f"the model builder compiled the model with loss {_named(loss)}, "
+                          "which needs targets; the dataset gives inputs alone (x, no y): "
+                          "give (x, y), or compile without a loss (a model that trains on x "
+                          "makes its own: its train_step, or add_loss)")
     _conflict("loss", loss, config["loss"], config.get("loss_named",
                                                    config["loss"] != default_loss()))
     _conflict("metrics", own.get("metrics") or own.get("weighted_metrics"),
               config["metrics"], config["metrics"] is not None)
     _conflict("loss_weights", own.get("loss_weights"), config["loss_weights"],
               config["loss_weights"] is not None)
+    _conflict("weighted_metrics", own.get("weighted_metrics"), weighted, weighted is not None)
+    weighted = own.get("weighted_metrics") or weighted
     if own.get("metrics") or own.get("weighted_metrics"):
         metrics = own.get("metrics")
     elif config["metrics"] is not None:
@@ -350,10 +390,10 @@ def choose_task(model: keras.Model, config: Mapping[str, Any], classes: bool,
         own.get("optimizer"), config["optimizer"])
     if loss is None and not named_loss:
         # compiled with no loss: its own `add_loss` is what trains, as in Keras's fit
-        return Task(None, None, metrics, own.get("weighted_metrics"), optimizer, BY_BUILDER)
+        return Task(None, None, metrics, weighted, optimizer, BY_BUILDER)
     return Task(build_losses(loss if loss is not None else config["loss"]),
                 own.get("loss_weights") if loss is not None else config["loss_weights"],
-                metrics, own.get("weighted_metrics"), optimizer, BY_BUILDER)
+                metrics, weighted, optimizer, BY_BUILDER)
 
 
 def _conflict(key: str, theirs: Any, ours: Any, named: bool) -> None:
@@ -462,7 +502,11 @@ def optimizer_settings(optimizer: keras.optimizers.Optimizer) -> dict[str, Any]:
 def build_compiled(model: keras.Model, x: Any, y: Any) -> None:
     """Builds a compiled model's loss, metrics and optimizer from symbolic batches, as
     Keras's fit does from its first batch (call inside the strategy's scope); a loss or
-    metrics that do not fit the outputs and targets is one line."""
+    metrics that do not fit the outputs and targets is one line. A model with no `call`
+    (its `train_step` calls its parts) is built from its parts."""
+    if not defines_call(model):
+        build_without_call(model)
+        return
     try:
         symbolic_build(model, (x, y))
     except (ValueError, TypeError, KeyError) as error:
@@ -562,7 +606,7 @@ PROBED = 8
 
 
 def check_one_batch(model: keras.Model, batches: tf.data.Dataset,
-                    num_classes: int | None) -> None:
+                    num_classes: int | None, validated: bool = True) -> None:
     """Checks, before training, that the model's compiled losses take its outputs and the
     dataset's targets, that a class loss has a unit per class, and that a model with its
     own `train_step` can be validated.
@@ -571,6 +615,7 @@ def check_one_batch(model: keras.Model, batches: tf.data.Dataset,
         model: the compiled, built model.
         batches: the validation batches, as training's validation reads them.
         num_classes: the dataset's classes (None: not a class target).
+        validated: whether the run has a validation split (`batches` are then its own).
 
     Raises:
         ConfigError: one line naming the loss, the output and the target's shape.
@@ -582,13 +627,14 @@ def check_one_batch(model: keras.Model, batches: tf.data.Dataset,
         return                 # data checks name it, with the source's words, as it trains
     if batch is None:
         return
+    if keeps_own_train_step(model):
+        if validated:
+            _check_validation(model, entries)
+        return
     x, y, _ = keras.utils.unpack_x_y_sample_weight(batch)
     x, y = (None if part is None else keras.tree.map_structure(
         lambda t: None if t is None else t[:PROBED], part) for part in (x, y))  # an optional input
     y_pred = model(x, training=False)
-    if keeps_own_train_step(model):
-        _check_validation(model, entries)
-        return
     if type(model).compute_loss is not keras.Model.compute_loss:
         return  # its own compute_loss decides which loss takes which output
     for index, entry in enumerate(entries):
@@ -625,14 +671,16 @@ def _check_units(entry: Any, what: str, output: Any, num_classes: int | None) ->
 def _check_validation(model: keras.Model, entries: list) -> None:
     """A model with its own `train_step` is validated by trainer's test step (Keras's, with
     exact weights), which needs a loss: compiled, or added in the forward pass."""
-    if keeps_own_test_step(model) or entries or model.losses:
+    if keeps_own_test_step(model) or (defines_call(model) and (entries or model.losses)):
         return
     name = type(model).__name__
+    what, loss = ("no call() to validate with", "") if not defines_call(model) else (
+        "no loss to validate with (compiled without one, and none added in its forward "
+        "pass)", ", give a loss (loss=... in the config)")
     raise ConfigError(
-        f"model class {name} trains with its own train_step, but has no test_step and no "
-        "loss to validate with (compiled without one, and none added in its forward pass): "
-        f"validation would fail after the first epoch; define {name}.test_step (returning "
-        "its logs, as train_step does), or give a loss (loss=... in the config)")
+        f"model class {name} trains with its own train_step, but has no test_step and "
+        f"{what}, and the run has a validation split: define {name}.test_step (returning "
+        f"its logs, as train_step does){loss}, or give no validation data")
 
 
 def _output_part(structure: Any, entry: Any, index: int) -> Any:
@@ -723,6 +771,16 @@ def build_callbacks(nodes: Mapping, run_dir: Path,
                               f"received: {type(callback).__name__}")
         built.append(callback)
     return built
+
+
+def check_given_callbacks(callbacks: Sequence[Any]) -> Sequence[Any]:
+    """Callbacks given as objects (`trainer.fit(callbacks=[...])`), returned where all are
+    Keras's; one line naming the first that is not."""
+    for index, callback in enumerate(callbacks):
+        if not isinstance(callback, keras.callbacks.Callback):
+            raise ConfigError(f"callbacks[{index}] must be a keras.callbacks.Callback object, "
+                              f"as model.fit takes them; received: {callback!r}")
+    return callbacks
 
 
 def _callback_class(name: str, target: Any) -> Callable | None:
