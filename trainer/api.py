@@ -23,6 +23,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from trainer import child
 from trainer.config.compose import composed
 from trainer.config.errors import ConfigError
 from trainer.config.given import NODES, holding
@@ -98,8 +99,22 @@ def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
     process.quiet_logs()
     with one_error():
         given = as_overrides(overrides, "trainer.fit")
+        named = _named(model=model, data=data)
+        # TensorFlow started in this process, as this run cannot have it (trainer.child)
+        fresh = child.needed(_args([*named, *given], config_dir, run_dir))
+        if fresh is not None:
+            return child.fit_in_child(fresh, fit, dict(
+                overrides=given, config_dir=config_dir, run_dir=run_dir, model=model,
+                data=data))
         with holding(**_objects(given, model=model, data=data)):
-            return _fit(given, config_dir, run_dir, _named(model=model, data=data))
+            return _fit(given, config_dir, run_dir, named)
+
+
+def _args(given: list[str], config_dir: str | Path | None,
+          run_dir: str | Path | None) -> list[str]:
+    """`fit`'s command line: `--config-dir`, the overrides, `hydra.run.dir`."""
+    args = [*(["--config-dir", str(config_dir)] if config_dir is not None else []), *given]
+    return [*args, f"hydra.run.dir={run_dir}"] if run_dir is not None else args
 
 
 def _fit(given: list[str], config_dir: str | Path | None, run_dir: str | Path | None,
@@ -107,9 +122,7 @@ def _fit(given: list[str], config_dir: str | Path | None, run_dir: str | Path | 
     """`fit` once its objects are held: `named` are the overrides that name them."""
     with one_error():
         given = [*named, *given]
-        args = [*(["--config-dir", str(config_dir)] if config_dir is not None else []), *given]
-        if run_dir is not None:
-            args.append(f"hydra.run.dir={run_dir}")
+        args = _args(given, config_dir, run_dir)
         if any(a in ("-m", "--multirun") for a in args):
             raise ConfigError("trainer.fit runs one config; a sweep (-m) is the command "
                               "line's: call fit in a loop, or run python -m trainer -m ...")
