@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import keras
@@ -24,7 +25,8 @@ import tensorflow as tf
 from conftest import REPO
 
 import trainer
-from trainer.child import fresh_reason
+from trainer.child import fresh_reason, needed
+from trainer.internals.tf_runtime import onednn_enabled
 
 QUIET = ["verbose=0", "logger=[]", "accelerator=cpu"]
 
@@ -58,14 +60,23 @@ def build():
 
 from trainer.internals.tf_runtime import onednn_enabled
 parent_onednn = onednn_enabled()
-result = trainer.fit(["accelerator=cpu", "epochs=2", "logger=[]", "seed=1", "verbose=2",
-                      "dataset.shuffle=false", "batch.per_replica=8", *sys.argv[2:]],
-                     model=build, data=(x, y), run_dir=sys.argv[1])
+try:
+        result = trainer.fit(["accelerator=cpu", "epochs=2", "logger=[]", "seed=1", "verbose=2",
+                          "dataset.shuffle=false", "batch.per_replica=8", *sys.argv[2:]],
+                         model=build, data=(x, y), run_dir=sys.argv[1])
+except trainer.TrainerError as error:
+    print(json.dumps({"error": str(error), "exit_code": error.exit_code}))
+    raise SystemExit(1)
 weights = keras.models.load_model(result.checkpoints["last"]).get_weights()
 print(json.dumps({"history": result.history, "weights": [w.tolist() for w in weights],
                   "deterministic": result.summary["deterministic"],
                   "parent_onednn": parent_onednn}))
 """
+
+
+def _sigint_as_from_a_terminal() -> None:
+    # pytest-xdist's workers ignore SIGINT, and a child inherits that; Ctrl-C is tested here
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 class Scripts:
@@ -81,10 +92,11 @@ class Scripts:
         base = {k: v for k, v in os.environ.items()
                 if k not in ("HYDRA_FULL_ERROR", "TF_CONFIG", "TF_ENABLE_ONEDNN_OPTS")}
         base.update(PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
+        base["TMPDIR"] = str(self.tmp_path)  # the child's files: named by this test's path
         proc = subprocess.Popen(
             [sys.executable, "script.py", str(self.tmp_path / name), *args],
             cwd=self.tmp_path, env=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, start_new_session=True)
+            text=True, start_new_session=True, preexec_fn=_sigint_as_from_a_terminal)
         self.procs.append(proc)
         return proc
 
@@ -94,7 +106,35 @@ class Scripts:
         assert proc.returncode == 0, err[-3000:]
         return json.loads(out.strip().splitlines()[-1]), out, err
 
+    def read_until(self, proc: subprocess.Popen, text: str, timeout: float = 300) -> str:
+        """The script's output up to the line holding `text`."""
+        seen, timer = [], threading.Timer(timeout, os.killpg, (proc.pid, signal.SIGKILL))
+        timer.start()
+        try:
+            for line in proc.stdout:
+                seen.append(line)
+                if text in line:
+                    return "".join(seen)
+        finally:
+            timer.cancel()
+        pytest.fail(f"no {text!r} in the output:\n{''.join(seen)[-3000:]}")
+
+    def children(self) -> list[int]:
+        """The fresh processes (`python -m trainer.child`) this test started, alive."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                state = (entry / "stat").read_text().split()[2]
+            except (OSError, ValueError):
+                continue
+            if "trainer.child" in cmdline and str(self.tmp_path) in cmdline and state != "Z":
+                found.append(int(entry.name))
+        return found
+
     def kill(self) -> None:
+        for pid in self.children():
+            os.kill(pid, signal.SIGKILL)
         for proc in self.procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -129,20 +169,15 @@ def test_deterministic_true_after_tensorflow_started_with_onednn_runs_in_a_fresh
         scripts):
     """`deterministic=true` where TensorFlow started with oneDNN's kernels on (forced here,
     as a CPU with AVX-512 does by default): the run goes to a fresh process, where they are
-    off, as in a run started from the command line. A user who asked for them keeps them."""
+    off, as in a run started from the command line."""
     on = {"LAYER_FIRST": "1", "TF_ENABLE_ONEDNN_OPTS": "1"}
-    child = scripts.start("child", "devices=1", "deterministic=true", env=on)
-    asked = scripts.start("asked", "devices=1", "deterministic=true",
-                          env={**on, "ONEDNN_ASKED": "1"})
-    got, out, _ = scripts.finish(child)
-    kept, asked_out, _ = scripts.finish(asked)
+    got, out, _ = scripts.finish(scripts.start("child", "devices=1", "deterministic=true",
+                                               env=on))
     if not got["parent_onednn"]:
         pytest.skip("this TensorFlow build has no oneDNN kernels to switch")
     assert "trainer.fit runs in a fresh process: deterministic=true takes TensorFlow's own " \
            "CPU kernels" in out
     assert "oneDNN's CPU kernels off (TF_ENABLE_ONEDNN_OPTS=0)" in got["deterministic"]
-    assert "fresh process" not in asked_out
-    assert "oneDNN's CPU kernels on" in kept["deterministic"]
 
 
 def test_an_error_in_the_fresh_process_is_the_same_one_line(tmp_path):
@@ -203,11 +238,48 @@ def test_a_run_this_process_can_have_stays_here():
     assert "multi-worker strategy" in fresh_reason([], "cpu", 4, False, True)
 
 
-def test_devices_this_process_has_train_here(tmp_path, capsys):
-    """`devices=2` in the test process (4 logical CPUs): no fresh process."""
-    keras.utils.set_random_seed(0)
-    x = np.random.default_rng(0).normal(size=(16, 4)).astype("float32")
-    result = trainer.fit([*QUIET, "devices=2", "epochs=1"], model=_build,
-                         data=(x, x[:, :1]), run_dir=tmp_path / "run")
-    assert result.summary["replicas"] == 2
-    assert "fresh process" not in capsys.readouterr().out
+def test_what_this_process_has_stays_here(monkeypatch):
+    """In the test process (4 logical CPUs started): `devices=2` runs here, `devices=6` does
+    not; `deterministic=true` with oneDNN's kernels on runs here only where the user asked
+    for them (`TF_ENABLE_ONEDNN_OPTS=1`)."""
+    assert needed(["accelerator=cpu", "devices=2"]) is None
+    fresh = needed(["accelerator=cpu", "devices=6"])
+    assert fresh.plan.names == tuple(f"/cpu:{i}" for i in range(6))
+    if not onednn_enabled():
+        return  # no oneDNN kernels on in this process: deterministic=true runs here
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "1")
+    assert needed(["accelerator=cpu", "devices=1", "deterministic=true"]) is None
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS")
+    fresh = needed(["accelerator=cpu", "devices=1", "deterministic=true"])
+    assert "oneDNN" in fresh.reason and dict(fresh.environ) == {"TF_ENABLE_ONEDNN_OPTS": "0"}
+
+
+def _gone(scripts: Scripts, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while scripts.children() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not scripts.children()
+
+
+def test_ctrl_c_stops_the_fresh_process_as_it_stops_a_run_here(scripts):
+    """Ctrl-C in the script while its fit trains in a fresh process: the child stops with a
+    backup, and the script gets the `TrainerError` (exit code 75) a run here raises."""
+    proc = scripts.start("run", "devices=2", "epochs=400", env={"LAYER_FIRST": "1"})
+    scripts.read_until(proc, "Epoch 2/400")
+    os.kill(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    found = json.loads(out.strip().splitlines()[-1])
+    assert found["exit_code"] == 75, err[-2000:]
+    assert found["error"].startswith("stopped by signal 2 at epoch ")
+    assert (scripts.tmp_path / "run" / "backup").is_dir()
+    assert _gone(scripts, 10)
+
+
+def test_the_fresh_process_ends_with_the_script(scripts):
+    """The script killed while its fit trains in a fresh process: the child stops too."""
+    proc = scripts.start("run", "devices=2", "epochs=400", env={"LAYER_FIRST": "1"})
+    scripts.read_until(proc, "Epoch 2/400")
+    assert scripts.children()
+    os.killpg(proc.pid, signal.SIGKILL)  # the script's group; the child has its own
+    proc.wait(timeout=30)
+    assert _gone(scripts, 60)
