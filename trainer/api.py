@@ -15,6 +15,8 @@ and `${hydra:...}` interpolations, which need a running Hydra job.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -24,12 +26,13 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from trainer import child
-from trainer.config.compose import composed
+from trainer.config.compose import Composed, composed
 from trainer.config.errors import ConfigError
 from trainer.config.given import NODES, holding
 from trainer.config.given import overrides as named_by
 from trainer.config.outcome import as_overrides, one_error
 from trainer.config.schema import register_configs
+from trainer.distribute.cluster import cluster_of_config
 from trainer.run import process
 from trainer.run.at_url import at_url
 from trainer.run.startup import Finished, begin
@@ -138,6 +141,9 @@ def _run(args: list[str], given: list[str]) -> Result:
         if run is None:
             raise ConfigError(f"trainer.fit trains one config; {' '.join(given)} is a command "
                               f"of the command line's: python -m trainer {' '.join(given)}")
+        cluster = cluster_of_config(run.cfg.cluster, os.environ)
+        if cluster is not None and not cluster.is_chief:
+            return _as_worker(run)
         # `.hydra/` once the run's data is checked too: a refused rerun leaves it as it was
         record = partial(_save_config, Path(run.logs), run.cfg, run.overrides)
         found = begin(run.cfg, run.logs, process.start_run, choices=run.choices,
@@ -147,6 +153,19 @@ def _run(args: list[str], given: list[str]) -> Result:
         if run.cfg.get("tune") is not None:
             return found  # what the tuner found (trainer.tune)
         return _result(Path(run.cfg.get("resume") or run.logs))
+
+
+def _as_worker(run: Composed) -> Result:
+    """A worker of a cluster other than the chief (the same script started on every
+    machine): the chief writes the run directory, so this worker's own `.hydra/` goes to a
+    temporary directory, never into the chief's, and its `Result` holds its own summary
+    (the run's history, as the chief's) with the run directory the call named."""
+    with tempfile.TemporaryDirectory(prefix="trainer-worker-") as logs:
+        record = partial(_save_config, Path(logs), run.cfg, run.overrides)
+        found = begin(run.cfg, logs, process.start_run, choices=run.choices, record=record)
+    if isinstance(found, Finished):
+        return _result(found.run_dir)
+    return Result(summary=found, run_dir=Path(run.cfg.get("resume") or run.logs))
 
 
 def _named(**objects: Any) -> list[str]:

@@ -49,7 +49,7 @@ from trainer.config.errors import ConfigError
 from trainer.config.outcome import TrainerError
 from trainer.config.schema import register_configs
 from trainer.config.validate import parse_devices
-from trainer.distribute.cluster import Cluster, resolve_cluster, slurm_devices
+from trainer.distribute.cluster import Cluster, cluster_of_config, slurm_devices
 from trainer.distribute.device_plan import DevicePlan, memory_option, plan_devices
 from trainer.run.preflight import ONEDNN, exact_kernels
 
@@ -149,11 +149,8 @@ def _needs(cfg: Any) -> Fresh | None:
 def _cluster(cfg: Any) -> Cluster | None:
     """The run's cluster; None where there is none, or where it is wrong (the run in this
     process then says how, as it would have)."""
-    given = cfg.cluster
     try:
-        return resolve_cluster(list(given.workers), given.task_index,
-                               os.environ.get("TF_CONFIG"), os.environ, given.port_base,
-                               given.evaluator)
+        return cluster_of_config(cfg.cluster, os.environ)
     except ConfigError:
         return None
 
