@@ -21,38 +21,31 @@ from conftest import REPO
 from tests.test_multiworker import launches, processes_with  # noqa: F401
 from trainer.distribute.launch import free_ports, main, split_script
 
-# The script: functions in `__main__`, arrays, `trainer.fit` with the run directory its first
-# argument names; a layer first where LAYER_FIRST says (TensorFlow started before `fit`).
-SCRIPT = """
-import json, os, sys
-import numpy as np
+# The script docs/several-machines.md shows, as written (its `train.py` block), then a line
+# printing what its `trainer.fit` returned; a layer built first where LAYER_FIRST says
+# (TensorFlow started before `fit`).
+LAYER_FIRST = """import os
 import keras
-import trainer
-
 if os.environ.get("LAYER_FIRST"):
     keras.layers.Dense(2).build((None, 3))  # TensorFlow's runtime starts here
-
-rng = np.random.default_rng(0)
-x = rng.normal(size=(64, 4)).astype("float32")
-y = (x @ np.arange(1, 5, dtype="float32") > 0).astype("int32")
-
-
-def build():
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
-    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
-    return model
-
-
-result = trainer.fit(["accelerator=cpu", "epochs=1", "logger=[]", "verbose=0", "seed=1",
-                      *sys.argv[2:]], model=build, data=(x, y), run_dir=sys.argv[1])
+"""
+REPORT = """
+import json
 print("result " + json.dumps({"history": result.history, "run_dir": str(result.run_dir),
                               "workers": result.summary["workers"]}))
 """
 
 
+def documented_script() -> str:
+    """The `train.py` block of docs/several-machines.md."""
+    page = (REPO / "docs" / "several-machines.md").read_text()
+    block = page.split("```python\n# train.py\n", 1)[1].split("```", 1)[0]
+    return block
+
+
 def _script(tmp_path: Path) -> Path:
     path = tmp_path / "train.py"
-    path.write_text(SCRIPT)
+    path.write_text(LAYER_FIRST + documented_script() + REPORT)
     return path
 
 
