@@ -138,6 +138,11 @@ TESTED_BY = {
         "tests/test_fault_tolerance.py::test_finished_run_is_not_overwritten_unless_resumed",
     "python -m trainer.launch --workers 2 epochs=3 hydra.run.dir=runs/two":
         "tests/test_multiworker.py::test_two_workers_train_like_one",
+    "python -m trainer.launch --workers 2 train.py runs/two":
+        "tests/test_worker_scripts.py::test_a_script_runs_as_every_worker_under_the_launcher",
+    "python train.py runs/two":
+        "tests/test_worker_scripts.py::"
+        "test_a_script_started_by_hand_with_tf_config_ends_cleanly_on_every_worker",
     "python -m trainer.launch --workers 2 --evaluator epochs=3 hydra.run.dir=runs/eval":
         "tests/test_evaluator.py::test_two_workers_and_an_evaluator",
     "python -m trainer.launch --workers 2 dataset.service=local:2 epochs=3 "

@@ -161,8 +161,8 @@ def test_matplotlib_is_imported_only_where_a_picture_is_drawn():
 # The entry points: they parse, start TensorFlow quietly (`trainer.run.process`), then import
 # the run's build side inside the function that dispatches to it. `trainer.data` resolves
 # `Source` and `DataError` on first use (the names users import).
-ENTRY = {"trainer.__main__", "trainer.api", "trainer.evaluate", "trainer.predict",
-         "trainer.launch", "trainer.run.process", "trainer.data"}
+ENTRY = {"trainer.__main__", "trainer.api", "trainer.child", "trainer.evaluate",
+         "trainer.predict", "trainer.launch", "trainer.run.process", "trainer.data"}
 TENSORFLOW = {"tensorflow", "keras"}
 
 

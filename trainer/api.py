@@ -15,6 +15,8 @@ and `${hydra:...}` interpolations, which need a running Hydra job.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -23,12 +25,14 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from trainer.config.compose import composed
+from trainer import child
+from trainer.config.compose import Composed, composed
 from trainer.config.errors import ConfigError
 from trainer.config.given import NODES, holding
 from trainer.config.given import overrides as named_by
 from trainer.config.outcome import as_overrides, one_error
 from trainer.config.schema import register_configs
+from trainer.distribute.cluster import cluster_of_config
 from trainer.run import process
 from trainer.run.at_url import at_url
 from trainer.run.startup import Finished, begin
@@ -104,8 +108,15 @@ def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
         given = as_overrides(overrides, "trainer.fit")
         extra = _callbacks(callbacks)
         _builder_not_model(model)
+        named = _named(model=model, data=data)
+        # TensorFlow started in this process, as this run cannot have it (trainer.child)
+        fresh = child.needed(_args([*named, *_global_size_alone(given)], config_dir, run_dir))
+        if fresh is not None:
+            return child.fit_in_child(fresh, fit, dict(
+                overrides=given, config_dir=config_dir, run_dir=run_dir, model=model,
+                data=data, callbacks=list(extra)))
         with holding(**_objects(given, model=model, data=data)):
-            return _fit(given, config_dir, run_dir, _named(model=model, data=data), extra)
+            return _fit(given, config_dir, run_dir, named, extra)
 
 
 def _builder_not_model(model: Any) -> None:
@@ -129,15 +140,20 @@ def _callbacks(callbacks: Any) -> tuple:
                       f"model.fit does (callbacks=[...]); received: {type(callbacks).__name__}")
 
 
+def _args(given: list[str], config_dir: str | Path | None,
+          run_dir: str | Path | None) -> list[str]:
+    """`fit`'s command line: `--config-dir`, the overrides, `hydra.run.dir`."""
+    args = [*(["--config-dir", str(config_dir)] if config_dir is not None else []), *given]
+    return [*args, f"hydra.run.dir={run_dir}"] if run_dir is not None else args
+
+
 def _fit(given: list[str], config_dir: str | Path | None, run_dir: str | Path | None,
          named: list[str], callbacks: tuple = ()) -> Result:
     """`fit` once its objects are held: `named` are the overrides that name them;
     `callbacks` the Keras callbacks given to the call."""
     with one_error():
         given = [*named, *_global_size_alone(given)]
-        args = [*(["--config-dir", str(config_dir)] if config_dir is not None else []), *given]
-        if run_dir is not None:
-            args.append(f"hydra.run.dir={run_dir}")
+        args = _args(given, config_dir, run_dir)
         if any(a in ("-m", "--multirun") for a in args):
             raise ConfigError("trainer.fit runs one config; a sweep (-m) is the command "
                               "line's: call fit in a loop, or run python -m trainer -m ...")
@@ -153,6 +169,9 @@ def _run(args: list[str], given: list[str], callbacks: tuple = ()) -> Result:
         if run is None:
             raise ConfigError(f"trainer.fit trains one config; {' '.join(given)} is a command "
                               f"of the command line's: python -m trainer {' '.join(given)}")
+        cluster = cluster_of_config(run.cfg.cluster, os.environ)
+        if cluster is not None and not cluster.is_chief:
+            return _as_worker(run)
         # `.hydra/` once the run's data is checked too: a refused rerun leaves it as it was
         record = partial(_save_config, Path(run.logs), run.cfg, run.overrides)
         found = begin(run.cfg, run.logs, process.start_run, choices=run.choices,
@@ -173,6 +192,19 @@ def _global_size_alone(overrides: list[str]) -> list[str]:
     if keys.get("batch.global_size", "null") == "null" or "batch.per_replica" in keys:
         return overrides
     return [*overrides, "batch.per_replica=null"]
+
+
+def _as_worker(run: Composed) -> Result:
+    """A worker of a cluster other than the chief (the same script started on every
+    machine): the chief writes the run directory, so this worker's own `.hydra/` goes to a
+    temporary directory, never into the chief's, and its `Result` holds its own summary
+    (the run's history, as the chief's) with the run directory the call named."""
+    with tempfile.TemporaryDirectory(prefix="trainer-worker-") as logs:
+        record = partial(_save_config, Path(logs), run.cfg, run.overrides)
+        found = begin(run.cfg, logs, process.start_run, choices=run.choices, record=record)
+    if isinstance(found, Finished):
+        return _result(found.run_dir)
+    return Result(summary=found, run_dir=Path(run.cfg.get("resume") or run.logs))
 
 
 def _named(**objects: Any) -> list[str]:

@@ -1,4 +1,5 @@
-"""`python -m trainer.launch --workers N [overrides...]`: the local multi-worker launcher.
+"""`python -m trainer.launch --workers N [overrides... | script.py [args...]]`: the local
+multi-worker launcher.
 
 The command users type; the launcher itself lives in `trainer.distribute.launch`.
 """

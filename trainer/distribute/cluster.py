@@ -199,6 +199,19 @@ def resolve_cluster(workers: list[str], task_index: int, tf_config: str | None,
     return found
 
 
+def cluster_of_config(node: Any, environ: Any) -> Cluster | None:
+    """The cluster a composed config's `cluster` node and the environment describe
+    (`resolve_cluster` of `cluster.workers`, `TF_CONFIG`, SLURM), before any run starts.
+
+    Args:
+        node: the config's `cluster` node (`workers`, `task_index`, `port_base`,
+            `evaluator`).
+        environ: the environment (`TF_CONFIG`, SLURM's variables).
+    """
+    return resolve_cluster(list(node.workers), node.task_index, environ.get("TF_CONFIG"),
+                           environ, node.port_base, node.evaluator)
+
+
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 

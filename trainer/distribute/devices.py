@@ -86,15 +86,29 @@ def _apply_memory(tf: Any, gpu: Any, memory: tuple[str, int | None]) -> None:
 
 def _check_already_started(tf: Any, plan: DevicePlan) -> None:
     """Accepts a started runtime that already has every device the plan names."""
-    kind = plan.kind.upper()
+    missing = missing_devices(plan)
+    if missing:
+        have = tf.config.list_logical_devices(plan.kind.upper())
+        raise DeviceError(
+            f"TensorFlow already started in this process with {len(have)} logical "
+            f"{plan.kind.upper()} device(s), so {', '.join(missing)} cannot be created; run "
+            "in a new process")
+
+
+def missing_devices(plan: DevicePlan) -> list[str]:
+    """The devices of `plan` that this process's TensorFlow does not have: the ones a
+    started runtime can no longer create (`trainer.fit` then runs in a fresh process).
+
+    Args:
+        plan: from `plan_devices`.
+
+    Returns:
+        Their names as `plan.names` spells them (`/cpu:3`); empty where it has them all.
+    """
     # "/device:CPU:3" -> "/cpu:3", the form plan.names uses
     have = {"/" + d.name.lower().split("/device:")[-1]
-            for d in tf.config.list_logical_devices(kind)}
-    missing = [n for n in plan.names if n.lower() not in have]
-    if missing:
-        raise DeviceError(
-            f"TensorFlow already started in this process with {len(have)} logical {kind} "
-            f"device(s), so {', '.join(missing)} cannot be created; run in a new process")
+            for d in tf.config.list_logical_devices(plan.kind.upper())}
+    return [n for n in plan.names if n.lower() not in have]
 
 
 def describe_devices() -> str:

@@ -1,6 +1,8 @@
-"""`python -m trainer.launch --workers N [overrides...]`: one multi-worker run on this machine.
+"""`python -m trainer.launch --workers N [overrides... | script.py [args...]]`: one
+multi-worker run on this machine.
 
-Starts N `python -m trainer` workers, each with the `TF_CONFIG` of a cluster on free
+Starts N `python -m trainer` workers (or N copies of a user's script, whose `trainer.fit`
+joins the cluster from its `TF_CONFIG`), each with the `TF_CONFIG` of a cluster on free
 127.0.0.1 ports, so MultiWorkerMirroredStrategy trains across them exactly as it would across
 machines. Each line a worker prints comes out prefixed with `[worker I]`. When one worker
 fails, the others get `--grace` seconds to stop by themselves (they notice the lost peer
@@ -271,34 +273,79 @@ class Launcher:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parses the launcher's options; everything else goes to every worker as overrides."""
+    """Parses the launcher's options; everything else goes to every worker as overrides, or,
+    from a script's path on (`script.py [args]`), is the command each worker runs."""
     parser = argparse.ArgumentParser(
         prog="python -m trainer.launch",
-        description="Runs N local workers of one multi-worker training (strategy=multi_worker).",
+        usage="%(prog)s --workers N [--evaluator] [--grace S] "
+              "[overrides ... | script.py [args ...]]",
+        description="Runs N local workers of one multi-worker training (strategy=multi_worker): "
+                    "python -m trainer with the overrides, or a script of yours whose "
+                    "trainer.fit joins the cluster.",
         epilog="Any other argument is a trainer override, e.g. model=mobilenet epochs=5.")
     parser.add_argument("--workers", type=int, required=True, help="how many workers (>= 1)")
     parser.add_argument("--evaluator", action="store_true",
                         help="one more process validating each epoch beside the workers")
     parser.add_argument("--grace", type=float, default=30.0,
                         help="seconds the workers get to stop by themselves (default 30)")
-    args, overrides = parser.parse_known_args(argv)
-    if args.workers < 1:
-        print(f"error: --workers must be a positive number; received: {args.workers}",
-              file=sys.stderr)
+    own, script = split_script(list(sys.argv[1:] if argv is None else argv))
+    args, overrides = parser.parse_known_args(own)
+    refusal = _refusal(args, overrides, script)
+    if refusal is not None:
+        print(f"error: {refusal}", file=sys.stderr)
         return EXIT_CONFIG
-    clashing = [o for o in overrides if o.split("=", 1)[0].startswith("cluster.")]
-    if clashing:
-        print(f"error: the launcher sets the cluster itself; remove {' '.join(clashing)}",
-              file=sys.stderr)
-        return EXIT_CONFIG
-    run_dir = _value(overrides, "hydra.run.dir") or default_run_dir()
+    run_dir = None if script else _value(overrides, "hydra.run.dir") or default_run_dir()
     with tempfile.TemporaryDirectory(prefix="trainer-launch-") as scratch:
-        commands = worker_commands(args.workers, overrides, run_dir, Path(scratch),
-                                   args.evaluator)
+        commands = (script_commands(args.workers, script) if script else
+                    worker_commands(args.workers, overrides, run_dir, Path(scratch),
+                                    args.evaluator))
         launcher, code = launch(commands, Path(scratch), args.grace, evaluator=args.evaluator)
     if code:
         launcher.say(ending(code, run_dir))
     return code
+
+
+def split_script(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """The launcher's own arguments, and a script's command (`script.py [args]`, every
+    argument from the first `.py` path on, which the script parses itself), or None.
+
+    Args:
+        argv: the launcher's command line, without the program.
+    """
+    takes_value = {"--workers", "--grace"}
+    for i, arg in enumerate(argv):
+        if (arg.endswith(".py") and "=" not in arg and not arg.startswith("-")
+                and (i == 0 or argv[i - 1] not in takes_value)):
+            return argv[:i], argv[i:]
+    return argv, None
+
+
+def _refusal(args: argparse.Namespace, overrides: list[str],
+             script: list[str] | None) -> str | None:
+    """What is wrong with the launcher's command line, as one line; None where nothing is."""
+    if args.workers < 1:
+        return f"--workers must be a positive number; received: {args.workers}"
+    clashing = [o for o in overrides if o.split("=", 1)[0].startswith("cluster.")]
+    if clashing:
+        return f"the launcher sets the cluster itself; remove {' '.join(clashing)}"
+    if script is None:
+        return None
+    if overrides:
+        return (f"a script takes its own arguments after its path ({script[0]} ...); the "
+                f"overrides before it are python -m trainer's: received {' '.join(overrides)}")
+    if args.evaluator:
+        return (f"--evaluator validates a run of python -m trainer, not a script's fit; "
+                f"received: --evaluator {script[0]}")
+    if not Path(script[0]).is_file():
+        return f"the script {script[0]} does not exist (the path to a Python file to run)"
+    return None
+
+
+def script_commands(workers: int, script: list[str]) -> list[list[str]]:
+    """Each worker's command for a user's script: the script itself, with its arguments.
+    The launcher gives each its `TF_CONFIG`, from which its `trainer.fit` joins the cluster
+    (worker 0, the chief, writes the run directory the script names)."""
+    return [[sys.executable, *script] for _ in range(workers)]
 
 
 PORT_ATTEMPTS = 3
@@ -331,7 +378,7 @@ def launch_once(commands: list[list[str]], scratch: Path, grace: float,
             for i, config in enumerate(tf_configs(addresses[:workers],
                                                   addresses[workers] if evaluator else None))]
     launcher = Launcher(commands, envs, grace=grace, out=out, evaluator=evaluator)
-    run_dir = _value(commands[0], "hydra.run.dir")
+    run_dir = _value(commands[0], "hydra.run.dir") or "the run directory its trainer.fit names"
     launcher.say(f"[launch] {workers} workers on {', '.join(addresses[:workers])}; "
                  f"the chief (worker 0) writes {run_dir}"
                  + ("; an evaluator validates beside them" if evaluator else ""))
@@ -350,14 +397,16 @@ def launch_once(commands: list[list[str]], scratch: Path, grace: float,
     return launcher, code
 
 
-def ending(code: int, run_dir: str) -> str:
-    """The launcher's last line for a run that did not finish."""
+def ending(code: int, run_dir: str | None) -> str:
+    """The launcher's last line for a run that did not finish (`run_dir` None: a script's,
+    whose `trainer.fit` names its run directory)."""
+    again = (f"launch again with hydra.run.dir={run_dir}" if run_dir is not None else
+             "launch the same command again (its trainer.fit resumes from its run directory)")
     if code == EXIT_CONFIG:
         return "[launch] failed (a configuration error, above); fix it and launch again"
     if code == EXIT_SIGINT:
-        return f"[launch] interrupted; to resume, launch again with hydra.run.dir={run_dir}"
-    return (f"[launch] failed ({describe_exit(code) if code < 128 else code}); "
-            f"to resume, launch again with hydra.run.dir={run_dir}")
+        return f"[launch] interrupted; to resume, {again}"
+    return f"[launch] failed ({describe_exit(code) if code < 128 else code}); to resume, {again}"
 
 
 if __name__ == "__main__":
