@@ -457,10 +457,11 @@ def _written() -> int:
 
 
 @pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="needs Linux's /proc/self/io")
-def test_an_epoch_writes_about_one_copy_of_the_state(tiny_config, tmp_path):
+def test_an_epoch_writes_at_most_two_copies_of_the_state(tiny_config, tmp_path):
     """What each further epoch writes (the difference of a 3- and a 1-epoch run): at most
-    1.5 x the model's and optimizer's variables. Before: last.keras, best.keras and a backup
-    each epoch, about 3 copies."""
+    2.5 x the model's and optimizer's variables (measured 2.02x: an epoch whose best
+    improved writes best.keras and its backup's own copy of it, no two names sharing a
+    file). Before hard links: last.keras, best.keras and a backup each epoch, about 3."""
     from trainer.rundir.space import state_bytes
 
     class Keep(keras.callbacks.Callback):
@@ -476,22 +477,26 @@ def test_an_epoch_writes_about_one_copy_of_the_state(tiny_config, tmp_path):
               run_dir=tmp_path / f"e{epochs}", callbacks=[keep])
         written[epochs] = _written() - before
     per_epoch = (written[3] - written[1]) / 2
-    assert 0.9 * keep.state < per_epoch <= 1.5 * keep.state, (per_epoch, keep.state)
+    assert 0.9 * keep.state < per_epoch <= 2.5 * keep.state, (per_epoch, keep.state)
     backups = sorted((tmp_path / "e3" / "backup").iterdir())
     assert [p.name for p in backups] == ["ckpt-000003-000000000"]  # the newest, kept
 
 
-def test_an_epoch_backup_links_the_best_checkpoint_written_from_the_same_state(tmp_path):
-    from trainer.rundir.checksum import write_beside
+def test_an_epoch_backup_copies_the_best_checkpoint_written_from_the_same_state(tmp_path):
+    from trainer.rundir.atomic import write_checksum
 
     model = small_model()
     model.fit(np.ones((8, 3)), np.ones((8, 2)), epochs=3, verbose=0)
     best = tmp_path / "best.keras"
     model.save(best)
-    write_beside(best)
+    write_checksum(best)
     path = BackupStore(tmp_path / "backup").save(model, 1, 0, same_as=best)
-    assert (path / "model.keras").stat().st_ino == best.stat().st_ino  # no second copy
+    # the same bytes in a file of its own: damage to best.keras never reaches the backup
+    assert (path / "model.keras").read_bytes() == best.read_bytes()
+    assert (path / "model.keras").stat().st_ino != best.stat().st_ino
+    assert best.stat().st_nlink == 1
     assert not (path / "model.weights.h5").exists()
+    best.write_bytes(b"overwritten")
     other = small_model()
     other.fit(np.zeros((8, 3)), np.zeros((8, 2)), verbose=0)
     point = BackupStore(tmp_path / "backup").restore(other)

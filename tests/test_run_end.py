@@ -80,8 +80,7 @@ def test_a_damaged_best_checkpoint_at_the_end_is_one_warning_and_the_last_weight
     best = copy / "checkpoints" / "best.keras"
     data = bytearray(best.read_bytes())
     data[len(data) // 2:len(data) // 2 + 64] = b"\0" * 64
-    best.unlink()  # a hard link may share the file with a backup: damage a copy of its own
-    best.write_bytes(bytes(data))
+    best.write_bytes(bytes(data))  # in place: no other name shares the file
     summary = _rerun(copy)
     assert summary["test_checkpoint"].endswith("last.keras")
     warned = [r.getMessage() for r in caplog.records if "best.keras" in r.getMessage()]
@@ -233,8 +232,7 @@ def _evaluable_copy(finished, tmp_path) -> Path:
 
 
 def _own_copy(path: Path, data: bytes) -> None:
-    path.unlink()  # hard links share the file with a backup: write a file of its own
-    path.write_bytes(data)
+    path.write_bytes(data)  # in place: no other name shares the file
 
 
 @pytest.mark.parametrize("damage", ["garbage in best", "truncated last, no hash",

@@ -1,7 +1,7 @@
 """Exporting a trained model for serving (`export=[saved_model,tflite,onnx]`), each file
 checked before it is kept.
 
-Each format is written under a temporary name (`trainer.rundir.layout.RunDir.export_tmp`),
+Each format is written under a temporary name (`trainer.rundir.atomic.written`),
 loaded back by its own runtime and run on a batch of the run's validation inputs: only when
 its outputs match the Keras model's within the format's tolerance (`TOLERANCES`) is it
 renamed to its place, so no half-written or wrong file is ever left under the final name.
@@ -30,9 +30,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import os
 import re
-import shutil
 import tempfile
 import warnings
 from collections.abc import Callable, Sequence
@@ -44,6 +42,7 @@ import numpy as np
 import tensorflow as tf
 
 from trainer.config.errors import ConfigError
+from trainer.rundir.atomic import written as atomically
 from trainer.rundir.layout import RunDir
 
 log = logging.getLogger(__name__)
@@ -77,18 +76,11 @@ def export_model(model: Any, run_dir: str | Path, formats: Sequence[str],
     expected = _flat(model(inputs, training=False))
     written = {}
     for name in formats:
-        tmp, final = layout.export_tmp(name), layout.export(name)
-        _remove(tmp)
-        try:
+        final = layout.export(name)
+        with atomically(final) as tmp:  # kept only once checked: a mismatch leaves nothing
             WRITERS[name](model, tmp)
             difference = max_difference(expected, _flat(RUNNERS[name](tmp, inputs)))
             check_difference(name, difference, examples=len(expected[0]), formats=formats)
-        except BaseException:
-            _remove(tmp)
-            raise
-        if final.is_dir():  # a directory is not replaced by a rename: the old one goes first
-            shutil.rmtree(final)
-        os.replace(tmp, final)
         log.info("exported %s to %s (largest difference from Keras: %.2e)", name, final,
                  difference)
         written[name] = str(final)
@@ -188,13 +180,6 @@ def check_difference(name: str, difference: float, examples: int,
 
 def _flat(outputs: Any) -> list[np.ndarray]:
     return [np.asarray(x) for x in keras.tree.flatten(outputs)]
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path)
-    elif path.exists():
-        path.unlink()
 
 
 @contextlib.contextmanager

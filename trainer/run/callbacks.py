@@ -4,8 +4,8 @@ hand-off to an evaluator beside the workers."""
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -16,11 +16,10 @@ import numpy as np
 
 from trainer.internals.keras_callbacks import CheckpointHooks, ProgbarAt
 from trainer.run.sidecar import EvaluatorDir, await_result, clear_result, merged
-from trainer.rundir.atomic import write_json
-from trainer.rundir.backup import LINKED, WEIGHTS
+from trainer.rundir.atomic import commit, copy, temporary, write_json, written
 from trainer.rundir.checkpoint import KeptBest
-from trainer.rundir.checksum import read_beside, write_beside, write_checksum
-from trainer.rundir.layout import RunDir
+from trainer.rundir.checksum import read_beside
+from trainer.rundir.layout import CHECKPOINT, WEIGHTS, RunDir
 
 
 class Throughput(keras.callbacks.Callback):
@@ -117,20 +116,20 @@ class AtomicModelCheckpoint(CheckpointHooks):
     With `save_best_only`, the best value so far is kept in `NAME.best.json` and read back
     by a resumed run, so its first epoch does not replace a better checkpoint. With
     `at_end`, it writes once, when training ends (`last.keras`: during the run the backup
-    holds the same state). `saved_epoch` is the epoch it last wrote (None before).
+    holds the same state). `saved_epoch` is the epoch it last wrote (None before). Every
+    file is its own (`trainer.rundir.atomic`): `last.keras` written at the epoch of the best
+    is a copy of `best.keras`, never a link to it.
     """
 
     def __init__(self, filepath, monitor="val_loss", *args, at_end: bool = False,
                  **kwargs) -> None:
         self.at_end = at_end
-        self.same_as: AtomicModelCheckpoint | None = None  # linked by at_end where equal
+        self.same_as: AtomicModelCheckpoint | None = None  # copied by at_end where equal
         self.saved_epoch: int | None = None
         self.seconds = 0.0  # spent writing
         self._ended: tuple | None = None
-        kept = f"{filepath}.best.json"
-        if kwargs.get("save_best_only") and os.path.exists(kept):
-            import json
-
+        kept = RunDir.best_record(filepath)
+        if kwargs.get("save_best_only") and kept.exists():
             try:
                 with open(kept) as f:
                     saved = json.load(f)
@@ -149,39 +148,26 @@ class AtomicModelCheckpoint(CheckpointHooks):
     def on_train_end(self, logs=None):
         if self.at_end and self._ended is not None:
             epoch, logs_then = self._ended
-            if not self._link_same(epoch):
+            if not self._copy_same(epoch):
                 self.save_checkpoint(epoch, None, logs_then)
             self._ended = None
         super().on_train_end(logs)
 
-    def _link_same(self, epoch: int) -> bool:
+    def _copy_same(self, epoch: int) -> bool:
         """Where `same_as` (the best checkpoint) was written at this very epoch, the final
-        state is in it already: a hard link, not a second write."""
+        state is in it already: a copy (with its checksum as written), not a second save."""
         same = self.same_as
         if same is None or same.saved_epoch != epoch or not os.path.exists(same.filepath):
             return False
-        head, tail = os.path.split(self.filepath)
-        tmp = os.path.join(head, f".tmp-{tail}")
-        digest = read_beside(same.filepath)
-        try:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            os.link(same.filepath, tmp)
-        except OSError:
-            return False
-        os.replace(tmp, self.filepath)
-        if digest is None:
-            write_beside(self.filepath)
-        else:
-            write_checksum(self.filepath, digest)
+        copy(Path(same.filepath), Path(self.filepath), read_beside(same.filepath) or True)
         self.saved_epoch = epoch
         return True
 
     def writing_path(self, final: str) -> str:
-        head, tail = os.path.split(final)
         # The temporary name keeps the suffix Keras dispatches on (.keras / .weights.h5).
-        self._pending = (os.path.join(head, f".tmp-{tail}"), final)
-        return self._pending[0]
+        self._pending = (temporary(Path(final)), Path(final))
+        self._pending[0].unlink(missing_ok=True)
+        return str(self._pending[0])
 
     def save_checkpoint(self, epoch, batch, logs):
         began = time.perf_counter()
@@ -193,14 +179,11 @@ class AtomicModelCheckpoint(CheckpointHooks):
     def _write(self, epoch, batch, logs):
         self._pending = None
         self.keras_save(epoch, batch, logs)
-        if self._pending and os.path.exists(self._pending[0]):
-            os.replace(*self._pending)
-            write_beside(self._pending[1])
+        if self._pending and self._pending[0].exists():
+            commit(*self._pending, checksum=True)
             self.saved_epoch = epoch
             if self.save_best_only:
-                from pathlib import Path
-
-                write_json(Path(f"{self._pending[1]}.best.json"),
+                write_json(RunDir.best_record(self._pending[1]),
                            {"monitor": self.monitor, "best": float(self.best)})
 
 
@@ -276,7 +259,7 @@ class KeepBestCheckpoints(keras.callbacks.Callback):
     (`checkpoint.keep_best`), `best-epoch003-val_loss0.1234.keras`, each written under a
     temporary name and renamed with its hash beside it; the list and the pruning are
     `trainer.rundir.checkpoint.KeptBest`'s. An epoch `best.keras` was just written at is a
-    hard link to it, not a second write.
+    copy of it (a file of its own), not a second save.
 
     Args:
         kept: the list of the k best (read back on a resume).
@@ -304,16 +287,11 @@ class KeepBestCheckpoints(keras.callbacks.Callback):
         if path is None:
             return
         began = time.perf_counter()
-        tmp = path.with_name(f".tmp-{path.name}")
-        linked = self._linked(epoch, tmp)
-        if not linked:
-            self.model.save(tmp)
-        os.replace(tmp, path)
-        digest = read_beside(self.best.filepath) if linked else None
-        if digest is None:
-            write_beside(path)
+        if self._same(epoch):
+            copy(Path(self.best.filepath), path, read_beside(self.best.filepath) or True)
         else:
-            write_checksum(path, digest)
+            with written(path, checksum=True) as tmp:
+                self.model.save(tmp)
         self.kept.add(path, epoch + 1, value)
         self.seconds += time.perf_counter() - began
 
@@ -321,26 +299,15 @@ class KeepBestCheckpoints(keras.callbacks.Callback):
         return (self.best is not None and self.best.saved_epoch == epoch
                 and os.path.exists(self.best.filepath))
 
-    def _linked(self, epoch: int, tmp) -> bool:
-        if not self._same(epoch):
-            return False
-        try:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            os.link(self.best.filepath, tmp)
-            return True
-        except OSError:
-            return False
-
 
 class HandOff(keras.callbacks.Callback):
     """Puts every epoch's backup in an evaluator's inbox (`trainer.run.sidecar`), after
     `Backup`; never waits for the evaluator while the workers train.
 
-    The weights are hard-linked from the backup the epoch's end just wrote (no second copy
-    while the backup lives; the link keeps them once the rotation removes the backup), then
-    the epoch's training logs are written, atomically: an entry whose `.json` is there is
-    whole. At the run's end, `validated` waits (bounded) for the evaluator's result.
+    The weights are copied from the backup the epoch's end just wrote (a file of their
+    own: the backup's rotation or damage never reaches them), then the epoch's training
+    logs are written, atomically: an entry whose `.json` is there is whole. At the run's
+    end, `validated` waits (bounded) for the evaluator's result.
 
     Args:
         backup: the run's `Backup` callback (its store's directory, whether it stopped).
@@ -370,24 +337,14 @@ class HandOff(keras.callbacks.Callback):
         if self.backup.interrupted:
             return
         saved = self.backup.store.path(epoch + 1)
-        source = next((saved / n for n in (LINKED, WEIGHTS) if (saved / n).is_file()), None)
+        source = next((saved / n for n in (CHECKPOINT, WEIGHTS) if (saved / n).is_file()),
+                      None)
         if source is None:
             return
         self.place.inbox.mkdir(parents=True, exist_ok=True)
         suffix = ".keras" if source.name.endswith(".keras") else ".weights.h5"
         target = self.place.weights(epoch + 1, suffix)
-        _link_or_copy(source, target)
+        copy(source, target, checksum=False)  # the backup's checksum covers it
         write_json(self.place.logs(epoch + 1),
                    {k: float(v) for k, v in (logs or {}).items()
                     if isinstance(v, (int, float, np.number)) or np.ndim(v) == 0})
-
-
-def _link_or_copy(source: Path, target: Path) -> None:
-    """`target` is `source`'s content, whole: a hard link, or a copy renamed into place."""
-    tmp = target.with_name(f".tmp-{target.name}")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(source, tmp)
-    except OSError:
-        shutil.copyfile(source, tmp)
-    os.replace(tmp, target)

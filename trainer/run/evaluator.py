@@ -17,7 +17,6 @@ A build module: TensorFlow is imported at the top.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import threading
 import time
@@ -49,7 +48,7 @@ from trainer.run.sidecar import (
     write_history,
 )
 from trainer.rundir.atomic import write_json
-from trainer.rundir.checksum import write_beside
+from trainer.rundir.checkpoint import save_checkpoint
 from trainer.rundir.layout import RunDir
 
 
@@ -140,12 +139,8 @@ class Evaluator:
         """`checkpoints/best.keras` (atomically, its hash beside it) holds `epoch`'s
         weights; `best.keras.best.json` says which value it holds, as the chief's does."""
         final = self.layout.checkpoint("best")
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = final.with_name(f".tmp-evaluator-{final.name}")
-        self.run.model.save(tmp)
-        os.replace(tmp, final)
-        write_beside(final)
-        write_json(Path(f"{final}.best.json"), {"monitor": self.monitor, "best": value,
+        save_checkpoint(self.run.model, final)
+        write_json(RunDir.best_record(final), {"monitor": self.monitor, "best": value,
                                                 "epoch": epoch})
 
     def log_scalars(self, epoch: int, metrics: dict[str, float]) -> None:

@@ -13,7 +13,6 @@ the model.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ from trainer.run.drive import Trained
 from trainer.run.loop import CustomLoop
 from trainer.run.wiring import Callbacks
 from trainer.rundir.backup import StopRequest
-from trainer.rundir.checksum import verify_beside, write_beside
+from trainer.rundir.checkpoint import intact, save_checkpoint
 from trainer.rundir.layout import RunDir
 
 log = logging.getLogger(__name__)
@@ -119,22 +118,22 @@ def averaged_weights(run: Run, callbacks: Callbacks, average_best: int) -> Avera
     if not average_best or callbacks.kept is None:
         return None
     paths = [r.path for r in callbacks.kept.kept.kept[:average_best]]
-    intact = [p for p in paths if _intact(p)]
-    for path in sorted(set(paths) - set(intact)):
+    whole = [p for p in paths if intact(p)]
+    for path in sorted(set(paths) - set(whole)):
         log.warning("%s is damaged (its SHA-256 does not match); the average leaves it out",
                     path)
-    if not intact:
+    if not whole:
         return None
     last = model.get_weights()
     total = None
-    for path in intact:
+    for path in whole:
         model.load_weights(path)
         found = model.get_weights()
         total = found if total is None else [_add(a, b) for a, b in zip(total, found,
                                                                           strict=True)]
     model.set_weights(last)
-    mean = [_mean(t, len(intact), like) for t, like in zip(total, last, strict=True)]
-    return Averaged("best", mean, {"of": [str(p) for p in intact]})
+    mean = [_mean(t, len(whole), like) for t, like in zip(total, last, strict=True)]
+    return Averaged("best", mean, {"of": [str(p) for p in whole]})
 
 
 def _add(total: Any, value: Any) -> Any:
@@ -160,10 +159,7 @@ def test_averaged(run: Run, averaged: Averaged, loop: Any, run_dir: Path) -> dic
     model.set_weights(averaged.weights)
     hold_first_replicas_weights(run.strategy, model)
     path = RunDir(run_dir).checkpoint("averaged")
-    tmp = path.with_name(f".tmp-{path.name}")
-    model.save(tmp)
-    os.replace(tmp, path)
-    write_beside(path)
+    save_checkpoint(model, path)
     split, data = (("test", run.data.test) if run.data.test is not None
                    else ("validation", run.data.validation))
     metrics = evaluate_split(run, data, loop)
@@ -247,21 +243,13 @@ def ensure_last(last: Any, model: Any, epoch: int) -> None:
     """Writes `last.keras` from the model where it is missing or damaged (a stop between the
     last epoch's backup and the end of training)."""
     path = Path(last.filepath)
-    if _intact(path):
+    if intact(path):
         return
     log.warning("%s is missing or damaged; writing it from the last backup", path)
     last.set_model(model)
     last._ended = (epoch, {})  # noqa: SLF001 - its own at-end write, as at the end of fit
     last.same_as = None
     last.on_train_end()
-
-
-def _intact(path: Path) -> bool:
-    try:
-        verify_beside(path)
-        return path.is_file()
-    except (OSError, ValueError):
-        return False
 
 
 def load_for_test(model: Any, checkpoint: Path, callbacks: Callbacks) -> Path | None:
@@ -273,7 +261,7 @@ def load_for_test(model: Any, checkpoint: Path, callbacks: Callbacks) -> Path | 
     try:
         if not checkpoint.is_file():
             raise ValueError("missing")
-        if not _intact(checkpoint):
+        if not intact(checkpoint):
             raise ValueError("its SHA-256 does not match the one written with it")
         model.load_weights(checkpoint)
         return checkpoint
@@ -284,4 +272,4 @@ def load_for_test(model: Any, checkpoint: Path, callbacks: Callbacks) -> Path | 
             return None
         log.warning("%s does not load (%s); testing with %s (the final weights) instead",
                     checkpoint, one_line(error), fallback.name)
-        return fallback if _intact(fallback) else None
+        return fallback if intact(fallback) else None

@@ -80,7 +80,7 @@ def _holds(opened: Reopened, state: dict) -> str:
     if opened.which != "best":
         return ", the weights at the end of its training"
     try:
-        best = json.loads(Path(f"{opened.checkpoint}.best.json").read_text())
+        best = json.loads(RunDir.best_record(opened.checkpoint).read_text())
         monitor, value = best["monitor"], float(best["best"])
         epoch = list(state.get("history", {}).get(monitor, [])).index(value) + 1
     except (OSError, ValueError, KeyError, TypeError):

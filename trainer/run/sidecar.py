@@ -5,10 +5,10 @@ validated). A decide module: no TensorFlow.
 The evaluator is a process of its own, outside the MultiWorkerMirroredStrategy cluster (as
 TensorFlow's SidecarEvaluator was); the workers never wait for it while they train. They
 talk through files in `RUN_DIR/evaluator/`, each written whole under a temporary name and
-renamed (or hard-linked, which is atomic too):
+renamed (`trainer.rundir.atomic`):
 
 ```
-evaluator/inbox/epoch-000003.weights.h5   the chief's epoch-3 backup weights (a hard link:
+evaluator/inbox/epoch-000003.weights.h5   the chief's epoch-3 backup weights (a copy:
                                           the backup rotation cannot take them away)
 evaluator/inbox/epoch-000003.json         that epoch's training logs; written after the
                                           weights, so its presence says the entry is whole

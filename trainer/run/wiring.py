@@ -49,7 +49,7 @@ class Callbacks:
 
     def all(self) -> list:
         """Built-in ones first (the watchdog last of them), then the user's. The backup
-        follows the checkpoints: at an epoch's end it links the best one just written; the
+        follows the checkpoints: at an epoch's end it copies the best one just written; the
         curves follow the backup, whose history then holds the epoch; the Optuna trial
         follows the trackers, which log a pruned trial's last epoch too."""
         found = [self.throughput, *self.checkpoints, self.kept, self.backup, self.handoff,
@@ -91,13 +91,13 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
     layout = RunDir(run_dir)
     layout.checkpoints.mkdir(parents=True, exist_ok=True)
     # last.keras once, at the end (the backup holds that state during the run); best.keras
-    # when it improves, the epoch's backup then a link to it (trainer.rundir.backup)
+    # when it improves, the epoch's backup then a copy of it (trainer.rundir.backup)
     saved = [AtomicModelCheckpoint(str(layout.checkpoint("last")), at_end=True)]
     if saving.save_best:
         saved.append(AtomicModelCheckpoint(
             str(layout.checkpoint("best")), monitor=saving.monitor,
             save_best_only=True, mode=best_mode))
-        saved[0].same_as = saved[1]  # a final epoch that was the best: last links best
+        saved[0].same_as = saved[1]  # a final epoch that was the best: last copies best
     kept = (KeepBestCheckpoints.of(layout, saving, best_mode, start[0],
                                    saved[1] if saving.save_best else None)
             if saving.keep_best else None)  # read back: the epochs the backup holds

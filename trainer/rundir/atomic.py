@@ -1,22 +1,156 @@
-"""Atomic writes: a file is written to a temporary name and renamed, never half-written."""
+"""The one writer of a run's artefacts: a temporary name, a rename, the checksum beside.
+
+Every file or folder a run writes (checkpoints, backups, exports, the summary, curves,
+predictions) goes through `written` (or `commit`, for a file a library wrote under
+`temporary(path)` itself), so that:
+
+- a reader never finds half a file: it is written under `.tmp-<pid>-NAME` beside its place
+  and renamed over it whole (`trainer.rundir.backup.tidy` removes what a kill left);
+- a checksum, where asked, is written beside it (`NAME.sha256`), the old one removed before
+  the rename, so a kill between the two leaves a file without a checksum, never a file with
+  another file's checksum;
+- no two names share storage: `copy` makes a file of its own (a reflink where the file
+  system has them, `os.copy_file_range`; bytes copied where it does not), never a hard link,
+  so damage to one name, or a user's overwrite of it, changes no other.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+from trainer.rundir.checksum import SUFFIX, sha256
+
+TMP = ".tmp-"  # what every temporary name begins with
+
+
+def temporary(path: Path) -> Path:
+    """The temporary name `path` is written under: `.tmp-<pid>-NAME` beside it (the pid: two
+    processes writing one name never share a temporary; the suffix a library dispatches
+    on, `.keras`, `.weights.h5`, stays last)."""
+    path = Path(path)
+    return path.with_name(f"{TMP}{os.getpid()}-{path.name}")
+
+
+def remove(path: Path) -> None:
+    """Removes a file or a folder, where there is one."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with suppress(FileNotFoundError):
+            path.unlink()
+
+
+def commit(tmp: Path, path: Path, checksum: bool | str = False) -> str | None:
+    """Renames a finished `tmp` over `path` (a folder in the way removed first).
+
+    Args:
+        tmp: the whole file or folder, written under `temporary(path)`.
+        path: its place.
+        checksum: True writes `path`'s SHA-256 beside it; a string is the digest, known
+            already (a copy's: the source's as it was written); False writes none.
+
+    Returns:
+        The checksum written beside it, None where none was.
+    """
+    path = Path(path)
+    digest = sha256(Path(tmp)) if checksum is True else (checksum or None)
+    beside = Path(f"{path}{SUFFIX}")
+    if checksum is not False:
+        remove(beside)  # a kill before the new one is written: no checksum, not a wrong one
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)  # a folder is not replaced by a rename
+    os.replace(tmp, path)
+    if digest is not None:
+        write_text(beside, digest + "\n")
+    return digest
+
+
+@contextmanager
+def written(path: Path, checksum: bool | str = False) -> Iterator[Path]:
+    """Yields the temporary name to write `path` under (a file, or a folder the block
+    makes); once the block ends, renames it into place (`commit`). A block that fails
+    leaves neither the temporary name nor a changed `path`.
+
+    Args:
+        path: where the file or folder goes (its parent is made).
+        checksum: write its SHA-256 beside it (`NAME.sha256`), as `commit` takes it.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary(path)
+    remove(tmp)
+    try:
+        yield tmp
+        commit(tmp, path, checksum)
+    except BaseException:
+        remove(tmp)
+        raise
+
 
 def write_text(path: Path, text: str) -> None:
-    """Writes `text` to a temporary name and renames it, so a crash never leaves half a
-    file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    """Writes `text` whole (`written`)."""
+    with written(path) as tmp:
+        tmp.write_text(text)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Writes JSON whole (`write_text`)."""
+    """Writes JSON whole (`written`)."""
     write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def write_checksum(path: Path, digest: str | None = None) -> str:
+    """Writes `path`'s checksum beside it (`digest`, or computed); returns it."""
+    digest = digest or sha256(Path(path))
+    write_text(Path(f"{path}{SUFFIX}"), digest + "\n")
+    return digest
+
+
+def copy(source: Path, path: Path, checksum: bool | str = True) -> str | None:
+    """Makes `path` a file of its own with `source`'s bytes (`copy_bytes`), renamed into
+    place.
+
+    Args:
+        source: the file copied.
+        path: the copy's place.
+        checksum: `source`'s checksum as it was written (kept so, a source damaged since is
+            found damaged in the copy too), True to compute it from the copy, False for none.
+
+    Returns:
+        The checksum written beside the copy, None where none was.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary(path)
+    remove(tmp)
+    try:
+        copy_bytes(Path(source), tmp)
+        return commit(tmp, path, checksum)
+    except BaseException:
+        remove(tmp)
+        raise
+
+
+def copy_bytes(source: Path, target: Path) -> None:
+    """`target` a new file with `source`'s bytes: `os.copy_file_range`, which a file system
+    with reflinks (btrfs, XFS, APFS's clones aside) serves without copying, then
+    `shutil.copyfile` where the call is missing or refused (another file system)."""
+    with open(source, "rb") as src, open(target, "wb") as dst:
+        left = os.fstat(src.fileno()).st_size
+        try:
+            while left > 0:
+                done = os.copy_file_range(src.fileno(), dst.fileno(), left)
+                if done == 0:
+                    break
+                left -= done
+            if left == 0:
+                return
+        except (AttributeError, OSError):
+            pass
+    shutil.copyfile(source, target)

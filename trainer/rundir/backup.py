@@ -13,8 +13,10 @@ URL is brought in step (`trainer.rundir.remote.committed`: nothing for a local d
 and the upload's time counts as the backup's.
 
 At the end of an epoch whose best checkpoint was just written (the same state), the backup
-holds a hard link to that `best.keras` (`model.keras`) instead of a second copy: what a run
-writes per epoch is one copy of the model and optimizer state, not two.
+holds a copy of that `best.keras` (`model.keras`, with the checksum it was written with)
+instead of saving the model again: a file of its own (a reflink where the file system has
+them), never a hard link, so damage to `best.keras`, or a user's `model.save` over it,
+leaves the backup whole.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import math
 import os
 import shutil
 import signal
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -37,16 +38,12 @@ import keras
 import numpy as np
 
 from trainer.config.errors import ConfigError, Diverged
+from trainer.rundir.atomic import TMP, copy_bytes, written
 from trainer.rundir.checksum import read_beside, sha256, verify
-from trainer.rundir.layout import EXPORTS, RunDir
+from trainer.rundir.layout import CHECKPOINT, METRICS, RNG, STATE, WEIGHTS, RunDir
 from trainer.rundir.remote import committed
 
 log = logging.getLogger(__name__)
-
-WEIGHTS = "model.weights.h5"
-LINKED = "model.keras"  # a hard link to the checkpoint written at the same point
-RNG = "rng.npz"
-METRICS = "metrics.npz"  # the training metrics' variables (loss and compiled metrics)
 
 
 def _rng_states(model: keras.Model) -> list:
@@ -118,7 +115,7 @@ class BackupStore:
         """Writes a backup of `model` at `epoch` (0-based) after `step` steps of it.
 
         `same_as` is a `.keras` checkpoint of this very state (with its `.sha256` beside
-        it), linked instead of written again; None writes the weights. `history` is the
+        it), copied instead of saved again; None writes the weights. `history` is the
         run's per-epoch metrics of its `epoch` whole epochs, kept in `state.json` (a rerun
         that has nothing left to train reports them). A `backup/` directory removed
         meanwhile is made again (once).
@@ -142,32 +139,35 @@ class BackupStore:
 
     def _save(self, model: keras.Model, epoch: int, step: int, same_as: Path | None,
               history: dict | None = None) -> Path:
-        self.directory.mkdir(parents=True, exist_ok=True)
         final = self.path(epoch, step)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.directory))
-        sums = {}
-        digest = read_beside(same_as) if same_as is not None else None
-        if digest is not None and _link(same_as, tmp / LINKED):
-            sums[LINKED] = digest  # hashed when it was written: not read again
-        else:
-            model.save_weights(tmp / WEIGHTS)
-            sums[WEIGHTS] = sha256(tmp / WEIGHTS)
-        np.savez(tmp / RNG, *[v.numpy() for v in _rng_states(model)])
-        sums[RNG] = sha256(tmp / RNG)
-        if step > 0 and self.metrics is not None:
-            _save_metrics(tmp / METRICS, list(self.metrics()))
-            sums[METRICS] = sha256(tmp / METRICS)
-        state = {"epoch": epoch, "step": step, "sha256": sums, **self.meta}
-        if history is not None:
-            state["history"] = history
-        (tmp / "state.json").write_text(json.dumps(state))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        with written(final) as tmp:
+            tmp.mkdir()
+            sums = self._weights(model, tmp, same_as)
+            np.savez(tmp / RNG, *[v.numpy() for v in _rng_states(model)])
+            sums[RNG] = sha256(tmp / RNG)
+            if step > 0 and self.metrics is not None:
+                _save_metrics(tmp / METRICS, list(self.metrics()))
+                sums[METRICS] = sha256(tmp / METRICS)
+            state = {"epoch": epoch, "step": step, "sha256": sums, **self.meta}
+            if history is not None:
+                state["history"] = history
+            (tmp / STATE).write_text(json.dumps(state))
         for old in self.backups()[self.keep:]:
             if old != final:  # never the one just written
                 shutil.rmtree(old, ignore_errors=True)
         return final
+
+    @staticmethod
+    def _weights(model: keras.Model, folder: Path, same_as: Path | None) -> dict[str, str]:
+        """The model's state into a new backup `folder`: a copy of `same_as` (a checkpoint
+        of this very state, with the checksum it was written with) where there is one, else
+        its weights saved; returns their checksums."""
+        digest = read_beside(same_as) if same_as is not None else None
+        if digest is not None:
+            copy_bytes(same_as, folder / CHECKPOINT)  # a file of its own, never a link
+            return {CHECKPOINT: digest}  # as written: a damaged source is found in the copy
+        model.save_weights(folder / WEIGHTS)
+        return {WEIGHTS: sha256(folder / WEIGHTS)}
 
     def prune(self, keep: int) -> None:
         """Removes all but the newest `keep` backups."""
@@ -192,10 +192,10 @@ class BackupStore:
         failures, damaged = [], []
         for path in self.backups():
             try:
-                state = json.loads((path / "state.json").read_text())
+                state = json.loads((path / STATE).read_text())
                 for name, expected in state.get("sha256", {}).items():
                     verify(path / name, expected)
-                weights = path / LINKED if (path / LINKED).exists() else path / WEIGHTS
+                weights = path / CHECKPOINT if (path / CHECKPOINT).exists() else path / WEIGHTS
                 model.load_weights(weights)
                 _load_rng_states(model, path / RNG)
                 metrics = _load_metrics(path / METRICS) if (path / METRICS).exists() else None
@@ -214,15 +214,6 @@ class BackupStore:
         return None
 
 
-def _link(source: Path, target: Path) -> bool:
-    """Hard-links `source` as `target`; False where the file system cannot."""
-    try:
-        os.link(source, target)
-        return True
-    except OSError:
-        return False
-
-
 def _set_aside(damaged: list[Path]) -> None:
     """Renames backups that did not load to `damaged-*`, out of the rotation: their names are
     newer than the resumed run's new backups, which they would otherwise push out."""
@@ -234,14 +225,13 @@ def _set_aside(damaged: list[Path]) -> None:
 
 
 def tidy(run_dir: Path) -> None:
-    """Removes what a kill in the middle of a write left in a run directory: temporary
-    backups (`backup/.tmp-*`), checkpoints (`checkpoints/.tmp-*`), exports (`.tmp-*` in the
-    run directory), summary and curves; never a complete file."""
+    """Removes what a kill in the middle of a write left in a run directory: the temporary
+    names (`.tmp-*`, `trainer.rundir.atomic`) of backups, checkpoints, exports, the summary
+    and the rest; never a complete file."""
     layout = RunDir(run_dir)
-    leftovers = [*layout.backup.glob(".tmp-*"), *layout.checkpoints.glob(".tmp-*"),
-                 *(path for path in map(layout.export_tmp, EXPORTS) if path.exists()),
-                 *(tmp for path in (layout.summary, layout.curves)
-                   for tmp in layout.root.glob(f".{path.name}.tmp"))]
+    leftovers = [*layout.backup.glob(f"{TMP}*"), *layout.checkpoints.glob(f"{TMP}*"),
+                 *layout.root.glob(f"{TMP}*"),
+                 *layout.root.glob(".*.tmp")]  # the temporary names of earlier versions
     for path in leftovers:
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
@@ -298,7 +288,7 @@ class Backup(keras.callbacks.Callback):
         agree: with several workers, `agree(asked)` returns whether any worker was asked to
             stop (a collective: every worker calls it at the same steps); None for one.
         best: the best-checkpoint callback (`AtomicModelCheckpoint`), called before this
-            one at epoch ends: an epoch whose best checkpoint it wrote links it.
+            one at epoch ends: an epoch whose best checkpoint it wrote copies it.
         history: the per-epoch metrics of the epochs done before `initial_epoch` (from the
             backup resumed); each epoch's end adds its own, and every backup keeps them.
 

@@ -1,5 +1,5 @@
-"""A checkpoint read back is first checked against the hash written beside it; the k best
-checkpoints kept by a run (`checkpoint.keep_best`), listed atomically."""
+"""A checkpoint written whole with its hash beside it, and read back only once it matches
+the hash; the k best checkpoints kept by a run (`checkpoint.keep_best`), listed atomically."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config.errors import ConfigError
-from trainer.rundir.atomic import write_json
+from trainer.rundir.atomic import write_json, written
 from trainer.rundir.checksum import SUFFIX, verify_beside
 from trainer.rundir.layout import RunDir
 
@@ -30,6 +30,22 @@ def verified(path: Path) -> Path:
         raise ConfigError(f"{path} cannot be read ({error.strerror or error}); use another "
                           "checkpoint (checkpoint=best|last|averaged) or retrain") from None
     return path
+
+
+def save_checkpoint(model: Any, path: Path) -> None:
+    """`model.save` to `path` through the one writer: a temporary name, renamed, its hash
+    beside it (`trainer.rundir.atomic.written`)."""
+    with written(Path(path), checksum=True) as tmp:
+        model.save(tmp)
+
+
+def intact(path: Path) -> bool:
+    """Whether `path` is a file that matches the hash beside it (where there is one)."""
+    try:
+        verify_beside(Path(path))
+        return Path(path).is_file()
+    except (OSError, ValueError):
+        return False
 
 
 @dataclass(frozen=True)

@@ -3,15 +3,18 @@
 A weights file with garbage bytes in the middle still loads (HDF5 checks its structure, not
 its data) and then trains to NaN; a checksum written with it and verified on load turns
 that into a message naming the file. Backups keep theirs in `state.json`, checkpoints in a
-`NAME.sha256` file beside them.
+`NAME.sha256` file beside them (written by `trainer.rundir.atomic`); a checksum file that
+holds no checksum is named as the damaged one, not the file it was written for.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 SUFFIX = ".sha256"
+DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 def sha256(path: Path) -> str:
@@ -30,31 +33,32 @@ def verify(path: Path, expected: str | None) -> None:
                          "with it)")
 
 
-def write_beside(path: Path) -> str:
-    """Writes `path`'s checksum to `path.sha256` (atomically); returns it."""
-    return write_checksum(path, sha256(path))
-
-
-def write_checksum(path: Path, digest: str) -> str:
-    """Writes a known checksum of `path` to `path.sha256` (atomically); returns it."""
-    side = Path(f"{path}{SUFFIX}")
-    tmp = side.with_name(f".tmp-{side.name}")
-    tmp.write_text(digest + "\n")
-    tmp.replace(side)
-    return digest
-
-
 def read_beside(path: Path) -> str | None:
-    """The checksum written beside `path`, None where there is none."""
+    """The checksum written beside `path`, None where there is none or it is not one."""
     side = Path(f"{path}{SUFFIX}")
     try:
-        return side.read_text().strip() or None
-    except OSError:
+        text = side.read_text().strip()
+    except (OSError, UnicodeDecodeError):
         return None
+    return text if DIGEST.fullmatch(text) else None
 
 
 def verify_beside(path: Path) -> None:
-    """Checks `path` against `path.sha256` where that exists."""
+    """Checks `path` against `path.sha256` where that exists.
+
+    Raises:
+        ValueError: `path` does not match; or the checksum file holds no checksum (it is the
+            one damaged, named as such: `path` itself may be whole).
+    """
     side = Path(f"{path}{SUFFIX}")
-    if side.is_file():
-        verify(path, side.read_text().strip())
+    if not side.is_file():
+        return
+    try:
+        text = side.read_bytes().decode().strip()
+    except UnicodeDecodeError:
+        text = None
+    if text is None or not DIGEST.fullmatch(text):
+        raise ValueError(f"the checksum file {side} is damaged (it holds no SHA-256), so "
+                         f"{Path(path).name} cannot be checked; remove {side.name} to load "
+                         f"{Path(path).name} unchecked")
+    verify(path, text)

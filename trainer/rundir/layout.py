@@ -4,10 +4,13 @@
 RUN_DIR/
   .hydra/config.yaml    the composed config (Hydra's)
   .lock                 held by the one process that runs here
-  checkpoints/          last.keras, best.keras (+ NAME.sha256 beside each); with
+  checkpoints/          last.keras, best.keras (+ NAME.sha256 beside each, and
+                        best.keras.best.json: the value it holds); with
                         checkpoint.keep_best=k the k best, best-epoch003-val_loss0.1234.keras,
                         listed in kept_best.json; averaged.keras (EMA or the best k's mean)
-  backup/ckpt-*/        the newest backups: weights, optimizer, state.json
+  backup/ckpt-*/        the newest backups: model.weights.h5 (or model.keras, a copy of the
+                        checkpoint written at the same point), rng.npz, metrics.npz,
+                        state.json (written last)
   tensorboard/          TensorBoard's logs (logger=[tensorboard])
   saved_model/          export=true or export=[saved_model,...]
   model.tflite          export=[tflite] (TFLite / LiteRT)
@@ -19,7 +22,11 @@ RUN_DIR/
   trial.json            a sweep job's outcome
   evaluator/            an evaluator beside the workers: what the chief and it hand each
                         other (`EvaluatorDir`; `trainer.run.sidecar`)
+  lease.json            at a URL only: the one writer's lease (`trainer.rundir.lease`)
 ```
+
+No two names share storage (`trainer.rundir.atomic`, their one writer): every file is its
+own, written under a temporary name `.tmp-<pid>-NAME` and renamed.
 """
 
 from __future__ import annotations
@@ -28,7 +35,15 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainer.rundir.atomic import temporary
+
 LOCK = ".lock"
+LEASE = "lease.json"  # at a URL: the one writer's lease
+SUMMARY = "summary.json"  # written last: the run finished
+STATE = "state.json"  # a backup's: written after its other files
+# A backup's files besides `STATE`: the weights, or a copy of the checkpoint written at the
+# same point; the dropout layers' random states; a mid-epoch backup's training metrics.
+WEIGHTS, CHECKPOINT, RNG, METRICS = "model.weights.h5", "model.keras", "rng.npz", "metrics.npz"
 RANKED = "best-epoch"  # the k best checkpoints' names begin so
 # Where each export format goes, inside the run directory.
 EXPORTS = {"saved_model": "saved_model", "tflite": "model.tflite", "onnx": "model.onnx"}
@@ -50,6 +65,12 @@ class RunDir:
     def checkpoint(self, which: str) -> Path:
         """`checkpoints/best.keras`, `last.keras` or `averaged.keras`."""
         return self.checkpoints / f"{which}.keras"
+
+    @staticmethod
+    def best_record(checkpoint: Path) -> Path:
+        """`NAME.best.json` beside a best checkpoint: the monitor and the value it holds,
+        read back by a resumed run so its first epoch does not replace a better one."""
+        return Path(f"{checkpoint}.best.json")
 
     def ranked(self, epoch: int, monitor: str, value: float) -> Path:
         """One of the k best checkpoints (`checkpoint.keep_best`), named by its epoch
@@ -77,7 +98,7 @@ class RunDir:
 
     @property
     def summary(self) -> Path:
-        return self.root / "summary.json"
+        return self.root / SUMMARY
 
     @property
     def curves(self) -> Path:
@@ -119,7 +140,7 @@ class RunDir:
     def export_tmp(self, format: str) -> Path:
         """The temporary name an export is written and checked under before it is renamed
         (`.tmp-*`: removed by `trainer.rundir.backup.tidy` where a kill left one)."""
-        return self.root / f".tmp-{EXPORTS[format]}"
+        return temporary(self.export(format))
 
     @property
     def trial(self) -> Path:
@@ -164,7 +185,7 @@ class EvaluatorDir:
         return self.root / "inbox"
 
     def weights(self, epoch: int, suffix: str = ".weights.h5") -> Path:
-        """An epoch's weights in the inbox (`.keras` where the backup linked a checkpoint)."""
+        """An epoch's weights in the inbox (`.keras` where the backup copied a checkpoint)."""
         return self.inbox / f"epoch-{epoch:06d}{suffix}"
 
     def logs(self, epoch: int) -> Path:
@@ -180,7 +201,7 @@ class EvaluatorDir:
 
     @property
     def summary(self) -> Path:
-        return self.root / "summary.json"
+        return self.root / SUMMARY
 
     @property
     def alive(self) -> Path:

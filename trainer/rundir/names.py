@@ -14,7 +14,7 @@ from trainer.rundir.remote import is_url
 NAME_MAX = 255
 PATH_MAX = 1024 if os.uname().sysname == "Darwin" else 4096
 # Room left in the path for what trainer writes inside the run directory
-# (`checkpoints/.tmp-best.keras.sha256`, `backup/ckpt-<epoch>-<step>/...`).
+# (`checkpoints/.tmp-<pid>-best.keras.sha256`, `backup/ckpt-<epoch>-<step>/...`).
 INSIDE = 128
 
 

@@ -38,14 +38,14 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config.errors import ConfigError, Interrupted
-from trainer.rundir.layout import LOCK
+from trainer.rundir.atomic import TMP
+from trainer.rundir.layout import LEASE, LOCK, STATE, SUMMARY
 
 log = logging.getLogger(__name__)
 
 SCRATCH = "TRAINER_SCRATCH"
-LEASE = "lease.json"
-MARKER = "state.json"  # a backup's: written (and uploaded) after its other files
-FINISHED = "summary.json"  # a finished run's: uploaded last
+MARKER = STATE  # a backup's: written (and uploaded) after its other files
+FINISHED = SUMMARY  # a finished run's: uploaded last
 LOCAL_ONLY = "input_cache"  # never uploaded (see `_local_files`)
 # The package fsspec needs for each scheme, for the one line where it is missing.
 PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs",
@@ -136,7 +136,7 @@ def _local_files(root: Path) -> dict[str, tuple[int, int]]:
     for path in root.rglob("*"):
         rel = path.relative_to(root).as_posix()
         if rel in (LOCK, LEASE) or rel.startswith(f"{LOCAL_ONLY}/") or any(
-                part.startswith(".tmp-") or (part.startswith(".") and part.endswith(".tmp"))
+                part.startswith(TMP) or (part.startswith(".") and part.endswith(".tmp"))
                 for part in rel.split("/")):
             continue
         if path.is_file():
@@ -199,7 +199,7 @@ class Mirror:
         rels = self.listing()
         whole = {_backup_of(rel) for rel in rels if _is_marker(rel)}
         wanted = [rel for rel in rels if (_backup_of(rel) is None or _backup_of(rel) in whole)
-                  and not any(p.startswith(".tmp-") for p in rel.split("/"))]
+                  and not any(p.startswith(TMP) for p in rel.split("/"))]
         shutil.rmtree(self.root, ignore_errors=True)
         self.sent = dict.fromkeys(rels)  # what is not downloaded goes at the first push
         if not rels:

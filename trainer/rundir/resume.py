@@ -29,7 +29,7 @@ from trainer.config.errors import ConfigError
 from trainer.config.given import NODES, is_marker, lookup
 from trainer.config.schema import LrPlan
 from trainer.config.validate import cache_mode
-from trainer.rundir.layout import RunDir
+from trainer.rundir.layout import STATE, RunDir
 from trainer.rundir.lock import holder
 
 # Keys (and key prefixes) that may change on any resume.
@@ -131,7 +131,7 @@ def latest_state(run_dir: Path) -> dict[str, Any] | None:
         return None
     for path in sorted(backup.glob("ckpt-*"), reverse=True):
         try:
-            return json.loads((path / "state.json").read_text())
+            return json.loads((path / STATE).read_text())
         except (OSError, ValueError):
             continue
     return None

@@ -4,11 +4,10 @@ What a run directory holds at its peak, counted in copies of the model's and opt
 variables (`state_bytes`; a weights file or `.keras` checkpoint of them is under 1% more):
 
 - `backup/`: the newest two backups, plus the next one being written before the oldest is
-  removed: 3. A backup that hard-links `best.keras` takes no space of its own only until
-  `best.keras` is replaced; from then on it holds the old best alone, so it counts.
-- `checkpoints/best.keras`: 1, plus its `.tmp-best.keras` while a new best is written (at
-  an epoch end, before that epoch's backup: never beside a third backup).
-- `checkpoints/last.keras`: written at the end as `.tmp-last.keras` (or linked to
+  removed: 3 (a backup that copies `best.keras` holds a copy of its own).
+- `checkpoints/best.keras`: 1, plus its temporary `.tmp-<pid>-best.keras` while a new best
+  is written (at an epoch end, before that epoch's backup: never beside a third backup).
+- `checkpoints/last.keras`: written at the end under a temporary name (or copied from
   `best.keras`); a resumed finished run keeps its old `last.keras` all along: 1.
 
 - `checkpoint.keep_best=k`: k more, plus a new one's temporary file before the list drops

@@ -15,13 +15,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 import keras
 
+from trainer.rundir.atomic import written
 from trainer.rundir.layout import RunDir
 
 log = logging.getLogger(__name__)
@@ -107,11 +107,8 @@ def draw_curves(history: dict[str, list], path: str | Path, best_epoch: int | No
     figure.subplots_adjust(left=0.6 / (4 * columns), right=1 - 0.15 / (4 * columns),
                            bottom=0.5 / (3 * rows), top=1 - 0.35 / (3 * rows),
                            wspace=0.3, hspace=0.45)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    figure.savefig(tmp, format="png", metadata={KEY: json.dumps(drawn)})
-    os.replace(tmp, path)
+    with written(Path(path)) as tmp:
+        figure.savefig(tmp, format="png", metadata={KEY: json.dumps(drawn)})
     return drawn
 
 

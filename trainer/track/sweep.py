@@ -31,7 +31,7 @@ from omegaconf import DictConfig
 from trainer.config.errors import EXIT_CONFIG, EXIT_INTERRUPTED, ConfigError
 from trainer.config.metrics import sweep_mode
 from trainer.internals.hydra_app import args_parser
-from trainer.rundir.atomic import write_json
+from trainer.rundir.atomic import write_json, write_text
 from trainer.rundir.layout import RunDir
 
 # Numeric summary keys a sweep may optimize besides the logged metrics (dots go into nodes).
@@ -182,9 +182,7 @@ def record_trial(job_dir: Path, sweep_dir: Path, trial: dict[str, Any], mode: st
         fcntl.flock(lock, fcntl.LOCK_EX)
         trials = [json.loads(p.read_text()) for p in sweep_dir.glob(f"*/{RunDir('.').trial.name}")]
         table = sweep_dir / "trials.md"
-        tmp = sweep_dir / f".trials.md.{os.getpid()}.tmp"
-        tmp.write_text(trial_table(trials, mode))
-        os.replace(tmp, table)
+        write_text(table, trial_table(trials, mode))
     return table
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
+
+from trainer.rundir.atomic import written
 
 KEY = "trainer:tune"
 
@@ -69,10 +70,8 @@ def _save(figure: Any, axes: Any, path: Path, found: dict[str, Any]) -> None:
     axes.grid(alpha=0.3)
     axes.legend(fontsize="small")
     figure.subplots_adjust(left=0.14, right=0.97, bottom=0.14, top=0.95)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    figure.savefig(tmp, format="png", metadata={KEY: json.dumps(found)})
-    os.replace(tmp, path)
+    with written(path) as tmp:
+        figure.savefig(tmp, format="png", metadata={KEY: json.dumps(found)})
 
 
 def _nan(value: float) -> float:
