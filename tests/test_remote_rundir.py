@@ -161,7 +161,7 @@ def _wait(predicate, process: subprocess.Popen, timeout: float = 240) -> None:
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("scheme", ["s3", pytest.param("gs", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("scheme", ["s3", pytest.param("gs", marks=pytest.mark.long)])
 def test_killed_mid_epoch_at_a_url_resumes_to_the_weights_of_an_uninterrupted_run(
         scheme, request, tmp_path, capsys):
     """The issue's measure: a chief killed mid-epoch, a second start refused while it
@@ -366,7 +366,7 @@ def test_a_read_only_bucket_is_refused_in_one_line(read_only_s3, tmp_path):
         "error: access to s3://readonly/runs/a is denied"), lines
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_server_gone_mid_run_stops_it_in_one_line_with_the_last_backup_kept(s3, tmp_path):
     url = f"s3://{BUCKET}/runs/gone"
     chief = start_cli(*LEAN, f"hydra.run.dir={url}", cwd=tmp_path)
@@ -382,7 +382,7 @@ def test_a_server_gone_mid_run_stops_it_in_one_line_with_the_last_backup_kept(s3
     assert "the last backup that reached" in lines[0]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_run_at_gcs_finishes_there_and_evaluates_and_resumes_from_the_url(gcs, tmp_path):
     from trainer.evaluate import evaluate_run
     from trainer.predict import predict_run
@@ -550,7 +550,7 @@ def test_only_the_chief_of_a_cluster_takes_the_url():
     assert not is_chief([], {"SLURM_PROCID": "2"}) and is_chief([], {"SLURM_PROCID": "0"})
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.multiworker
 def test_two_workers_at_one_url_train_once_and_only_the_chief_writes_there(s3, tmp_path):
     from tests.test_multiworker import COMMON, run_tasks
@@ -573,7 +573,7 @@ def test_two_workers_at_one_url_train_once_and_only_the_chief_writes_there(s3, t
         f"{p.name}" for p in (tmp_path / "scratch" / "trainer-scratch").glob("*-run")]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_trainer_fit_takes_a_url(s3, tmp_path, monkeypatch):
     import trainer
 

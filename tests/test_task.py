@@ -92,7 +92,7 @@ def wheel(tmp_path_factory):
     return site
 
 
-@pytest.mark.slow  # builds and installs a wheel; the same project trains in-process by default
+@pytest.mark.long  # builds and installs a wheel; the same project trains in-process by default
 def test_readme_project_trains_outside_the_repository_from_an_installed_trainer(tmp_path,
                                                                                 wheel):
     files, command = readme_project()
@@ -117,7 +117,7 @@ def test_readme_project_trains_outside_the_repository_from_an_installed_trainer(
     assert (summary_path.parent / "checkpoints" / "best.keras").is_file()
 
 
-@pytest.mark.slow  # builds and installs a wheel
+@pytest.mark.long  # builds and installs a wheel
 def test_the_wheel_ships_the_optuna_sweeper_where_hydra_finds_it(tmp_path, wheel):
     """Hydra's own scan of the `hydra_plugins` namespace finds trainer's sweeper in the
     installed wheel, and the command line composes its config from there."""
