@@ -63,7 +63,10 @@ def test_keras_app_on_the_default_digits_trains(tmp_path):
     run_dir = tmp_path / "run"
     out = run_main(*_as_written(KERAS_APP), *SHORT, f"hydra.run.dir={run_dir}", cwd=tmp_path)
     summary = _trains_on_two_logical_cpus(out, run_dir, "keras_app")
-    assert summary["device_notes"] == []  # accelerator=cpu asked for logical CPUs
+    # accelerator=cpu asked for logical CPUs: no "no GPU" note, the shared cores' one
+    assert summary["device_notes"] == [
+        "the host CPU as 2 logical devices, one replica on each of 2: they share its cores "
+        "(no speed-up; for checking a multi-device run)"]
 
 
 @pytest.mark.parametrize("command, model", [(DESIGN_CARD, "mobilenet"),

@@ -44,7 +44,10 @@ def test_strong_scaling_splits_the_global_batch(tiny_config, tmp_path):
     summary = train(cfg, run_dir=tmp_path)
     assert summary["batch"] == {"per_replica": 32, "replicas": 4, "accumulate": 1, "global": 128,
                                 "max_per_replica": None, "drop_remainder": False}
-    assert summary["learning_rate"]["scaled"] == pytest.approx(0.001 * 128 / 64)
+    # reference_batch: auto, and a fixed global batch: the rate is the one-device script's,
+    # whatever the replica count (tests/test_lr_reference.py)
+    assert summary["learning_rate"]["reference_batch"] == 128
+    assert summary["learning_rate"]["scaled"] == pytest.approx(0.001)
     assert summary["cross_device_ops"] == "collective"
 
 
