@@ -44,7 +44,7 @@ def main() -> None:
 
     start(args.devices)
     n = args.accumulate
-    print(f"MobileNetV2 loop={args.loop} devices={args.devices} micro-batch "
+    print(f"model={args.model} loop={args.loop} devices={args.devices} micro-batch "
           f"{args.per_replica} per replica; global batch {args.per_replica * args.devices} "
           f"(accumulate=1) vs {args.per_replica * args.devices * n} (accumulate={n}); "
           f"examples={args.examples} epochs={args.epochs}")

@@ -40,7 +40,7 @@ def main() -> None:
     from bench_overhead import start
 
     start(args.devices)
-    print(f"MobileNetV2 devices={args.devices} batch {args.per_replica} per replica; "
+    print(f"model={args.model} devices={args.devices} batch {args.per_replica} per replica; "
           f"augment=[] vs augment={args.augment} (in tf.data on the CPU, after the cache); "
           f"examples={args.examples} epochs={args.epochs}")
     ratios = []

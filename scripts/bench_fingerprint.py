@@ -64,6 +64,7 @@ def load(root: Path) -> tuple[image_folder.Source, dict]:
     image_folder.of_folder = keep
     try:
         source = image_folder.load(str(root), image_size=SIDE, channels=3)
+        source.fingerprint()  # hashed where asked for (a run's chief), not by the load
     finally:
         image_folder.of_folder = real
     return source, seen

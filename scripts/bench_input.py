@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from trainer.data.pipeline import build_pipeline  # noqa: E402
-from trainer.data.tfds import _resize as tfds_resize  # noqa: E402
+from trainer.data.tfds import _decoder as tfds_decoder  # noqa: E402
 
 SIZE = 224
 
@@ -68,15 +68,19 @@ def naive(contents, labels, batch, literal=False):
     return dataset
 
 
+class JpegFeature:
+    """What TFDS's `Image` feature does with a stored example: decode its JPEG bytes."""
+
+    @staticmethod
+    def decode_example(contents):
+        return tf.io.decode_jpeg(contents, channels=3)
+
+
 def ours(contents, labels, batch):
-    """trainer's cats_vs_dogs chain: decode (TFDS's part), its resize, then the pipeline."""
-    resize = tfds_resize(SIZE)
-
-    def decode_resize(c, y):
-        return resize(tf.io.decode_jpeg(c, channels=3), y)
-
+    """trainer's cats_vs_dogs chain: its TFDS decoder (decode, resize), then the pipeline."""
     return build_pipeline(tf.data.Dataset.from_tensor_slices((contents, labels)), batch,
-                          training=True, preprocess=decode_resize, scale=1 / 255.0,
+                          training=True, preprocess=tfds_decoder(JpegFeature(), SIZE),
+                          scale=1 / 255.0,
                           seed=0, cache=False, shuffle_buffer=1024)
 
 

@@ -24,7 +24,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 def parse_args() -> argparse.Namespace:
     parser = base_parser(__doc__.splitlines()[0], per_replica=128)
-    parser.add_argument("--model", default="mobilenet", choices=["mobilenet", "cnn"])
     parser.add_argument("--loops", default="fit,custom",
                         help="trainer loops to compare with plain Keras, comma-separated")
     return parser.parse_args()
@@ -39,6 +38,8 @@ def base_parser(description: str, per_replica: int) -> argparse.ArgumentParser:
     parser.add_argument("--examples", type=int, default=4096)
     parser.add_argument("--per-replica", type=int, default=per_replica)
     parser.add_argument("--image-size", type=int, default=32)
+    # cnn: the default network, for a quick look (and CI's smoke run of every script)
+    parser.add_argument("--model", default="mobilenet", choices=["mobilenet", "cnn"])
     return parser
 
 
@@ -57,13 +58,13 @@ def start(devices: int) -> None:
 
 
 def trainer_rate(args, overrides: list[str], global_batch: int) -> float:
-    """Steady examples/s of one `trainer` run of MobileNetV2 on synthetic data."""
+    """Steady examples/s of one `trainer` run of `--model` on synthetic data."""
     from hydra import compose, initialize_config_dir
 
     from trainer.config.schema import config_dir
     from trainer.run.train import train
 
-    common = ["model=mobilenet", "dataset=synthetic", f"dataset.train_examples={args.examples}",
+    common = [f"model={args.model}", "dataset=synthetic", f"dataset.train_examples={args.examples}",
               f"dataset.image_size={args.image_size}", "accelerator=cpu",
               f"devices={args.devices}", f"epochs={args.epochs}", "verbose=0",
               f"batch.per_replica={args.per_replica}", "batch.drop_remainder=true",

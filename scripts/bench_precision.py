@@ -35,7 +35,8 @@ def run(args, overrides: list[str]) -> tuple[float, float]:
     with initialize_config_dir(str(config_dir()), version_base="1.3"):
         cfg = compose("config", overrides=[
             f"model={args.model}", "dataset=synthetic", f"dataset.train_examples={args.examples}",
-            "dataset.validation_examples=256", "accelerator=cpu", "devices=1",
+            "dataset.validation_examples=256", f"dataset.image_size={args.image_size}",
+            "accelerator=cpu", "devices=1",
             f"epochs={args.epochs}", "verbose=0", "logger=[]",
             f"batch.per_replica={args.batch}", *overrides])
     with tempfile.TemporaryDirectory() as run_dir:
@@ -50,6 +51,7 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--model", default="mobilenet")
+    parser.add_argument("--image-size", type=int, default=32)
     args = parser.parse_args()
     from trainer.config.schema import register_configs
 

@@ -40,7 +40,8 @@ def worker(args) -> None:
     register_configs()
     run_args = argparse.Namespace(
         devices=args.worker, per_replica=args.global_batch // args.worker,
-        examples=args.examples, epochs=args.epochs, model=args.model, image_size=32)
+        examples=args.examples, epochs=args.epochs, model=args.model,
+        image_size=args.image_size)
     plain, ours = [], []
     for _ in range(args.pairs):
         plain.append(bench.run_plain_timed(run_args))
@@ -61,6 +62,7 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=4096)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--model", default="mobilenet")
+    parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -69,7 +71,8 @@ def main() -> None:
     for n in map(int, args.replicas.split(",")):
         command = [sys.executable, __file__, "--worker", str(n), "--pairs", str(args.pairs),
                    "--global-batch", str(args.global_batch), "--examples", str(args.examples),
-                   "--epochs", str(args.epochs), "--model", args.model]
+                   "--epochs", str(args.epochs), "--model", args.model,
+                   "--image-size", str(args.image_size)]
         out = subprocess.run(command, capture_output=True, text=True, timeout=3600)
         line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:

@@ -41,7 +41,7 @@ def worker(args) -> None:
     import keras
 
     sys.path.insert(0, str(HERE.parent))
-    from trainer.models.mobilenet import build
+    from trainer.models import cnn, mobilenet
     from trainer.run.loop import CustomLoop
 
     devices = [f"/cpu:{i}" for i in range(n)]
@@ -52,7 +52,8 @@ def worker(args) -> None:
     labels = tf.random.uniform((args.global_batch * 4,), maxval=10, dtype=tf.int64)
     data = tf.data.Dataset.from_tensor_slices((images, labels)).batch(args.global_batch).repeat()
     with strategy.scope():
-        model = build(input_shape=(32, 32, 3), num_classes=10, alpha=0.35)
+        model = (mobilenet.build(input_shape=(32, 32, 3), num_classes=10, alpha=0.35)
+                 if args.model == "mobilenet" else cnn.build((32, 32, 3), 10))
         model.compile(optimizer=keras.optimizers.Adam(1e-3),
                       loss=keras.losses.SparseCategoricalCrossentropy(), metrics=["accuracy"])
     result = {"replicas": n}
@@ -112,6 +113,8 @@ def main() -> None:
     parser.add_argument("--grappler-off", default="",
                         help="Grappler passes to turn off, e.g. layout_optimizer,constant_folding")
     parser.add_argument("--steps", type=int, default=10, help="steps timed after the first")
+    parser.add_argument("--model", default="mobilenet", choices=["mobilenet", "cnn"],
+                        help="cnn: the default network, for a quick look")
     parser.add_argument("--worker", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -122,7 +125,8 @@ def main() -> None:
         if args.grappler:
             env["TF_CPP_VMODULE"] = "meta_optimizer=1"
         command = [sys.executable, __file__, "--worker", str(n), "--loop", args.loop,
-                   "--global-batch", str(args.global_batch), "--steps", str(args.steps)]
+                   "--global-batch", str(args.global_batch), "--steps", str(args.steps),
+                   "--model", args.model]
         if args.no_grappler:
             command.append("--no-grappler")
         if args.grappler_off:

@@ -61,10 +61,17 @@ TINY = ["epochs=1", "verbose=0", "dataset.image_size=8", "logger=[]"]
 NO_GPU = "needs a GPU: none visible to TensorFlow"
 
 
-# Tests moved to the slow run by their measured time (the file says why and how to refresh).
-SLOW_LIST = {line.split("#", 1)[0].strip()
-             for line in (Path(__file__).parent / "slow_tests.txt").read_text().splitlines()
-             if line.split("#", 1)[0].strip()}
+
+def _listed(name: str) -> set[str]:
+    """The test ids a list file names, one a line (`#` starts a comment)."""
+    lines = (Path(__file__).parent / name).read_text().splitlines()
+    return {line.split("#", 1)[0].strip() for line in lines if line.split("#", 1)[0].strip()}
+
+
+# The slow run (at most 20 tests, each with why it cannot be cheaper) and the long tests CI
+# runs in a pass of its own, by their measured time (each file says how to refresh it).
+SLOW_LIST = _listed("slow_tests.txt")
+LONG_LIST = _listed("long_tests.txt")
 
 # Module-scoped fixtures that each make a training run (or build a wheel).
 SHARED_FIXTURES = ("image_run", "finished_run", "finished", "wheel")
@@ -75,10 +82,12 @@ def pytest_collection_modifyitems(config, items):
     """Skips the gpu-marked tests where TensorFlow sees no GPU, saying so. Tests that share
     a module-scoped fixture run in one test process (`--dist loadgroup`), so its run is made
     once, not once per process; the others are spread one by one. The tests
-    `slow_tests.txt` lists are marked slow."""
+    `slow_tests.txt` lists are marked slow, and those `long_tests.txt` lists long."""
     for item in items:
         if item.nodeid in SLOW_LIST:
             item.add_marker(pytest.mark.slow)
+        if item.nodeid in LONG_LIST:
+            item.add_marker(pytest.mark.long)
         for name in SHARED_FIXTURES:
             if name in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}.{name}"))

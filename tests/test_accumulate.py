@@ -182,7 +182,7 @@ CONFIG = ["optimizer=sgd_momentum_cosine", "optimizer.lr=0.05", "model.dropout=0
           "batch.per_replica=null", "batch.global_size=128", "accelerator=cpu", "epochs=2"]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_a_configured_run_on_any_split_ends_with_the_same_weights(tiny_config, tmp_path, loop):
     """Through the whole wiring: data order, the schedule and the summary use the global batch."""
@@ -213,7 +213,7 @@ def test_a_configured_run_on_any_split_ends_with_the_same_weights(tiny_config, t
             first["validation_metrics"]["loss"], rel=1e-5)
 
 
-@pytest.mark.slow  # the default run stays under 8 minutes on 2 cores
+@pytest.mark.long  # the default run stays under 8 minutes on 2 cores
 def test_accumulate_auto_fits_the_cap_and_the_summary_says_so(tiny_config, tmp_path):
     from trainer.run.summary import format_summary
     from trainer.run.train import train

@@ -205,7 +205,7 @@ class Trajectory(keras.callbacks.Callback):
 
 
 # trainer's own loop is the heavier twin (its step traced anew): `-m slow`
-@pytest.mark.parametrize("loop", ["fit", pytest.param("custom", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("loop", ["fit", pytest.param("custom", marks=pytest.mark.long)])
 def test_ema_under_two_replicas_is_the_average_of_every_step_and_is_what_was_tested(
         tmp_path, loop):
     momentum = 0.9
@@ -240,7 +240,7 @@ def test_ema_under_two_replicas_is_the_average_of_every_step_and_is_what_was_tes
             in format_summary(summary))
 
 
-@pytest.mark.slow  # three runs: an uninterrupted one, a stopped one and its resume
+@pytest.mark.long  # three runs: an uninterrupted one, a stopped one and its resume
 @pytest.mark.parametrize("averaging", [["checkpoint.keep_best=3", "checkpoint.average_best=3"],
                                        ["checkpoint.keep_best=2", "optimizer.ema=true"]])
 def test_a_resumed_run_keeps_and_averages_what_the_uninterrupted_one_does(tmp_path,

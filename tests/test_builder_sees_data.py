@@ -188,7 +188,6 @@ class RecordWords(keras.callbacks.Callback):
 
 
 @pytest.mark.multiworker
-@pytest.mark.slow  # a second launch (about 40 s); the unit test above covers the rule in CI
 def test_on_two_workers_a_vocabulary_is_adapted_by_each_and_the_summary_says_so(
         tmp_path, launches):  # noqa: F811
     """A TextVectorization's vocabulary is a lookup table no collective sends: the other

@@ -160,7 +160,7 @@ def test_pipeline_keeps_the_last_partial_batch_and_scales():
     assert 0.0 <= float(tf.reduce_min(x)) <= float(tf.reduce_max(x)) <= 1.0
 
 
-@pytest.mark.parametrize("replicas", [1, 3, pytest.param(4, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("replicas", [1, 3, pytest.param(4, marks=pytest.mark.long)])
 def test_reported_validation_accuracy_counts_every_example_once(make_run, tmp_path, replicas):
     """50 examples, global batch 8 x replicas: never a multiple, the last batch uneven."""
     import keras

@@ -18,7 +18,7 @@ from trainer.data import fingerprint
 from trainer.run.train import train
 
 FOLDER = ["dataset=image_folder", "dataset.image_size=8", "epochs=1", "verbose=0",
-          "logger=[]", "batch.per_replica=4"]
+          "logger=[]", "batch.per_replica=4", "model=small"]
 
 
 def _more_images(folder, per_class=2):
@@ -66,7 +66,7 @@ def test_the_same_folder_resumes_and_evaluates(tmp_path):
 
 def test_checkpoints_whose_backup_was_removed_are_not_trained_over(tmp_path):
     run_dir = tmp_path / "run"
-    tiny = ["epochs=1", "verbose=0", "dataset.image_size=8", "logger=[]"]
+    tiny = ["epochs=1", "verbose=0", "dataset.image_size=8", "logger=[]", "model=small"]
     train(make_config(*tiny), run_dir)
     shutil.rmtree(run_dir / "backup")
     (run_dir / "summary.json").unlink()
@@ -266,7 +266,7 @@ def test_a_rerun_refused_for_changed_data_leaves_every_file_as_it_was_cli_and_ap
 
     images = tmp_path / "images"
     write_images(images)
-    args = [*FOLDER, "model=small", f"dataset.path={images}"]
+    args = [*FOLDER, f"dataset.path={images}"]
     cli, api = tmp_path / "cli", tmp_path / "api"
     assert run_main(*args, f"hydra.run.dir={cli}", cwd=tmp_path).returncode == 0
     trainer.fit(args, run_dir=api)

@@ -5,12 +5,9 @@ from __future__ import annotations
 import json
 import time
 
-import pytest
-
 from tests.conftest import run_cli
 
 
-@pytest.mark.slow
 def test_default_run_reaches_95_percent(tmp_path):
     started = time.perf_counter()
     out = run_cli(f"hydra.run.dir={tmp_path}", cwd=tmp_path, timeout=600)

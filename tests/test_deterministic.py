@@ -83,7 +83,7 @@ def cli_weights(tmp_path, name: str, *overrides: str, env: dict | None = None):
     return summary, model.get_weights()
 
 
-@pytest.mark.slow  # three fresh processes: the variable counts only as TensorFlow starts
+@pytest.mark.long  # three fresh processes: the variable counts only as TensorFlow starts
 def test_devices_computing_the_same_micro_batches_end_within_1e_5(tmp_path, monkeypatch):
     """1 replica with 2 micro-batches of 32 and 2 replicas of 32 (measured: 1e-7 apart,
     with oneDNN on or off and one thread per kernel or TensorFlow's); the summary says

@@ -223,7 +223,6 @@ def test_two_workers_and_an_evaluator(tmp_path, launches, tiny_config):
 
 
 
-@pytest.mark.slow  # 64 s: CI's several-process run keeps the evaluator's main test
 @pytest.mark.multiworker
 def test_an_evaluator_killed_mid_run_leaves_training_going(tmp_path, launches):
     """SIGKILL to the evaluator after its first epoch: the workers finish, the chief stops

@@ -26,7 +26,7 @@ def test_the_classic_examples_are_there():
 HEAVY = {"cats_vs_dogs_mobilenet", "digits_towers"}
 
 
-@pytest.mark.parametrize("experiment", [pytest.param(e, marks=pytest.mark.slow) if e in HEAVY
+@pytest.mark.parametrize("experiment", [pytest.param(e, marks=pytest.mark.long) if e in HEAVY
                                         else e for e in EXPERIMENTS])
 def test_experiment_runs_one_short_epoch(make_run, tmp_path: Path, experiment):
     # ImageNet weights need a network this machine does not have: the same network from
@@ -46,7 +46,7 @@ def test_experiment_runs_one_short_epoch(make_run, tmp_path: Path, experiment):
 HEAVY_MODELS = {"mobilenet", "keras_app"}
 
 
-@pytest.mark.parametrize("model", [pytest.param(m, marks=pytest.mark.slow)
+@pytest.mark.parametrize("model", [pytest.param(m, marks=pytest.mark.long)
                                    if m in HEAVY_MODELS else m for m in MODELS])
 def test_every_model_trains_on_the_default_dataset(make_run, tmp_path, model):
     cfg = make_run(f"model={model}", "epochs=1", "verbose=0", "logger=[]")

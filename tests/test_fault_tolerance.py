@@ -52,7 +52,7 @@ def mid_epoch_backup(run_dir: Path, epoch: int = 0):
                        for p in (run_dir / "backup").glob(f"ckpt-{epoch:06d}-*"))
 
 
-@pytest.mark.slow  # its SIGTERM twin below runs by default
+@pytest.mark.long  # its SIGTERM twin below runs by default
 def test_sigkill_mid_epoch_then_rerun_equals_an_uninterrupted_run(tmp_path):
     clean, killed = tmp_path / "clean", tmp_path / "killed"
     assert run_cli(*RESUMABLE, f"hydra.run.dir={clean}", cwd=tmp_path).returncode == 0
@@ -178,7 +178,7 @@ def test_backups_are_complete_and_only_two_kept(tmp_path):
     assert not list((tmp_path / "backup").glob(".tmp-*"))
 
 
-@pytest.mark.slow  # the default run stays under 8 minutes on 2 cores
+@pytest.mark.long  # the default run stays under 8 minutes on 2 cores
 def test_finished_run_is_not_overwritten_unless_resumed(tmp_path, tiny_config):
     run_dir = tmp_path / "run"
     first = run_cli("dataset.image_size=8", "epochs=1", "verbose=0", "logger=[]",

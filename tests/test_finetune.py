@@ -105,7 +105,7 @@ def changed(before, after) -> list[bool]:
     return [not np.array_equal(a, b) for a, b in zip(before, after, strict=True)]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_frozen_then_unfrozen_backbone_per_variable(make_run, tmp_path, loop):
     snaps = Snapshots()
@@ -129,7 +129,7 @@ def test_frozen_then_unfrozen_backbone_per_variable(make_run, tmp_path, loop):
     assert head_only["trainable"] < full["trainable"] < full["total"] == head_only["total"]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_run_stopped_after_the_unfreeze_epoch_resumes_equal_to_an_uninterrupted_one(
         make_run, tmp_path):
     options = [*TINY_APP, "deterministic=true", "epochs=3", "finetune.freeze_backbone=true",

@@ -65,7 +65,7 @@ def test_without_a_gpu_it_prints_one_line_and_exits_0(tmp_path):
     assert not (tmp_path / "table.md").exists()
 
 
-@pytest.mark.slow  # the default run stays under 8 minutes on 2 cores
+@pytest.mark.long  # the default run stays under 8 minutes on 2 cores
 def test_dry_run_a_passing_row_and_a_crashing_row(tmp_path):
     out = run_check("--cpu-dry-run", "--rows", "replicas_equal,devices_0",
                     "--out", str(tmp_path / "table.md"), cwd=tmp_path)
@@ -85,7 +85,7 @@ def test_dry_run_a_passing_row_and_a_crashing_row(tmp_path):
         "replicas_equal", "devices_0"], out.stderr  # one progress line per row, nothing else
 
 
-@pytest.mark.slow  # the negative control of the equality row: a second dry run
+@pytest.mark.long  # the negative control of the equality row: a second dry run
 def test_dry_run_detects_replica_runs_that_differ(tmp_path):
     """Negative control: 16 per replica makes the global batch 16 on 1 replica, 32 on 2."""
     out = run_check("--cpu-dry-run", "--rows", "replicas_equal", "--out",
@@ -130,7 +130,7 @@ def test_reasons_and_results_are_read_as_one_line():
     assert check.cell("a | b\n c") == "a \\| b c"
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_dry_run_throughput_rows_measure(tmp_path):
     """The throughput workers run to their figures (CPU speeds: their verdict is not asked)."""
     out = run_check("--cpu-dry-run", "--rounds", "1", "--rows",

@@ -74,7 +74,7 @@ def test_an_unreachable_tracking_server_is_one_line_before_tensorflow_starts(tmp
     assert not run_dir.exists()  # nothing written
 
 
-@pytest.mark.slow  # MLflow end to end in the default run: the sqlite-artifacts test below
+@pytest.mark.long  # MLflow end to end in the default run: the sqlite-artifacts test below
 def test_csv_and_mlflow_log_config_epochs_summary_and_checkpoint(tiny_config, tmp_path):
     from mlflow.tracking import MlflowClient
 
@@ -107,7 +107,7 @@ def test_csv_and_mlflow_log_config_epochs_summary_and_checkpoint(tiny_config, tm
         "checkpoints/best.keras"]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_resumed_run_continues_its_mlflow_run_and_csv(tiny_config, tmp_path):
     from mlflow.tracking import MlflowClient
 
@@ -121,7 +121,7 @@ def test_a_resumed_run_continues_its_mlflow_run_and_csv(tiny_config, tmp_path):
     assert len((run_dir / "metrics.csv").read_text().splitlines()) == 1 + 2
 
 
-@pytest.mark.slow  # the default run stays under 8 minutes on 2 cores
+@pytest.mark.long  # the default run stays under 8 minutes on 2 cores
 def test_wandb_writes_an_offline_run_into_the_run_directory(tiny_config, tmp_path):
     pytest.importorskip("wandb", reason="the wandb extra: pip install 'trainer[wandb]'")
     run_dir = tmp_path / "run"
@@ -132,7 +132,7 @@ def test_wandb_writes_an_offline_run_into_the_run_directory(tiny_config, tmp_pat
     assert b"val_accuracy" in data and b"optimizer" in data  # epochs and the config
 
 
-@pytest.mark.parametrize("loop", ["fit", pytest.param("custom", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("loop", ["fit", pytest.param("custom", marks=pytest.mark.long)])
 def test_profile_writes_a_tensorboard_profile_of_the_chosen_steps(tiny_config, tmp_path, loop):
     run_dir = tmp_path / "run"
     train(tiny_config("epochs=1", f"loop={loop}", "profile=[5,8]", "logger=[]",
@@ -184,7 +184,7 @@ def build(run_dir, params, chief, name="epochs.jsonl"):
 '''
 
 
-@pytest.mark.slow  # the default run stays under 8 minutes on 2 cores
+@pytest.mark.long  # the default run stays under 8 minutes on 2 cores
 def test_a_tracker_of_ones_own_is_a_yaml_file_away(tmp_path):
     (tmp_path / "my_tracker.py").write_text(OWN_TRACKER)
     (tmp_path / "conf" / "logger").mkdir(parents=True)

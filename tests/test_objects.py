@@ -203,7 +203,7 @@ print(json.dumps({"diff": diff, "batch": result.summary["batch"]["global"],
 """
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_notebook_style_script_trains_its_main_functions(tmp_path):
     """Functions defined in `__main__` (a script, a notebook), `trainer.fit` on 2 logical
     CPUs: the weights plain Keras's `fit` reaches on one device at the same global batch."""

@@ -67,7 +67,7 @@ def test_dict_inputs_count_examples_and_equal_one_replica(tiny_config, tmp_path)
     assert two["validation_metrics"]["accuracy"] > 0.75
 
 
-@pytest.mark.slow  # the default run stays under 8 minutes on 2 cores
+@pytest.mark.long  # the default run stays under 8 minutes on 2 cores
 def test_several_steps_per_execution_under_fit_equal_one_step_on_one_replica(tiny_config,
                                                                             tmp_path):
     """4 steps per graph call on 2 replicas, 5 steps per epoch (a chunk of 4, then 1): the

@@ -71,7 +71,7 @@ HEAVY = {command for command in AS_WRITTEN if "model=keras_app" in command}
 
 
 @pytest.mark.parametrize("command", [
-    pytest.param(c, marks=pytest.mark.slow) if c in HEAVY else c for c in AS_WRITTEN],
+    pytest.param(c, marks=pytest.mark.long) if c in HEAVY else c for c in AS_WRITTEN],
     ids=lambda command: re.sub(r"\W+", "_", command.removeprefix("python -m trainer"))[:60]
     or "default")
 def test_a_documented_command_runs(tmp_path, command):

@@ -121,6 +121,24 @@ def gcs(tmp_path, monkeypatch):
         stop(process)
 
 
+@pytest.fixture
+def memory():
+    """fsspec's in-memory store (`memory://`) under a root of its own: the mirror's push
+    order and the lease's rules behind the same fsspec calls a bucket's store answers, in
+    milliseconds (the servers above keep one end-to-end test each)."""
+    import uuid
+
+    import fsspec
+
+    fs = fsspec.filesystem("memory", skip_instance_cache=True)
+    root = f"/{BUCKET}-{uuid.uuid4().hex}"
+    fs.mkdir(root)
+    try:
+        yield Store(fs, {}, lambda: None), root
+    finally:
+        fs.rm(root, recursive=True)
+
+
 def _stored(fs: Any, prefix: str) -> list[str]:
     return sorted(key[len(prefix) + 1:] for key in fs.find(prefix))
 
@@ -143,7 +161,7 @@ def _wait(predicate, process: subprocess.Popen, timeout: float = 240) -> None:
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("scheme", ["s3", pytest.param("gs", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("scheme", ["s3", pytest.param("gs", marks=pytest.mark.long)])
 def test_killed_mid_epoch_at_a_url_resumes_to_the_weights_of_an_uninterrupted_run(
         scheme, request, tmp_path, capsys):
     """The issue's measure: a chief killed mid-epoch, a second start refused while it
@@ -209,14 +227,12 @@ def test_a_second_start_at_a_held_url_is_refused_in_one_line(s3, tmp_path):
     assert _stored(s3.fs, f"{BUCKET}/runs/b") == []  # the refused start wrote nothing
 
 
-def test_a_stale_lease_is_taken_over(s3):
-    import s3fs
-
-    fs = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False)
-    key = f"{BUCKET}/runs/c/lease.json"
+def test_a_stale_lease_is_taken_over(memory):
+    store, root = memory
+    fs, key = store.fs, f"{root}/runs/c/lease.json"
     fs.pipe_file(key, json.dumps({"host": "gone-pod", "pid": 1, "token": "old",
                                   "heartbeat": time.time() - 60, "interval": 1}).encode())
-    lease = Lease(fs, f"{BUCKET}/runs/c", f"s3://{BUCKET}/runs/c")
+    lease = Lease(fs, f"{root}/runs/c", f"memory:/{root}/runs/c")
     lease.take()
     try:
         assert json.loads(fs.cat_file(key))["token"] == lease.token
@@ -233,23 +249,24 @@ def test_two_starts_at_one_instant_create_one_lease_on_s3(s3):
     assert json.loads(s3.fs.cat_file(f"{BUCKET}/runs/i/lease.json"))["token"] == first.token
 
 
-def test_a_run_whose_lease_was_taken_over_writes_nothing_more(s3, tmp_path):
+def test_a_run_whose_lease_was_taken_over_writes_nothing_more(memory, tmp_path):
     from trainer.config.errors import Interrupted
 
-    mirror = _mirror(s3.fs, tmp_path, "taken")
-    mirror.lease = Lease(s3.fs, f"{BUCKET}/taken", f"s3://{BUCKET}/taken")
+    store, root = memory
+    mirror = _mirror(store.fs, tmp_path, f"{root}/taken")
+    mirror.lease = Lease(store.fs, mirror.path, mirror.url)
     mirror.lease.take()
     try:
         mirror.root.mkdir(parents=True)
         (mirror.root / "summary.json").write_text("{}")
-        s3.fs.pipe_file(f"{BUCKET}/taken/lease.json", json.dumps(
+        store.fs.pipe_file(f"{root}/taken/lease.json", json.dumps(
             {"host": "other-pod", "pid": 7, "token": "theirs", "heartbeat": time.time()}
         ).encode())  # its heartbeat missed, another start took it over
         with pytest.raises(Interrupted, match="another run \\(host other-pod, pid 7\\) took"):
             mirror.push()
     finally:
         mirror.lease.release()
-    assert _stored(s3.fs, f"{BUCKET}/taken") == ["lease.json"]  # theirs, kept
+    assert _stored(store.fs, f"{root}/taken") == ["lease.json"]  # theirs, kept
 
 
 def test_a_held_lease_at_gcs_refuses_a_second_though_the_emulator_ignores_the_condition(gcs):
@@ -349,7 +366,7 @@ def test_a_read_only_bucket_is_refused_in_one_line(read_only_s3, tmp_path):
         "error: access to s3://readonly/runs/a is denied"), lines
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_server_gone_mid_run_stops_it_in_one_line_with_the_last_backup_kept(s3, tmp_path):
     url = f"s3://{BUCKET}/runs/gone"
     chief = start_cli(*LEAN, f"hydra.run.dir={url}", cwd=tmp_path)
@@ -365,7 +382,7 @@ def test_a_server_gone_mid_run_stops_it_in_one_line_with_the_last_backup_kept(s3
     assert "the last backup that reached" in lines[0]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_run_at_gcs_finishes_there_and_evaluates_and_resumes_from_the_url(gcs, tmp_path):
     from trainer.evaluate import evaluate_run
     from trainer.predict import predict_run
@@ -398,32 +415,32 @@ def test_a_run_at_gcs_finishes_there_and_evaluates_and_resumes_from_the_url(gcs,
     assert summary["resumed_from"]["epoch"] == 2 and summary["resumed_from"]["step"] == 0
 
 
-def _mirror(fs: Any, tmp_path: Path, name: str):
+def _mirror(fs: Any, tmp_path: Path, path: str, root: str = "mirror"):
+    """A run directory at `memory://PATH` (`fs`: the memory store) and its local mirror."""
     from trainer.rundir.remote import Mirror
 
-    return Mirror(f"s3://{BUCKET}/{name}", tmp_path / "mirror", fs, f"{BUCKET}/{name}")
+    return Mirror(f"memory:/{path}", tmp_path / root, fs, path)
 
 
-def test_a_backup_cut_short_at_the_url_is_never_restored_and_goes_at_the_next_push(s3,
-                                                                                  tmp_path):
-    prefix = f"{BUCKET}/cut"
+def test_a_backup_cut_short_at_the_url_is_never_restored_and_goes_at_the_next_push(
+        memory, tmp_path):
+    store, root = memory
+    prefix = f"{root}/cut"
     whole, cut = "backup/ckpt-000001-000000000", "backup/ckpt-000001-000000010"
     for rel in (f"{whole}/model.weights.h5", f"{whole}/state.json", f"{cut}/model.weights.h5",
                 ".hydra/config.yaml"):
-        s3.fs.pipe_file(f"{prefix}/{rel}", b"x")
-    mirror = _mirror(s3.fs, tmp_path, "cut")
+        store.fs.pipe_file(f"{prefix}/{rel}", b"x")
+    mirror = _mirror(store.fs, tmp_path, prefix)
     assert mirror.pull()
     local = sorted(p.relative_to(mirror.root).as_posix()
                    for p in mirror.root.rglob("*") if p.is_file())
     assert local == [".hydra/config.yaml", f"{whole}/model.weights.h5", f"{whole}/state.json"]
     mirror.push()
-    assert _stored(s3.fs, prefix) == local
+    assert _stored(store.fs, prefix) == local
 
 
-def test_a_push_puts_each_backups_state_last_and_removes_an_old_backup_marker_first(s3,
-                                                                                   tmp_path):
-    mirror = _mirror(s3.fs, tmp_path, "order")
-    assert not mirror.pull()  # an empty URL: no mirror yet
+def _two_backups_and_a_summary(mirror) -> tuple[Path, Path]:
+    """Fills the mirror as a finished run: two whole backups, the summary, a local cache."""
     old, new = (mirror.root / f"backup/ckpt-00000{i}-000000000" for i in (1, 2))
     for folder in (old, new):
         folder.mkdir(parents=True)
@@ -432,11 +449,32 @@ def test_a_push_puts_each_backups_state_last_and_removes_an_old_backup_marker_fi
     (mirror.root / "summary.json").write_text("{}")
     (mirror.root / "input_cache" / "worker-0").mkdir(parents=True)
     (mirror.root / "input_cache" / "worker-0" / "train.data").write_bytes(b"c")
+    return old, new
+
+
+def _recording(fs: Any, prefix: str, calls: list, fail_at: int | None = None) -> None:
+    """Records the store's uploads and removals (relative to `prefix`) in `calls`; with
+    `fail_at`, that call fails, as a store gone mid-push."""
+    real_put, real_rm = fs.put_file, fs.rm_file
+
+    def record(kind, key, real, *args):
+        if len(calls) == fail_at:
+            raise ConnectionError("Could not connect to the endpoint URL")
+        calls.append((kind, key[len(prefix) + 1:]))
+        return real(*args)
+
+    fs.put_file = lambda local, key: record("put", key, real_put, local, key)
+    fs.rm_file = lambda key: record("rm", key, real_rm, key)
+
+
+def test_a_push_puts_each_backups_state_last_and_removes_an_old_backup_marker_first(
+        memory, tmp_path):
+    store, root = memory
+    mirror = _mirror(store.fs, tmp_path, f"{root}/order")
+    assert not mirror.pull()  # an empty URL: no mirror yet
+    old, _ = _two_backups_and_a_summary(mirror)
     calls = []
-    real_put, real_rm = s3.fs.put_file, s3.fs.rm_file
-    s3.fs.put_file = lambda local, key: (calls.append(("put", key.split("/", 2)[2])),
-                                         real_put(local, key))
-    s3.fs.rm_file = lambda key: (calls.append(("rm", key.split("/", 2)[2])), real_rm(key))
+    _recording(store.fs, mirror.path, calls)
     mirror.push()
     assert calls[-3:] == [("put", "backup/ckpt-000001-000000000/state.json"),
                           ("put", "backup/ckpt-000002-000000000/state.json"),
@@ -449,6 +487,51 @@ def test_a_push_puts_each_backups_state_last_and_removes_an_old_backup_marker_fi
     mirror.push()
     assert calls == [("rm", "backup/ckpt-000001-000000000/state.json"),
                      ("rm", "backup/ckpt-000001-000000000/model.weights.h5")]
+
+
+def test_a_push_cut_short_anywhere_leaves_a_whole_backup_at_the_url(memory, tmp_path):
+    """A backup rotation (the next backup written, the old one removed) pushed to a store
+    that fails at each of the push's four calls in turn: every time, a new machine's pull
+    restores a whole backup (its weights and its state) and no part of one, and its push
+    leaves the URL as that mirror."""
+    import fsspec
+
+    from trainer.config.errors import Interrupted
+
+    store, root = memory
+    old, new = "backup/ckpt-000001-000000000", "backup/ckpt-000002-000000000"
+    for cut in range(5):  # the fifth is not cut: the push makes exactly four calls
+        fs = fsspec.filesystem("memory", skip_instance_cache=True)  # methods of its own
+        mirror = _mirror(fs, tmp_path, f"{root}/at-{cut}", root=f"mirror-{cut}")
+        _write(mirror.root, old, b"1")
+        mirror.push()
+        _write(mirror.root, new, b"2")
+        for path in (mirror.root / old).iterdir():
+            path.unlink()
+        (mirror.root / old).rmdir()
+        calls = []
+        _recording(fs, mirror.path, calls, fail_at=cut)
+        if cut < 4:
+            with pytest.raises(Interrupted, match="cannot be reached"):
+                mirror.push()
+        else:
+            mirror.push()
+            assert [kind for kind, _ in calls] == ["put", "put", "rm", "rm"]
+        elsewhere = _mirror(store.fs, tmp_path, mirror.path, root=f"elsewhere-{cut}")
+        assert elsewhere.pull()
+        restored = sorted(p.relative_to(elsewhere.root).as_posix()
+                          for p in elsewhere.root.rglob("*") if p.is_file())
+        backups = {rel.rsplit("/", 1)[0] for rel in restored}
+        assert backups and restored == sorted(f"{b}/{name}" for b in backups
+                                              for name in ("model.weights.h5", "state.json"))
+        elsewhere.push()  # a rerun's first push: the parts cut short go
+        assert _stored(store.fs, mirror.path) == restored
+
+
+def _write(root: Path, backup: str, content: bytes) -> None:
+    for name in ("model.weights.h5", "state.json"):
+        (root / backup).mkdir(parents=True, exist_ok=True)
+        (root / backup / name).write_bytes(content)
 
 
 def test_only_the_chief_of_a_cluster_takes_the_url():
@@ -467,7 +550,7 @@ def test_only_the_chief_of_a_cluster_takes_the_url():
     assert not is_chief([], {"SLURM_PROCID": "2"}) and is_chief([], {"SLURM_PROCID": "0"})
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.multiworker
 def test_two_workers_at_one_url_train_once_and_only_the_chief_writes_there(s3, tmp_path):
     from tests.test_multiworker import COMMON, run_tasks
@@ -490,7 +573,7 @@ def test_two_workers_at_one_url_train_once_and_only_the_chief_writes_there(s3, t
         f"{p.name}" for p in (tmp_path / "scratch" / "trainer-scratch").glob("*-run")]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_trainer_fit_takes_a_url(s3, tmp_path, monkeypatch):
     import trainer
 

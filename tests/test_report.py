@@ -34,7 +34,7 @@ def test_speedup_and_efficiency():
     assert scaling_rows([tested])[0]["test accuracy"] == 0.87
 
 
-@pytest.mark.slow  # a sweep of three training processes; the rows' arithmetic runs by default
+@pytest.mark.long  # a sweep of three training processes; the rows' arithmetic runs by default
 def test_report_of_a_real_sweep(tmp_path):
     sweep = tmp_path / "sweep"
     out = run_cli("-m", "accelerator=cpu", "devices=1,2", *TINY, f"hydra.sweep.dir={sweep}",

@@ -53,7 +53,7 @@ class SigtermAt(keras.callbacks.Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
-@pytest.mark.slow  # three runs on up to 4 replicas; the 1-replica resume proofs run by default
+@pytest.mark.long  # three runs on up to 4 replicas; the 1-replica resume proofs run by default
 def test_stopped_on_four_replicas_resumed_on_two_equals_an_uninterrupted_run(tiny_config,
                                                                               tmp_path):
     reference = tmp_path / "reference"
@@ -359,8 +359,8 @@ METRICS_RESUME = ["deterministic=true", "batch.per_replica=null", "batch.global_
 @pytest.mark.parametrize("loop, devices", [
     ("fit", 1), ("custom", 1),
     # on 2 replicas too (about 30 s each); test_metric_state_assigned_across_replicas... fast
-    pytest.param("fit", 2, marks=pytest.mark.slow),
-    pytest.param("custom", 2, marks=pytest.mark.slow)])
+    pytest.param("fit", 2, marks=pytest.mark.long),
+    pytest.param("custom", 2, marks=pytest.mark.long)])
 def test_the_epoch_resumed_mid_way_reports_the_training_metrics_of_all_its_steps(
         tiny_config, tmp_path, loop, devices):
     """The metrics' totals and counts at the stop are kept in the backup (metrics.npz) and

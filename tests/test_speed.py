@@ -64,7 +64,7 @@ class Capture(keras.callbacks.Callback):
              "devices=1"]),
     pytest.param("custom", ["precision=mixed_float16", "jit_compile=true",
                             "steps_per_execution=3", "devices=1"],
-                 marks=pytest.mark.slow),  # a second XLA compile, on 2 replicas
+                 marks=pytest.mark.long),  # a second XLA compile, on 2 replicas
 ])
 def test_options_are_applied_to_the_model(tiny_config, tmp_path, loop, overrides):
     capture = Capture()

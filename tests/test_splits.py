@@ -132,7 +132,7 @@ def counted_tfds(**options):
     return source
 
 
-@pytest.mark.slow  # the default run stays under 8 minutes on 2 cores
+@pytest.mark.long  # the default run stays under 8 minutes on 2 cores
 def test_tfds_without_validation_carves_it_and_reads_test_once_at_the_end(make_run,
                                                                            tmp_path):
     READS.clear()
@@ -155,7 +155,7 @@ def test_tfds_without_validation_carves_it_and_reads_test_once_at_the_end(make_r
     assert min(READS) >= written
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_test_split_evaluated_on_1_3_4_replicas_equals_numpy_over_every_example(tmp_path):
     from trainer.evaluate import load_checkpoint
 

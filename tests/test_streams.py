@@ -141,7 +141,7 @@ def test_a_killed_stream_run_resumes_on_the_batches_it_would_have_read(tmp_path)
 @pytest.mark.parametrize("load, steps", [
     ("load_stream", 2),
     # a second launch (about 22 s): before a release, CI's several-process run is full
-    pytest.param("load_passes", 1, marks=pytest.mark.slow)])
+    pytest.param("load_passes", 1, marks=pytest.mark.long)])
 def test_a_repeated_dataset_with_steps_on_two_workers_trains_as_one_process(
         tmp_path, launches, load, steps):  # noqa: F811
     """The tutorial's form on 2 workers (`python -m trainer.launch`, the custom loop): each
@@ -162,7 +162,6 @@ def test_a_repeated_dataset_with_steps_on_two_workers_trains_as_one_process(
 
 
 @pytest.mark.multiworker
-@pytest.mark.slow  # three launches (about 110 s)
 def test_a_stream_on_two_workers_stopped_and_launched_again_ends_as_never_stopped(
         tmp_path, launches):  # noqa: F811
     """Both workers sent SIGTERM after step 1 of epoch 2 (they stop together at a step they

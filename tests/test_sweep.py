@@ -117,7 +117,7 @@ def test_the_trial_table_is_best_first_with_failures_last(tmp_path):
 QUICK = [*TINY, "dataset.image_size=8"]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_optuna_search_goes_on_past_a_failed_trial_and_tables_every_trial(tmp_path):
     sweep = tmp_path / "sweep"
     # lr from {0.001, 1e30}: the sampler's seed (1234) picks 1e30 for some of the 4 trials
@@ -148,7 +148,7 @@ def test_optuna_search_goes_on_past_a_failed_trial_and_tables_every_trial(tmp_pa
     assert not list(sweep.glob("scaling.*"))  # the jobs share their devices: no speed-up
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_a_grid_sweep_runs_every_job_and_names_the_failed_one(tmp_path):
     sweep = tmp_path / "sweep"
     out = run_cli("-m", *QUICK, "optimizer.lr=0.001,1e30", f"hydra.sweep.dir={sweep}",
@@ -162,7 +162,7 @@ def test_a_grid_sweep_runs_every_job_and_names_the_failed_one(tmp_path):
     assert "# Trials: 2 (1 completed, 1 failed)" in (sweep / "trials.md").read_text()
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
 def test_launcher_plugins_give_each_job_its_own_devices(tmp_path, launcher):
     sweep = tmp_path / "sweep"

@@ -37,14 +37,17 @@ def test_weak_scaling_run(tiny_config, tmp_path, replicas):
     assert (tmp_path / "checkpoints" / "best.keras").is_file()
 
 
-@pytest.mark.slow  # the default run stays under 8 minutes on 2 cores
+@pytest.mark.long  # the default run stays under 8 minutes on 2 cores
 def test_strong_scaling_splits_the_global_batch(tiny_config, tmp_path):
     cfg = tiny_config("accelerator=cpu", "devices=4", "batch.per_replica=null",
                       "batch.global_size=128")
     summary = train(cfg, run_dir=tmp_path)
     assert summary["batch"] == {"per_replica": 32, "replicas": 4, "accumulate": 1, "global": 128,
                                 "max_per_replica": None, "drop_remainder": False}
-    assert summary["learning_rate"]["scaled"] == pytest.approx(0.001 * 128 / 64)
+    # reference_batch: auto, and a fixed global batch: the rate is the one-device script's,
+    # whatever the replica count (tests/test_lr_reference.py)
+    assert summary["learning_rate"]["reference_batch"] == 128
+    assert summary["learning_rate"]["scaled"] == pytest.approx(0.001)
     assert summary["cross_device_ops"] == "collective"
 
 
@@ -69,7 +72,7 @@ def test_tensorboard_logs_are_written(tiny_config, tmp_path):
     assert {p.parent.name for p in events} >= {"train", "validation"}
 
 
-@pytest.mark.slow  # a minute; the zoo (keras_app) trains in the default run on small inputs
+@pytest.mark.long  # a minute; the zoo (keras_app) trains in the default run on small inputs
 def test_mobilenet_on_synthetic_data(tiny_config, tmp_path):
     cfg = tiny_config("model=mobilenet", "dataset=synthetic", "dataset.train_examples=128",
                       "dataset.validation_examples=40", "dataset.image_size=32",

@@ -110,7 +110,7 @@ def test_tune_batch_draws_a_throughput_curve_and_suggests_a_batch_on_it(tmp_path
                                     f"(global batch {2 * found['suggested']} on 2 replicas")
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_the_memory_search_runs_each_try_in_a_fresh_process(tmp_path, monkeypatch):
     """An injected cap (a step above 700 examples per replica runs out of memory): the
     search finds 696 in fewer than 12 tries, each in its own process, and this process then

@@ -224,7 +224,6 @@ def _versions_line(stdout: str, mode: str) -> dict[str, str]:
     return dict(item.split(" ", 1) for item in listed.split(", "))
 
 
-@pytest.mark.slow
 def test_the_lowest_bounds_pass_the_keras_contract_subset():
     """`check_versions.py --lowest`: a scratch venv with every runtime dependency at its
     lower bound (TensorFlow downloaded once, then from pip's cache), the contract subset
@@ -242,7 +241,7 @@ def test_the_lowest_bounds_pass_the_keras_contract_subset():
     assert set(scratch.glob("trainer-versions-lowest-*")) == before
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_the_scoreboard_driver_keeps_each_cells_traceback(tmp_path):
     """The scoreboard as `--newest` runs it, in this venv: two scenarios on one replica,
     every cell a pass with no traceback, in the JSON the failures are read from."""

@@ -62,7 +62,7 @@ def test_preprocessing_is_the_familys_own_on_0_255_inputs():
     np.testing.assert_allclose(out, expected, atol=1e-6)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("name", ["ResNet50V2", "EfficientNetV2B0", "MobileNetV3Small"])
 def test_networks_train_an_epoch_on_two_replicas(make_run, tmp_path, name):
     summary = train(make_run(*SMALL, f"model.name={name}", "epochs=1", "verbose=0",
@@ -71,7 +71,7 @@ def test_networks_train_an_epoch_on_two_replicas(make_run, tmp_path, name):
     assert np.isfinite(summary["train_metrics"]["loss"])
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_weights_from_an_earlier_runs_checkpoint_load_into_the_backbone(make_run, tmp_path):
     from trainer.evaluate import load_checkpoint
 

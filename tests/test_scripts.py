@@ -1,0 +1,99 @@
+"""Every script under scripts/ runs in its smallest mode, in a fresh process under a hard
+timeout, to the lines that carry its result (the ratios a benchmark is run for): a script
+that no longer imports, or whose numbers no longer come out, fails here, not on the day
+someone runs it for a release note. The numbers themselves are not judged (a smoke run on a
+shared machine measures nothing); the first test keeps the list whole.
+
+Covered elsewhere, each in its smallest mode: `gpu_check.py` (tests/test_gpu_check.py, its
+CPU dry run), `check_versions.py` (tests/test_versions.py, its scoreboard driver; an
+install of TensorFlow is `-m slow`), `plain_keras_digits.py` (the plain side of
+`bench_run.py`, below); `keras_scenarios.py` is the scenarios `keras_contract.py` imports.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+# One training run per side at 64 examples, 2 epochs (the first, tracing, is never timed).
+TINY_RUN = ["--pairs", "1", "--epochs", "2", "--examples", "64", "--per-replica", "8",
+            "--model", "cnn", "--image-size", "8"]
+# script -> (its smallest arguments, the lines its result is printed in)
+SMOKE = {
+    "bench_accumulate.py": ([*TINY_RUN, "--accumulate", "2"],
+                            [r"median ratio accumulate=2 / accumulate=1 over 1 pairs: \d"]),
+    "bench_augment.py": (TINY_RUN, [r"median ratio augmented / plain over 1 pairs: \d"]),
+    "bench_fingerprint.py": (["--images", "20", "--rounds", "1"],
+                             [r"fingerprint, cold \(20 files hashed\) +[\d.]+ +[\d.]+%",
+                              r"fingerprint, warm \(cache hits\) +[\d.]+ +[\d.]+%"]),
+    "bench_input.py": (["--images", "16", "--batch", "8", "--pairs", "1"],
+                       [r"median ratio trainer / naive \(as written\) over 1 pairs: \d",
+                        r"median ratio trainer / naive \(literal\) over 1 pairs: \d"]),
+    "bench_overhead.py": (TINY_RUN,
+                          [r"median ratio trainer\[fit\] / plain over 1 pairs: \d",
+                           r"median ratio trainer\[custom\] / plain over 1 pairs: \d",
+                           r"median ratio trainer\[custom\] / trainer\[fit\]: \d"]),
+    "bench_precision.py": (["--rounds", "1", "--epochs", "2", "--examples", "64", "--batch",
+                            "16", "--model", "cnn", "--image-size", "8"],
+                           [r"median throughput ratio mixed_bfloat16 / float32: \d",
+                            r"median throughput ratio float32\+xla / float32: \d"]),
+    "bench_replicas.py": (["--replicas", "1,2", "--pairs", "1", "--global-batch", "16",
+                           "--examples", "64", "--epochs", "2", "--model", "cnn",
+                           "--image-size", "8"],
+                          [r"^2 vs 1 replica\(s\): throughput plain \d"]),
+    "bench_run.py": (["--pairs", "1", "--epochs", "1", "--no-startup"],
+                     [r"median trainer / plain over 1 pairs: wall \d+\.\d+, CPU \d"]),
+    "keras_contract.py": (["--only", "single_output", "--columns", "fit:1"],
+                          [r"^\| single_output \| pass \|$"]),
+    "profile_first_step.py": (["--replicas", "1,2", "--global-batch", "16", "--steps", "1",
+                               "--model", "cnn"],
+                              [r"^2 vs 1: trace \d+\.\d+x, first call \d"]),
+    "ulp_probe.py": (["--moves", "1"],
+                     [r"^rerun from the same weights: 0\.0e\+00$",
+                      r"^dense/kernel\[\d+, \d+\] moved by one last bit: \d"]),
+}
+# Started by another test, or not a script (see the module's docstring).
+ELSEWHERE = {"gpu_check.py", "check_versions.py", "plain_keras_digits.py",
+             "keras_scenarios.py"}
+# Several worker processes: in the several-process run (`-m multiworker`), below.
+WORKERS = ("bench_workers.py", ["--images", "16", "--side", "32", "--only", "control",
+                                "--epochs", "2"],
+           [r"^control +CPU 2 workers / 1 worker: \d+\.\d+"])
+
+
+def run_script(name: str, args: list[str], tmp_path, timeout: float = 300):
+    """`python scripts/NAME ARGS` from a scratch folder, with this checkout importable."""
+    env = {**{k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"},
+           "TF_CPP_MIN_LOG_LEVEL": "2",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, str(REPO / "scripts" / name), *args], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def assert_prints(out, patterns: list[str]) -> None:
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    for pattern in patterns:
+        assert re.search(pattern, out.stdout, re.M), (pattern, out.stdout[-3000:])
+
+
+def test_every_script_has_a_smoke_run():
+    scripts = {path.name for path in (REPO / "scripts").glob("*.py")}
+    assert scripts == {*SMOKE, *ELSEWHERE, WORKERS[0]}
+
+
+@pytest.mark.parametrize("name", sorted(SMOKE))
+def test_a_script_runs_to_its_ratios_in_its_smallest_mode(name, tmp_path):
+    args, patterns = SMOKE[name]
+    assert_prints(run_script(name, args, tmp_path), patterns)
+
+
+@pytest.mark.multiworker
+def test_the_workers_bench_runs_to_its_ratio_in_its_smallest_mode(tmp_path):
+    name, args, patterns = WORKERS
+    assert_prints(run_script(name, args, tmp_path, timeout=600), patterns)
