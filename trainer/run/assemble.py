@@ -107,6 +107,20 @@ class Run:
             return names
         return (*names, *(f"val_{n}" for n in names))
 
+    def check_evaluable(self, saving: Any) -> None:
+        """Refuses, before training, what an evaluator beside the workers would refuse only
+        once they trained: a dataset with no validation split, a `checkpoint.monitor` the
+        run does not log (the workers keep no best checkpoint, so they never read it).
+
+        Args:
+            saving: the checkpoint node (`monitor`, `mode`).
+        """
+        if self.data.validation is None:
+            raise ConfigError("the dataset has no validation split: there is nothing for an "
+                              "evaluator to validate; give it one, or run without an "
+                              "evaluator")
+        self.monitor_mode(saving.monitor, saving.mode)
+
     def monitor_mode(self, monitor: str, mode: str = "auto", key: str = "checkpoint") -> str:
         """`min` or `max` for a logged metric, from the metric's own direction where known."""
         if monitor not in self.logged:
