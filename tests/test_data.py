@@ -212,3 +212,29 @@ def test_an_image_that_does_not_decode_is_found_after_tensorflow_fails(tmp_path)
     assert source.explain(RuntimeError("Invalid JPEG data")) == (
         f"dataset=image_folder: an image under {tmp_path / 'images'} does not decode (Invalid "
         "JPEG data); find it (e.g. open each with an image viewer) and remove or replace it")
+
+
+@pytest.mark.parametrize("where", ["file", "class folder"])
+def test_a_name_that_is_not_utf8_is_one_line_naming_it(tmp_path, where, capsys):
+    """TensorFlow's own error ("Error converting unicode string") named no file; the
+    TFRecord writer splits folders the same way, and says the same line."""
+    import os
+
+    from trainer.data import tfrecords
+
+    root = tmp_path / "images"
+    write_images(root)
+    if where == "file":
+        bad = os.fsencode(root / "cat") + b"/caf\xe9.png"
+        os.rename(os.fsencode(root / "cat" / "1.png"), bad)
+    else:
+        bad = os.fsencode(root) + b"/caf\xe9"
+        os.rename(os.fsencode(root / "cat"), bad)
+    shown = bad.decode("utf-8", "backslashreplace")
+    line = (f"the {where} {shown} has a name that is not UTF-8, which TensorFlow reads file "
+            "names as; rename it (e.g. convmv, or mv with the name in UTF-8)")
+    with pytest.raises(DataError) as raised:
+        image_folder.load(str(root), image_size=8)
+    assert str(raised.value) == line
+    assert tfrecords.main([str(root), str(tmp_path / "records")]) == 2
+    assert capsys.readouterr().err == f"error: {line}\n"

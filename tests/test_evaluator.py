@@ -124,6 +124,12 @@ def test_what_needs_validation_on_the_workers_is_refused_in_one_line():
     spec = resolve(make_config("checkpoint.keep_best=2"))
     with pytest.raises(ConfigError, match="checkpoint.keep_best is not kept"):
         check_with_evaluator(spec)
+    for key in ("ema", "use_ema"):  # trainer's key, and Keras's own passed on
+        spec = resolve(make_config(f"+optimizer.{key}=true" if key == "use_ema"
+                                   else f"optimizer.{key}=true"))
+        with pytest.raises(ConfigError, match=rf"^optimizer\.{key}=true is not kept with an "
+                                              "evaluator: .* set optimizer"):
+            check_with_evaluator(spec)
     spec = resolve(make_config())
     check_with_evaluator(spec)
     assert spec.checkpoint.save_best and not without_validation(spec).checkpoint.save_best
@@ -221,6 +227,24 @@ def test_two_workers_and_an_evaluator(tmp_path, launches, tiny_config):
     expected = multiworker.reference(tmp_path, tiny_config, "one", *batch)
     multiworker.assert_same_weights(run_dir, expected, atol=1e-5)
 
+
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize("refused, line", [
+    ("optimizer.ema=true", "error: optimizer.ema=true is not kept with an evaluator"),
+    ("checkpoint.monitor=val_top5", "error: checkpoint.monitor='val_top5' is not logged by "
+                                    "this run; valid: loss, accuracy, val_loss, val_accuracy")])
+def test_what_the_evaluator_refuses_the_workers_refuse_before_training(
+        tmp_path, launches, refused, line):
+    """EMA trained every epoch, then crashed in the averaged model's test, in a loop of
+    relaunches; a monitor the run does not log was the evaluator's refusal alone, after the
+    workers trained (they keep no best checkpoint). One worker keeps it cheap."""
+    launch = launches(1, *multiworker.COMMON, "epochs=1", refused, "--evaluator",
+                      f"hydra.run.dir={tmp_path / 'run'}")
+    assert launch.wait(timeout=240) == 2, launch.output[-3000:]
+    assert f"[worker 0] {line}" in launch.output, launch.output[-3000:]
+    assert "Epoch 1" not in launch.output and "epoch 1" not in launch.output
+    assert not (tmp_path / "run" / "backup").exists()
 
 
 @pytest.mark.multiworker

@@ -127,3 +127,24 @@ def test_data_larger_than_the_memory_limit_trains_from_disk_or_uncached_not_in_m
                        cwd=tmp_path)
         assert out.returncode == 0, out.stderr[-2000:]
     assert (tmp_path / "disk" / "input_cache" / "worker-0" / "train.index").is_file()
+
+
+def test_a_damaged_disk_cache_is_one_line_naming_its_file_and_the_remedy(tmp_path, tiny_config):
+    """A resumed run reads the cache its first run finished: bytes changed there were a
+    92-line DataLossError."""
+    from conftest import TINY
+
+    run_dir = tmp_path / "run"
+    train(tiny_config("dataset.cache=disk"), run_dir=run_dir)
+    data = next((run_dir / "input_cache" / "worker-0").glob("train.data-*"))
+    damaged = bytearray(data.read_bytes())
+    damaged[len(damaged) // 2:len(damaged) // 2 + 64] = b"\xff" * 64
+    data.write_bytes(bytes(damaged))
+    out = run_main(*TINY, "model=small", "dataset.cache=disk", "epochs=2",
+                   f"resume={run_dir}", cwd=tmp_path)
+    lines = error_lines(out.stderr)
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-3000:]
+    assert lines[0].startswith(f"error: the input cache {run_dir}/input_cache/worker-0/train "
+                               "(dataset.cache=disk) is damaged ("), lines[0]
+    assert lines[0].endswith(f"; delete {run_dir / 'input_cache'} and run again: the data is "
+                             "then read and cached anew")

@@ -138,7 +138,7 @@ def test_the_entry_points_import_without_tensorflow():
     code = ("import sys; sys.modules['tensorflow'] = sys.modules['keras'] = None; "
             "sys.modules['matplotlib'] = None; "
             "import trainer.__main__, trainer.evaluate, trainer.predict, trainer.launch, "
-            "trainer.run.preflight, "
+            "trainer.run.preflight, trainer.data.tfrecords.__main__, "
             "trainer.run.resolve")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, cwd=PACKAGE.parent)
@@ -160,9 +160,11 @@ def test_matplotlib_is_imported_only_where_a_picture_is_drawn():
 
 # The entry points: they parse, start TensorFlow quietly (`trainer.run.process`), then import
 # the run's build side inside the function that dispatches to it. `trainer.data` resolves
-# `Source` and `DataError` on first use (the names users import).
+# `Source` and `DataError` on first use (the names users import), `trainer.data.tfrecords`
+# its reader's and writer's names (its command starts TensorFlow quietly first).
 ENTRY = {"trainer.__main__", "trainer.api", "trainer.child", "trainer.evaluate",
-         "trainer.predict", "trainer.launch", "trainer.run.process", "trainer.data"}
+         "trainer.predict", "trainer.launch", "trainer.run.process", "trainer.data",
+         "trainer.data.tfrecords", "trainer.data.tfrecords.__main__"}
 TENSORFLOW = {"tensorflow", "keras"}
 
 

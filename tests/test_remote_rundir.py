@@ -611,3 +611,12 @@ def test_an_evaluator_beside_workers_at_a_url_is_one_line():
     with pytest.raises(ConfigError, match=r"not at a URL \(s3://runs/r\)"):
         with at_url(["trainer", "hydra.run.dir=s3://runs/r", "cluster.evaluator=127.0.0.1:5"]):
             pass
+
+
+def test_a_file_named_by_hydras_run_time_output_dir_lands_at_the_url(s3, tmp_path):
+    """`${hydra:runtime.output_dir}` is the URL's local mirror, uploaded with the run."""
+    done = run_main(*TINY, "model=small", "+callbacks.csv._target_=keras.callbacks.CSVLogger",
+                    "+callbacks.csv.filename=${hydra:runtime.output_dir}/epochs.csv",
+                    f"hydra.run.dir=s3://{BUCKET}/runs/csv", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert s3.fs.cat_file(f"{BUCKET}/runs/csv/epochs.csv").startswith(b"epoch,")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -36,8 +37,12 @@ def test_the_writer_keeps_the_image_folders_split_and_decodes_alike(tmp_path, ca
         "classes.txt", "counts.json", *(f"test-0000{i}-of-00003" for i in range(3)),
         *(f"train-0000{i}-of-00003" for i in range(3)),
         *(f"validation-0000{i}-of-00003" for i in range(3))]
-    assert json.loads((out / "counts.json").read_text()) == {"train": 32, "validation": 4,
-                                                            "test": 4}
+    kept = json.loads((out / "counts.json").read_text())
+    assert {role: kept[role] for role in ("train", "validation", "test")} == {
+        "train": 32, "validation": 4, "test": 4}
+    assert kept["files"]["train-00000-of-00003"]["bytes"] == (
+        out / "train-00000-of-00003").stat().st_size
+    assert sum(about["records"] for about in kept["files"].values()) == 40
     records = tfrecords.load(str(out), image_size=8)
     folders = image_folder.load(str(folder), image_size=8)
     assert records.class_names == folders.class_names == ["cat", "dog"]
@@ -127,3 +132,142 @@ def test_a_folder_without_the_shards_is_one_line(tmp_path, files, message):
         (tmp_path / name).write_bytes(b"")
     with pytest.raises(tfrecords.DataError, match=re.escape(message)):
         tfrecords.load(str(tmp_path))
+
+
+def broken_png(folder):
+    """One PNG of the folder replaced by bytes that start as a PNG and do not decode."""
+    bad = folder / "cat" / "2.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"junk" * 10)
+    return bad
+
+
+def test_the_writer_refuses_an_image_that_does_not_decode_naming_it_and_writes_nothing(
+        tmp_path, capsys):
+    folder = images(tmp_path / "images")
+    bad = broken_png(folder)
+    out = tmp_path / "records"
+    assert tfrecords.main([str(folder), str(out), "--shards", "2"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {bad} does not decode as an image ("), err
+    assert err[0].endswith("or pass --on-bad skip")
+    assert not out.exists()  # no shard of the bad write is left to train on
+
+
+def test_the_writer_skips_and_counts_a_bad_image_saying_only_its_own_lines_and_the_records_train(
+        tmp_path, tiny_config):
+    """The command in a process of its own: no TensorFlow start-up notice around its lines."""
+    import subprocess
+    import sys
+
+    folder = images(tmp_path / "images")
+    bad = broken_png(folder)
+    out = tmp_path / "records"
+    done = subprocess.run([sys.executable, "-m", "trainer.data.tfrecords", str(folder), str(out),
+                           "--shards", "2", "--on-bad", "skip"], capture_output=True, text=True,
+                          timeout=120, env={k: v for k, v in __import__("os").environ.items()
+                                            if k not in ("TF_CPP_MIN_LOG_LEVEL",
+                                                         "TRAINER_TF_LOGS")})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2, lines
+    kept = json.loads((out / "counts.json").read_text())
+    assert kept["train"] + kept["validation"] + kept["test"] == 39  # of 40 images
+    assert lines[0].startswith(f"wrote {kept['train']} train, {kept['validation']} validation, "
+                               f"{kept['test']} test records to ")
+    assert lines[1].startswith(f"skipped 1 image that does not decode (--on-bad skip), first "
+                               f"{bad} (")
+    summary = train(tiny_config("dataset=tfrecord", f"dataset.path={out}"),
+                    run_dir=tmp_path / "run")
+    assert summary["train_examples"] == kept["train"]
+
+
+def test_an_output_path_that_is_a_file_is_one_line(tmp_path, capsys):
+    taken = tmp_path / "taken"
+    taken.write_text("mine")
+    assert tfrecords.main([str(images(tmp_path / "images", 8)), str(taken)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: {taken} is a file, not a folder; give a new folder for the shards"]
+    assert taken.read_text() == "mine"
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """An image folder's records, written once; each test changes a copy."""
+    root = tmp_path_factory.mktemp("written")
+    tfrecords.write(str(images(root / "images")), str(root / "records"), 2)
+    return root / "records"
+
+
+def copied(written, tmp_path):
+    import shutil
+
+    return Path(shutil.copytree(written, tmp_path / "records"))
+
+
+def test_a_shard_cut_short_at_a_record_is_named_before_training(written, tmp_path):
+    out = copied(written, tmp_path)
+    shard = out / "train-00001-of-00002"
+    data = shard.read_bytes()
+    length = int.from_bytes(data[:8], "little")  # a TFRecord: length, crc, data, crc
+    shard.write_bytes(data[:len(data) - (length + 16)])  # its last record gone, whole
+    with pytest.raises(tfrecords.DataError, match=re.escape(
+            f"dataset=tfrecord: {shard} is {shard.stat().st_size} bytes, but "
+            f"{out / 'counts.json'} says {len(data)} were written (")):
+        tfrecords.load(str(out), image_size=8)
+
+
+def test_a_count_the_records_do_not_hold_names_counts_json(written, tmp_path):
+    """A `counts.json` of the user's (no shard sizes) that claims more training records:
+    tf.data's own words name neither the role's files nor counts.json."""
+    out = copied(written, tmp_path)
+    (out / "counts.json").write_text(json.dumps({"train": 40, "validation": 4, "test": 4}))
+    source = tfrecords.load(str(out), image_size=8)
+    with pytest.raises(tf.errors.OpError) as raised:
+        for _ in source.train:
+            pass
+    assert source.explain(raised.value) == (
+        "dataset=tfrecord: the train shards (train-00000-of-00002..., 2 files) hold only 32 "
+        f"records, but {out / 'counts.json'} says 40: a shard was cut short, or counts.json "
+        "is wrong; write the shards again, or delete counts.json (the records are then "
+        "counted)")
+
+
+@pytest.mark.parametrize("classes, message", [
+    (None, "classes.txt is missing: image records need their class names, one per line in "
+           "label order (the writer writes it), or dataset.num_classes"),
+    ("cat\n", "classes.txt names 1 class (cat); a classifier needs at least 2, one name per "
+              "line in label order")])
+def test_a_missing_or_one_class_classes_txt_is_one_line_naming_it(written, tmp_path, classes,
+                                                                  message):
+    out = copied(written, tmp_path)
+    if classes is None:
+        (out / "classes.txt").unlink()
+    else:
+        (out / "classes.txt").write_text(classes)
+    with pytest.raises(tfrecords.DataError, match=re.escape(f"dataset=tfrecord: {out}/{message}")):
+        tfrecords.load(str(out), image_size=8)
+    if classes is None:  # the number of classes given instead reads the records
+        assert tfrecords.load(str(out), image_size=8, num_classes=2).num_classes == 2
+
+
+def test_a_feature_spec_is_checked_against_the_first_record_naming_what_it_lacks(tmp_path):
+    root = feature_records(tmp_path / "rows", count=8)
+    spec = {"num": {"dtype": "float32", "shape": [4]}, "weight": {"dtype": "float32"},
+            "label": {"dtype": "int64"}, "extra": {"dtype": "string"}}
+    with pytest.raises(tfrecords.DataError, match=re.escape(
+            f"dataset=tfrecord: record 0 of {root / 'train-00000-of-00001'} has no feature "
+            "extra, weight (it has cat, label, num, score); name the records' features in "
+            "dataset.features")):
+        tfrecords.load(str(root), features=spec, inputs=["num", "weight", "extra"],
+                       outputs="label")
+    spec = {"num": {"dtype": "string"}, "label": {"dtype": "int64"}}
+    with pytest.raises(tfrecords.DataError, match="num holds a float_list, not a bytes_list"):
+        tfrecords.load(str(root), features=spec, inputs="num", outputs="label")
+
+
+def test_the_data_changed_refusal_counts_records_not_shards(written):
+    source = tfrecords.load(str(written), image_size=8)
+    found = source.fingerprint()
+    assert {role: found[role]["examples"] for role in found} == {
+        "train": 32, "validation": 4, "test": 4}

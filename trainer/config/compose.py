@@ -99,8 +99,11 @@ def composed(args: list[str]) -> Composed | None:
     cfg = compose_from_args(args)
     if cfg is None:
         return None
+    # The overrides as typed: `+x=${hydra:runtime.output_dir}/f` is text here, resolved by
+    # the job that reads it (resolving it now needs a running Hydra job).
+    task = OmegaConf.select(cfg, "hydra.overrides.task")
     found = Composed(cfg, OmegaConf.select(cfg, "hydra.run.dir"),
-                     list(OmegaConf.select(cfg, "hydra.overrides.task") or []),
+                     OmegaConf.to_container(task, resolve=False) if task else [],
                      dict(OmegaConf.select(cfg, "hydra.runtime.choices") or {}))
     with open_dict(cfg):
         del cfg["hydra"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,27 @@ def clear_unfinished(file: Path) -> None:
     for stale in file.parent.glob(file.name + "*"):
         if stale.is_file():
             stale.unlink()
+
+
+def damaged_cache(error: BaseException, run_dir: Path | None) -> ConfigError | None:
+    """The one line for a disk cache's file that does not read back (a checksum that does
+    not match, a file cut short), naming the file and the remedy; None for another error.
+
+    tf.data names the cache's files in its message (`TensorBundle at DIR/input_cache/...`),
+    and nothing else of the run lives there.
+    """
+    if run_dir is None or not isinstance(error, tf.errors.OpError):
+        return None
+    folder = Path(run_dir) / "input_cache"
+    text = str(error)
+    found = re.search(rf"{re.escape(str(folder))}/[^\s:]+", text)
+    if found is None:
+        return None
+    line = next((x for x in text.splitlines() if found.group(0) in x), "")
+    why = re.sub(r"\s*\[\[.*", "", line.split(": ", 1)[-1]).strip()[:160]
+    return ConfigError(f"the input cache {found.group(0)} (dataset.cache=disk) is damaged "
+                       f"({why}); delete {folder} and run again: the data is then read and "
+                       "cached anew")
 
 
 def element_bytes(spec: Any) -> int | None:

@@ -138,9 +138,27 @@ def _files(folder: Path, classes: list[str], check_classes: bool = False,
             except OSError:  # gone meanwhile, or a broken link: not a file (as is_file says)
                 continue
             if stat.S_ISREG(status.st_mode):
+                check_name(file, "file")
                 stats[str(file)] = status
                 found.append((str(file), index))
     return found
+
+
+def check_name(path: Path, what: str) -> None:
+    """Refuses a name that is not UTF-8 (TensorFlow takes file names as UTF-8 strings; its
+    own error names no file), showing its undecodable bytes as `\\xNN`.
+
+    Args:
+        path: the file or folder.
+        what: `file` or `class folder`.
+    """
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+        raise DataError(f"the {what} {shown} has a name that is not UTF-8, which TensorFlow "
+                        "reads file names as; rename it (e.g. convmv, or mv with the name "
+                        "in UTF-8)") from None
 
 
 def _split(files: list[tuple], validation: float, test: float) -> tuple[list, list, list]:
@@ -258,7 +276,11 @@ def _classes(root: Path, path: str) -> list[str]:
     """Class sub-folders that hold images; the errors name the folder and what was expected."""
     if not root.is_dir():
         raise DataError(f"dataset=image_folder: dataset.path={path} does not exist; {LAYOUT}")
-    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and _has_images(d))
+    folders = sorted((d for d in root.iterdir() if d.is_dir() and _has_images(d)),
+                     key=lambda d: d.name)
+    for folder in folders:
+        check_name(folder, "class folder")
+    classes = [d.name for d in folders]
     if not classes:
         raise DataError(f"dataset=image_folder: dataset.path={path} holds no images; {LAYOUT}")
     if len(classes) < 2:

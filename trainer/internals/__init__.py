@@ -17,10 +17,10 @@ Modules: `keras_step` (the training and test step's contacts), `keras_compile` (
 metrics, saving), `keras_data` (class weights as Keras's data adapter applies them),
 `keras_callbacks` (the progress bar's and checkpoint's hooks), `keras_optimizer` (the
 optimizer's moving average of the weights: kept aside in `fit`, swapped in on demand),
-`tf_runtime` (op determinism, registered kernels, whether the runtime started), `tf_data`
-(the batch a user's dataset was built with), `hydra_app` (Hydra's argument parser and
-config loader; no TensorFlow). This package imports nothing of ours: it is the floor below
-`config/`.
+`tf_runtime` (op determinism, registered kernels, whether the runtime started), `tf_start`
+(TensorFlow's start-up notices kept off stderr; no TensorFlow), `tf_data` (the batch a user's
+dataset was built with), `hydra_app` (Hydra's argument parser and config loader; no
+TensorFlow). This package imports nothing of ours: it is the floor below `config/`.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ set imports it.
 
 from __future__ import annotations
 
+import threading
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -51,6 +52,8 @@ from trainer.run.resolve import Spec
 
 # Keras 3.15's fit fails under MultiWorkerMirroredStrategy (keras-team/keras#20585,
 # tensorflow/tensorflow#72388); the custom loop does the same maths with the same callbacks.
+# Held while a run is built (`assemble`): one at a time in a process.
+BUILDING = threading.RLock()
 MULTI_WORKER_LOOP = ("loop=custom: Keras's fit fails under MultiWorkerMirroredStrategy "
                      "(keras-team/keras#20585); the custom loop (same maths, same callbacks, "
                      "tested equal to fit) runs instead")
@@ -107,6 +110,20 @@ class Run:
             return names
         return (*names, *(f"val_{n}" for n in names))
 
+    def check_evaluable(self, saving: Any) -> None:
+        """Refuses, before training, what an evaluator beside the workers would refuse only
+        once they trained: a dataset with no validation split, a `checkpoint.monitor` the
+        run does not log (the workers keep no best checkpoint, so they never read it).
+
+        Args:
+            saving: the checkpoint node (`monitor`, `mode`).
+        """
+        if self.data.validation is None:
+            raise ConfigError("the dataset has no validation split: there is nothing for an "
+                              "evaluator to validate; give it one, or run without an "
+                              "evaluator")
+        self.monitor_mode(saving.monitor, saving.mode)
+
     def monitor_mode(self, monitor: str, mode: str = "auto", key: str = "checkpoint") -> str:
         """`min` or `max` for a logged metric, from the metric's own direction where known."""
         if monitor not in self.logged:
@@ -128,7 +145,19 @@ def assemble(spec: Spec, plan: Any, cluster: Cluster | None = None,
 
     Returns:
         A `Run`.
+
+    One run builds at a time in a process: the seeds are process-wide (Python's `random`,
+    which draws Keras's default seeds, NumPy's, TensorFlow's global seed), so two runs
+    built at once in two threads drew from each other's; built one by one, each run's
+    layers and datasets hold seeds of their own, and run alone or beside another, it trains
+    the same (`docs/api.md`).
     """
+    with BUILDING:
+        return _built(spec, plan, cluster, run_dir)
+
+
+def _built(spec: Spec, plan: Any, cluster: Cluster | None, run_dir: Path | None) -> Run:
+    """`assemble`'s work, under its lock."""
     strategy_name, loop, strategy, cross, speed = _strategy(spec, plan, cluster)
     spec, source, batch = _source_and_batch(spec, strategy)
     speed = _speed_for_accumulation(speed, batch.accumulate)

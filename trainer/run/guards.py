@@ -1,6 +1,7 @@
 """The guards of a run: the disk space it needs checked before it writes, and a failure
 turned into the error a user reads: a full disk (with what the run needed), an image that
-does not decode (the file named), a lost worker of a cluster (with where the backup is)."""
+does not decode (the file named), a damaged disk cache (its file named), a lost worker of a
+cluster (with where the backup is)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config.errors import ConfigError, WorkerLost
+from trainer.data.caching import damaged_cache
 from trainer.data.pipeline import data_failure
 from trainer.distribute.cluster import Cluster
 from trainer.distribute.multiworker import backup_place, lost_message, peer_failure
@@ -49,6 +51,9 @@ def translate(error: Exception, run: Any, run_dir: Path, needed: int,
         epoch: the epoch the backup holds (None: no callbacks yet).
     """
     chief = cluster is None or cluster.is_chief
+    damaged = damaged_cache(error, run_dir)  # before the source's own reading of its files
+    if damaged is not None:
+        raise damaged from None
     if run is not None:
         if chief and not isinstance(error, ConfigError) and disk_full(error):
             raise ConfigError(full_message(run_dir, needed)) from error

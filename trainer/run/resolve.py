@@ -218,9 +218,12 @@ def check_with_evaluator(spec: Any) -> None:
         if value:
             raise ConfigError(f"checkpoint.{key} is not kept with an evaluator (it keeps "
                               f"best.keras alone); set checkpoint.{key}=0; received: {value}")
-    if spec.optimizer.get("use_ema"):
-        raise ConfigError("optimizer.use_ema with an evaluator: the evaluator validates the "
-                          "backups' raw weights; set optimizer.use_ema=false; received: true")
+    for key in ("ema", "use_ema"):  # trainer's key, and Keras's own argument passed on
+        if spec.optimizer.get(key):
+            raise ConfigError(f"optimizer.{key}=true is not kept with an evaluator: it "
+                              "validates the backups' raw weights and keeps best.keras alone, "
+                              f"with no averaged model to test; set optimizer.{key}=false, or "
+                              "run without an evaluator; received: true")
 
 
 def with_evaluator(spec: Any, cluster: Any) -> Any:

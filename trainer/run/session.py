@@ -100,6 +100,7 @@ class Session:
         run = assemble(self.spec, self.plan, self.cluster, self.run_dir)
         self.spec = run.spec or self.spec  # as the data made it: its batch, the monitor
         if self.evaluator:  # validation and test are the evaluator's, never the workers'
+            run.check_evaluable(self.spec.checkpoint)  # before training, not after
             run = replace(run, data=replace(run.data, validation=None, test=None))
         with run.strategy.scope():  # the optimizer's slots are distributed variables
             if not run.model.optimizer.built:  # built now: the space estimate counts them
@@ -179,4 +180,3 @@ class Session:
             print(f"worker {cluster.task_id} of {cluster.num_workers} finished; the chief "
                   f"({cluster.addresses[0]}) wrote the checkpoints and summary", flush=True)
         return report
-

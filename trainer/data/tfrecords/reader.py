@@ -14,17 +14,20 @@ prefetched. The cheap part of a record (its bytes and its target) is what worker
 position (`trainer.data.shares`); parsing and decoding the rest happens in `preprocess`, on
 each worker's share alone. A damaged record is one line naming its file and its place.
 
-`python -m trainer.data.tfrecords IMAGES OUT --shards N` writes an image folder (the image
-folder's split rules) into this layout.
+What the folder says of itself is checked against the records before training: the shard
+sizes `counts.json` keeps (a shard cut short is named), `classes.txt` (missing, or of one
+class, is one line), a feature spec against the first record (the features it lacks named);
+a count `counts.json` claims that the records do not hold is named when the records run out.
+`python -m trainer.data.tfrecords IMAGES OUT --shards N` (`trainer.data.tfrecords.writer`)
+writes an image folder into this layout.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import math
-import sys
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,11 +37,12 @@ import tensorflow as tf
 
 from trainer.config.errors import ConfigError
 from trainer.data.fingerprint import of_folder
-from trainer.data.image_folder import split_files
 from trainer.data.pipeline import DataError, Source
 
 IMAGE, LABEL = "image/encoded", "image/class/label"
 CLASSES, COUNTS = "classes.txt", "counts.json"
+# counts.json's record of each shard the writer wrote: {name: {"records": n, "bytes": n}}.
+FILES = "files"
 PREFIXES = {"train": ("train",), "validation": ("validation", "val"), "test": ("test",)}
 DTYPES = {"float32": tf.float32, "float64": tf.float64, "int64": tf.int64, "int32": tf.int32,
           "string": tf.string}
@@ -75,14 +79,18 @@ def load(path: str, image_size: int | None = 64, channels: int = 3, features: An
     root = Path(path).expanduser()
     shards = _shards(root, path)
     counts = _counts(root, shards)
-    classes = _class_names(root)
     if features is None:
+        classes = _class_names(root, num_classes)
         spec = _ImageRecords(image_size, channels, label_offset, root)
-        shape, classes_count = spec.input_shape(shards["train"]), len(classes or []) or num_classes
+        classes_count = len(classes or []) or num_classes
     else:
-        spec = _FeatureRecords(features, inputs, outputs)
-        shape, classes_count = spec.input_shape(), num_classes
-    datasets = {role: _stream(files).map(spec.target, num_parallel_calls=tf.data.AUTOTUNE)
+        classes, spec, classes_count = None, _FeatureRecords(features, inputs, outputs), num_classes
+    _check_first_record(shards["train"][0], spec.required())
+    shape = spec.input_shape(shards["train"])
+    # the counts kept are asserted: a role that holds fewer records fails when they run out,
+    # named by `_explainer` (tf.data's words name neither the files nor counts.json)
+    datasets = {role: _stream(files).apply(tf.data.experimental.assert_cardinality(
+                    counts[role])).map(spec.target, num_parallel_calls=tf.data.AUTOTUNE)
                 for role, files in shards.items()}
     return Source(train=datasets["train"], validation=datasets["validation"],
                   train_size=counts["train"], validation_size=counts["validation"],
@@ -90,10 +98,16 @@ def load(path: str, image_size: int | None = 64, channels: int = 3, features: An
                   input_shape=shape, num_classes=classes_count, preprocess=spec.parse,
                   scale=spec.scale, class_names=classes,
                   num_outputs=None if classes_count else spec.outputs(),
-                  explain=_explainer(shards, spec.parse, path), reads_in_preprocess=True,
-                  fingerprint=functools.cache(lambda: of_folder(
-                      {role: [(str(f), 0) for f in files] for role, files in shards.items()},
-                      str(root))))
+                  explain=_explainer(shards, spec.parse, path, counts), reads_in_preprocess=True,
+                  fingerprint=functools.cache(lambda: _fingerprint(root, shards, counts)))
+
+
+def _fingerprint(root: Path, shards: dict[str, list[Path]],
+                 counts: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """The shards' files hashed, each role counted in records (not in files)."""
+    found = of_folder({role: [(str(f), 0) for f in files] for role, files in shards.items()},
+                      str(root))
+    return {role: {**about, "examples": counts[role]} for role, about in found.items()}
 
 
 def _shards(root: Path, path: str) -> dict[str, list[Path]]:
@@ -117,11 +131,18 @@ def _shards(root: Path, path: str) -> dict[str, list[Path]]:
 
 
 def _counts(root: Path, shards: dict[str, list[Path]]) -> dict[str, int]:
-    """Records per role: `counts.json`'s, else counted by reading every record."""
+    """Records per role: `counts.json`'s (its shards' sizes checked), else counted by
+    reading every record."""
     try:
         kept = json.loads((root / COUNTS).read_text())
-    except (OSError, ValueError):
+    except OSError:
         kept = {}
+    except ValueError as error:
+        raise DataError(f"dataset=tfrecord: {root / COUNTS} is not JSON ({error}); write the "
+                        "shards again, or delete it (the records are then counted)") from None
+    if not isinstance(kept, dict):
+        kept = {}
+    _check_sizes(root, shards, kept.get(FILES))
     counts = {}
     for role, files in shards.items():
         value = kept.get(role)
@@ -131,12 +152,80 @@ def _counts(root: Path, shards: dict[str, list[Path]]) -> dict[str, int]:
     return counts
 
 
-def _class_names(root: Path) -> list[str] | None:
+def _check_sizes(root: Path, shards: dict[str, list[Path]], written: Any) -> None:
+    """Refuses a shard whose size is not the one the writer recorded in `counts.json`."""
+    if not isinstance(written, dict):
+        return  # a counts.json of the user's, or from before the writer kept sizes
+    for file in (f for files in shards.values() for f in files):
+        about = written.get(file.name)
+        size = file.stat().st_size
+        if isinstance(about, dict) and about.get("bytes") not in (None, size):
+            raise DataError(
+                f"dataset=tfrecord: {file} is {size} bytes, but {root / COUNTS} says "
+                f"{about['bytes']} were written ({about.get('records')} records): the shard "
+                "was cut short or changed; write the shards again")
+
+
+def _class_names(root: Path, num_classes: int | None) -> list[str] | None:
+    """`classes.txt`'s names: image records are classes, so a missing file needs
+    `dataset.num_classes`, and one class is refused as a classifier's."""
+    file = root / CLASSES
     try:
-        names = [line.strip() for line in (root / CLASSES).read_text().splitlines()]
-    except OSError:
+        names = [line.strip() for line in file.read_text(encoding="utf-8").splitlines()]
+    except FileNotFoundError:
+        if num_classes is None:
+            raise DataError(f"dataset=tfrecord: {file} is missing: image records need their "
+                            "class names, one per line in label order (the writer writes it), "
+                            "or dataset.num_classes") from None
         return None
-    return [n for n in names if n] or None
+    except (OSError, UnicodeDecodeError) as error:
+        raise DataError(f"dataset=tfrecord: {file} cannot be read ({error}); write it again, "
+                        "one UTF-8 class name per line") from None
+    names = [n for n in names if n]
+    if len(names) < 2:
+        raise DataError(f"dataset=tfrecord: {file} names {len(names) or 'no'} class"
+                        f"{'' if len(names) == 1 else 'es'}{f' ({names[0]})' if names else ''}"
+                        "; a classifier needs at least 2, one name per line in label order")
+    return names
+
+
+def _check_first_record(file: Path, required: dict[str, str]) -> None:
+    """Refuses records that lack (or hold another kind of) a feature the spec needs, from
+    the first record, before training.
+
+    Args:
+        file: the first training shard.
+        required: feature name -> the kind of list it holds (`bytes_list`, ...).
+    """
+    try:
+        first = next(iter(tf.data.TFRecordDataset(str(file)).take(1)), None)
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
+        raise DataError(f"dataset=tfrecord: record 0 of {file} is damaged "
+                        f"({tf_reason(error)}); write that shard again, or remove it") from None
+    if first is None:
+        return
+    try:
+        example = tf.train.Example.FromString(first.numpy())
+    except Exception as error:  # noqa: BLE001 - protobuf's DecodeError: not an Example
+        raise DataError(f"dataset=tfrecord: record 0 of {file} is not a tf.train.Example "
+                        f"({error}); write the records with tf.train.Example") from None
+    held = {name: feature.WhichOneof("kind") for name, feature in example.features.feature.items()}
+    missing = sorted(n for n in required if n not in held)
+    if missing:
+        raise DataError(f"dataset=tfrecord: record 0 of {file} has no feature "
+                        f"{', '.join(missing)} (it has {', '.join(sorted(held)) or 'none'}); "
+                        "name the records' features in dataset.features")
+    other = sorted(f"{n} holds a {held[n]}, not a {k}" for n, k in required.items()
+                   if held[n] is not None and held[n] != k)
+    if other:
+        raise DataError(f"dataset=tfrecord: record 0 of {file}: {'; '.join(other)}; give each "
+                        "its dtype in dataset.features (string, int64/int32, float32/float64)")
+
+
+def tf_reason(error: BaseException) -> str:
+    """TensorFlow's message in a few words: its first line, without the op's decorations."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return re.sub(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\].*", "", text)[:200]
 
 
 def _stream(files: list[Path]) -> tf.data.Dataset:
@@ -182,6 +271,10 @@ class _ImageRecords:
     def outputs(self) -> int | None:
         return 1
 
+    def required(self) -> dict[str, str]:
+        """The features every record must hold, and the kind of list each is."""
+        return {IMAGE: "bytes_list", LABEL: "int64_list"}
+
 
 class _FeatureRecords:
     """Records of a feature spec: the named inputs and outputs, each its dtype and shape."""
@@ -217,7 +310,14 @@ class _FeatureRecords:
     def parse(self, record: tf.Tensor, target: Any, *rest: Any) -> tuple:
         return (self._one_or_dict(self._parse(record, self.inputs), self.inputs), target, *rest)
 
-    def input_shape(self) -> Any:
+    def required(self) -> dict[str, str]:
+        """The features every record must hold, and the kind of list each is."""
+        return {n: "int64_list" if dtype.is_integer else "float_list" if dtype.is_floating
+                else "bytes_list" for n, (dtype, _) in self.spec.items()
+                if n in self.inputs or n in self.outputs_}
+
+    def input_shape(self, train: list[Path] | None = None) -> Any:
+        del train  # the spec says it
         shapes = {n: tuple(self.spec[n][1]) for n in self.inputs}
         return shapes[self.inputs[0]] if len(self.inputs) == 1 else shapes
 
@@ -237,25 +337,51 @@ def _names(key: str, value: Any, spec: dict[str, Any]) -> list[str]:
     return [str(n) for n in names]
 
 
-def _explainer(shards: dict[str, list[Path]], parse: Callable, path: str):
-    """`Source.explain`: names the file and record that failed to read, parse or decode.
+def _explainer(shards: dict[str, list[Path]], parse: Callable, path: str,
+               counts: dict[str, int]):
+    """`Source.explain`: names the file and record that failed to read, parse or decode,
+    or the role whose records are fewer than `counts.json` says.
 
     TensorFlow's error names neither; the records are read again, one by one, until one
     fails (for up to `SEARCH_S` seconds).
     """
     def explain(error: BaseException) -> str | None:
+        short = _fewer(error, shards, counts, path)
+        if short is not None:
+            return short
         if not isinstance(error, (tf.errors.DataLossError, tf.errors.InvalidArgumentError)):
             return None
-        reason = str(error).strip().splitlines()[0][:200]
         found = _first_damaged([f for files in shards.values() for f in files], parse)
         if found is None:
-            return (f"dataset=tfrecord: a record under {path} does not read ({reason}); "
-                    "write the shards again")
+            return (f"dataset=tfrecord: a record under {path} does not read "
+                    f"({tf_reason(error)}); write the shards again")
         file, index, why = found
-        return (f"dataset=tfrecord: record {index} of {file} is damaged ({why}); write that "
-                "shard again, or remove it")
+        return (f"dataset=tfrecord: record {index} of {file} is damaged ({why}); write the "
+                "shards again from the images (a bad image is refused by the writer), or "
+                "remove that shard")
 
     return explain
+
+
+# tf.data's words where a role holds fewer (or more) records than asserted.
+COUNT_MISMATCH = re.compile(r"expected to contain (\d+) elements? but contained "
+                            r"(only|at least) (\d+)")
+
+
+def _fewer(error: BaseException, shards: dict[str, list[Path]], counts: dict[str, int],
+           path: str) -> str | None:
+    """The line for a role whose records disagree with `counts.json`, else None."""
+    found = COUNT_MISMATCH.search(str(error))
+    if found is None:
+        return None
+    expected, bound, actual = int(found.group(1)), found.group(2), found.group(3)
+    roles = [r for r in shards if counts[r] == expected] or list(shards)
+    files = shards[roles[0]]
+    held = f"{'only ' if bound == 'only' else 'at least '}{actual}"
+    return (f"dataset=tfrecord: the {roles[0]} shards ({files[0].name}..., {len(files)} "
+            f"files) hold {held} records, but {Path(path).expanduser() / COUNTS} says "
+            f"{expected}: a shard was cut short, or counts.json is wrong; write the shards "
+            "again, or delete counts.json (the records are then counted)")
 
 
 def _first_damaged(files: list[Path], parse: Callable) -> tuple[Path, int, str] | None:
@@ -270,86 +396,5 @@ def _first_damaged(files: list[Path], parse: Callable) -> tuple[Path, int, str] 
                 parse(record, tf.constant(0))
                 index += 1
         except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as error:
-            return file, index, str(error).strip().splitlines()[0][:120]
+            return file, index, tf_reason(error)[:120]
     return None
-
-
-def write(images: str, out: str, shards: int, validation_fraction: float = 0.1,
-          test_fraction: float = 0.1) -> dict[str, int]:
-    """Writes an image folder as TFRecord shards (`train-00000-of-00004`, ...), with
-    `classes.txt` and `counts.json` beside them.
-
-    Args:
-        images: the image folder (split as `dataset=image_folder` splits it).
-        out: the folder to write; it must not hold TFRecord files yet.
-        shards: files per role (fewer where a role has fewer images).
-        validation_fraction, test_fraction: as the image folder's.
-
-    Returns:
-        The records written per role.
-    """
-    if shards < 1:
-        raise ConfigError(f"--shards must be a positive integer; received: {shards}")
-    classes, files = split_files(images, validation_fraction, test_fraction)
-    target = Path(out).expanduser()
-    taken = [f.name for f in target.glob("*-of-*")] if target.is_dir() else []
-    if taken:
-        raise ConfigError(f"{out} already holds TFRecord shards ({taken[0]}); write into a "
-                          "new folder")
-    target.mkdir(parents=True, exist_ok=True)
-    root = Path(images).expanduser()
-    counts = {}
-    for role, items in files.items():
-        if items:
-            _write_role(target, role, items, min(shards, len(items)), root)
-            counts[role] = len(items)
-    (target / CLASSES).write_text("".join(f"{c}\n" for c in classes))
-    (target / COUNTS).write_text(json.dumps(counts, indent=1) + "\n")
-    return counts
-
-
-def _write_role(target: Path, role: str, items: list[tuple[str, int]], count: int,
-                root: Path) -> None:
-    """A role's records in `count` files of consecutive records, in the split's order."""
-    for shard in range(count):
-        part = items[len(items) * shard // count:len(items) * (shard + 1) // count]
-        with tf.io.TFRecordWriter(str(target / f"{role}-{shard:05d}-of-{count:05d}")) as out:
-            for file, label in part:
-                out.write(_example(Path(file), label, root).SerializeToString())
-
-
-def _example(file: Path, label: int, root: Path) -> tf.train.Example:
-    def feature(value: Any) -> tf.train.Feature:
-        if isinstance(value, int):
-            return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
-        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
-
-    return tf.train.Example(features=tf.train.Features(feature={
-        IMAGE: feature(file.read_bytes()), LABEL: feature(int(label)),
-        "image/format": feature(file.suffix.lower().lstrip(".").encode()),
-        "image/filename": feature(str(file.relative_to(root)).encode())}))
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m trainer.data.tfrecords IMAGES OUT --shards N`: 0, or 2 with one line."""
-    parser = argparse.ArgumentParser(prog="python -m trainer.data.tfrecords",
-                                     description="Write an image folder as TFRecord shards.")
-    parser.add_argument("images", help="the image folder (class folders, or train/ val/ test/)")
-    parser.add_argument("out", help="the folder to write the shards into")
-    parser.add_argument("--shards", type=int, default=4, help="files per role (default 4)")
-    parser.add_argument("--validation-fraction", type=float, default=0.1)
-    parser.add_argument("--test-fraction", type=float, default=0.1)
-    args = parser.parse_args(argv)
-    try:
-        counts = write(args.images, args.out, args.shards, args.validation_fraction,
-                       args.test_fraction)
-    except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    print(f"wrote {', '.join(f'{n} {role}' for role, n in counts.items())} records to "
-          f"{args.out} (train with dataset=tfrecord dataset.path={args.out})")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
