@@ -271,3 +271,59 @@ def test_an_evaluator_killed_mid_run_leaves_training_going(tmp_path, launches):
     assert not validated["complete"] and "no sign of life" in validated["why"], validated
     assert re.search(r"\[worker 0\]   validated by +the evaluator, incomplete: the "
                      r"evaluator stopped \(no sign of life", launch.output)
+
+
+def _term_before_the_last_step():
+    """A callback that sends SIGTERM to this process after the second-to-last step of the
+    first epoch: the stop is then asked at its last step."""
+    import signal
+
+    import keras
+
+    class Term(keras.callbacks.Callback):
+        sent = False
+
+        def on_train_batch_end(self, batch, logs=None):
+            if not self.sent and batch == self.params["steps"] - 2:
+                self.sent = True
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    return Term()
+
+
+def test_a_stop_at_an_epochs_last_step_still_ends_that_epoch(tmp_path, tiny_config):
+    """Stopped at the last step, a resume began the next epoch: that epoch was never
+    validated (nor handed to an evaluator), its metrics missing from the history."""
+    from trainer.config.errors import Interrupted
+    from trainer.run.train import train
+
+    cfg = tiny_config("epochs=2")
+    alone = train(cfg, run_dir=tmp_path / "alone")
+    with pytest.raises(Interrupted, match="stopped by signal 15 at epoch 1"):
+        train(cfg, run_dir=tmp_path / "cut", callbacks=[_term_before_the_last_step()])
+    # the epoch's end was backed up, the evaluator's hand-off reads it (`Backup.ended`)
+    assert [p.name for p in (tmp_path / "cut" / "backup").iterdir()
+            if p.name.startswith("ckpt-")] == ["ckpt-000001-000000000"]
+    again = train(cfg, run_dir=tmp_path / "cut")
+    assert again["history"] == alone["history"]
+
+
+def test_the_hand_off_gives_the_evaluator_an_epoch_whose_end_was_backed_up_before_a_stop(
+        tmp_path):
+    """The epoch a stop at its last step ended is handed over, though the run stops; an
+    epoch whose end no backup holds (a stop mid-epoch) is not."""
+    from types import SimpleNamespace
+
+    from trainer.run.callbacks import HandOff
+    from trainer.rundir.backup import WEIGHTS, BackupStore
+
+    store = BackupStore(tmp_path / "backup")
+    store.path(1).mkdir(parents=True)
+    (store.path(1) / WEIGHTS).write_bytes(b"weights")
+    backup = SimpleNamespace(store=store, ended={1}, interrupted=True)
+    place = EvaluatorDir.of(tmp_path)
+    handoff = HandOff(backup, place)
+    handoff.on_epoch_end(0, {"loss": 1.5})
+    handoff.on_epoch_end(1, {"loss": 1.0})  # epoch 2: stopped inside it, no backup of its end
+    assert ready_epochs(place.inbox) == [1]
+    assert json.loads(place.logs(1).read_text()) == {"loss": 1.5}
