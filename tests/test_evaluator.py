@@ -20,6 +20,7 @@ from trainer.run.sidecar import (
     EvaluatorDir,
     await_result,
     best_record,
+    done_line,
     final_summary,
     improved,
     merged,
@@ -100,6 +101,13 @@ def test_the_summary_says_the_evaluator_validated_or_why_not():
     assert validated_line(none["validated_by"]) == (
         "the evaluator, incomplete: the evaluator gave no result within 1 s")
     assert validated_line(None) is None  # the chief validated: no row
+
+
+def test_the_evaluator_says_validated_every_epoch_only_where_it_did():
+    assert done_line({"epochs_done": 3}, {1, 2, 3}) == (
+        "done: validated every epoch and ran the final test")
+    assert done_line({"epochs_done": 3}, {1, 3}) == (
+        "done: ran the final test; epoch 2 never came to be validated (the summary says so)")
 
 
 def test_the_chief_waits_for_the_result_no_longer_than_its_limit(tmp_path):
