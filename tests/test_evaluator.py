@@ -335,3 +335,22 @@ def test_the_hand_off_gives_the_evaluator_an_epoch_whose_end_was_backed_up_befor
     handoff.on_epoch_end(1, {"loss": 1.0})  # epoch 2: stopped inside it, no backup of its end
     assert ready_epochs(place.inbox) == [1]
     assert json.loads(place.logs(1).read_text()) == {"loss": 1.5}
+
+
+def test_a_dataset_with_no_validation_split_is_refused_with_an_evaluator_before_training():
+    """The evaluator refused it only once the workers were training; the workers check it
+    as they assemble the run (the monitor's check is the launched test's above)."""
+    from types import SimpleNamespace
+
+    from trainer.run.assemble import Run
+
+    saving = SimpleNamespace(monitor="val_accuracy", mode="auto")
+    unvalidated = SimpleNamespace(data=SimpleNamespace(validation=None))
+    with pytest.raises(ConfigError, match="^the dataset has no validation split: there is "
+                                          "nothing for an evaluator to validate"):
+        Run.check_evaluable(unvalidated, saving)
+    modes = []
+    validated = SimpleNamespace(data=SimpleNamespace(validation=object()),
+                                monitor_mode=lambda *args: modes.append(args))
+    Run.check_evaluable(validated, saving)
+    assert modes == [("val_accuracy", "auto")]
