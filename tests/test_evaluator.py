@@ -20,6 +20,7 @@ from trainer.run.sidecar import (
     EvaluatorDir,
     await_result,
     best_record,
+    done_line,
     final_summary,
     improved,
     merged,
@@ -100,6 +101,13 @@ def test_the_summary_says_the_evaluator_validated_or_why_not():
     assert validated_line(none["validated_by"]) == (
         "the evaluator, incomplete: the evaluator gave no result within 1 s")
     assert validated_line(None) is None  # the chief validated: no row
+
+
+def test_the_evaluator_says_validated_every_epoch_only_where_it_did():
+    assert done_line({"epochs_done": 3}, {1, 2, 3}) == (
+        "done: validated every epoch and ran the final test")
+    assert done_line({"epochs_done": 3}, {1, 3}) == (
+        "done: ran the final test; epoch 2 never came to be validated (the summary says so)")
 
 
 def test_the_chief_waits_for_the_result_no_longer_than_its_limit(tmp_path):
@@ -270,3 +278,78 @@ def test_an_evaluator_killed_mid_run_leaves_training_going(tmp_path, launches):
     assert not validated["complete"] and "no sign of life" in validated["why"], validated
     assert re.search(r"\[worker 0\]   validated by +the evaluator, incomplete: the "
                      r"evaluator stopped \(no sign of life", launch.output)
+
+
+def _term_before_the_last_step():
+    """A callback that sends SIGTERM to this process after the second-to-last step of the
+    first epoch: the stop is then asked at its last step."""
+    import signal
+
+    import keras
+
+    class Term(keras.callbacks.Callback):
+        sent = False
+
+        def on_train_batch_end(self, batch, logs=None):
+            if not self.sent and batch == self.params["steps"] - 2:
+                self.sent = True
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    return Term()
+
+
+def test_a_stop_at_an_epochs_last_step_still_ends_that_epoch(tmp_path, tiny_config):
+    """Stopped at the last step, a resume began the next epoch: that epoch was never
+    validated (nor handed to an evaluator), its metrics missing from the history."""
+    from trainer.config.errors import Interrupted
+    from trainer.run.train import train
+
+    cfg = tiny_config("epochs=2")
+    alone = train(cfg, run_dir=tmp_path / "alone")
+    with pytest.raises(Interrupted, match="stopped by signal 15 at epoch 1"):
+        train(cfg, run_dir=tmp_path / "cut", callbacks=[_term_before_the_last_step()])
+    # the epoch's end was backed up, the evaluator's hand-off reads it (`Backup.ended`)
+    assert [p.name for p in (tmp_path / "cut" / "backup").iterdir()
+            if p.name.startswith("ckpt-")] == ["ckpt-000001-000000000"]
+    again = train(cfg, run_dir=tmp_path / "cut")
+    assert again["history"] == alone["history"]
+
+
+def test_the_hand_off_gives_the_evaluator_an_epoch_whose_end_was_backed_up_before_a_stop(
+        tmp_path):
+    """The epoch a stop at its last step ended is handed over, though the run stops; an
+    epoch whose end no backup holds (a stop mid-epoch) is not."""
+    from types import SimpleNamespace
+
+    from trainer.run.callbacks import HandOff
+    from trainer.rundir.backup import WEIGHTS, BackupStore
+
+    store = BackupStore(tmp_path / "backup")
+    store.path(1).mkdir(parents=True)
+    (store.path(1) / WEIGHTS).write_bytes(b"weights")
+    backup = SimpleNamespace(store=store, ended={1}, interrupted=True)
+    place = EvaluatorDir.of(tmp_path)
+    handoff = HandOff(backup, place)
+    handoff.on_epoch_end(0, {"loss": 1.5})
+    handoff.on_epoch_end(1, {"loss": 1.0})  # epoch 2: stopped inside it, no backup of its end
+    assert ready_epochs(place.inbox) == [1]
+    assert json.loads(place.logs(1).read_text()) == {"loss": 1.5}
+
+
+def test_a_dataset_with_no_validation_split_is_refused_with_an_evaluator_before_training():
+    """The evaluator refused it only once the workers were training; the workers check it
+    as they assemble the run (the monitor's check is the launched test's above)."""
+    from types import SimpleNamespace
+
+    from trainer.run.assemble import Run
+
+    saving = SimpleNamespace(monitor="val_accuracy", mode="auto")
+    unvalidated = SimpleNamespace(data=SimpleNamespace(validation=None))
+    with pytest.raises(ConfigError, match="^the dataset has no validation split: there is "
+                                          "nothing for an evaluator to validate"):
+        Run.check_evaluable(unvalidated, saving)
+    modes = []
+    validated = SimpleNamespace(data=SimpleNamespace(validation=object()),
+                                monitor_mode=lambda *args: modes.append(args))
+    Run.check_evaluable(validated, saving)
+    assert modes == [("val_accuracy", "auto")]

@@ -271,3 +271,20 @@ def test_the_data_changed_refusal_counts_records_not_shards(written):
     found = source.fingerprint()
     assert {role: found[role]["examples"] for role in found} == {
         "train": 32, "validation": 4, "test": 4}
+
+
+def test_labels_beyond_the_classes_name_classes_txt(written):
+    """Before training from the first record; mid-run from the loss's words."""
+    first = written / "train-00000-of-00002"
+    with pytest.raises(tfrecords.DataError, match=re.escape(
+            f"dataset=tfrecord: record 0 of {first} has label ")) as refused:
+        tfrecords.load(str(written), image_size=8, label_offset=2)
+    assert f"but {written / 'classes.txt'} (or dataset.num_classes) counts 2 classes" in str(
+        refused.value)
+    source = tfrecords.load(str(written), image_size=8)
+    error = tf.errors.InvalidArgumentError(None, None, "Received a label value of 7 which is "
+                                           "outside the valid range of [0, 2).  Label values: 7")
+    assert source.explain(error) == (
+        f"dataset=tfrecord: a record under {written} has label 7, but the run has 2 classes "
+        "(classes.txt or dataset.num_classes); list every class in classes.txt, in label "
+        "order, or set dataset.label_offset")

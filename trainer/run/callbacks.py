@@ -334,7 +334,7 @@ class HandOff(keras.callbacks.Callback):
         return merged(report, result, why)
 
     def on_epoch_end(self, epoch, logs=None):
-        if self.backup.interrupted:
+        if epoch + 1 not in self.backup.ended:  # no backup of this epoch's end
             return
         saved = self.backup.store.path(epoch + 1)
         source = next((saved / n for n in (CHECKPOINT, WEIGHTS) if (saved / n).is_file()),

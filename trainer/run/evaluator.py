@@ -39,6 +39,7 @@ from trainer.run.sidecar import (
     EvaluatorDir,
     best_record,
     chief_holds,
+    done_line,
     final_summary,
     improved,
     read_history,
@@ -217,7 +218,7 @@ def _evaluate(run_dir: Path, spec: Spec, run: Run, poll_s: float) -> int:
         trained = read_trained(evaluator.place)
         if trained is not None and not ready_epochs(evaluator.place.inbox, evaluator.done):
             evaluator.finish(trained)
-            say("done: validated every epoch and ran the final test")
+            say(done_line(trained, evaluator.done))
             return 0
         if trained is None and seen and not chief_holds(run_dir):
             evaluator.step()  # what the chief handed over before it stopped

@@ -131,6 +131,16 @@ def merged(summary: dict[str, Any], result: dict[str, Any] | None, why: str | No
     return found
 
 
+def done_line(trained: dict[str, Any], validated: set[int]) -> str:
+    """What the evaluator says at its end: every epoch validated, or which epochs the chief
+    never handed over (the summary then says validation was incomplete)."""
+    gone = sorted(set(range(1, int(trained.get("epochs_done", 0)) + 1)) - set(validated))
+    if not gone:
+        return "done: validated every epoch and ran the final test"
+    return (f"done: ran the final test; epoch{'s' if len(gone) > 1 else ''} "
+            f"{', '.join(map(str, gone))} never came to be validated (the summary says so)")
+
+
 def _missing(result: dict[str, Any]) -> str:
     gone = sorted(set(range(1, result["epochs_trained"] + 1)) - set(result["epochs"]))
     return ", ".join(map(str, gone))

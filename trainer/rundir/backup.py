@@ -311,6 +311,10 @@ class Backup(keras.callbacks.Callback):
         self.initial_epoch, self.initial_step = initial_epoch, initial_step
         self.epoch, self.offset, self.interrupted = initial_epoch, 0, False
         self.stopped_by_peer = False
+        # A stop asked at an epoch's last step waits for that epoch's end (`on_epoch_end`).
+        self._stop_at_end = False
+        # The epochs whose end this run backed up (what an evaluator is handed).
+        self.ended: set[int] = set()
         self.metric_source: Callable[[], list] | None = None
         self.resumed_metrics: tuple | None = None
         store.metrics = self._metric_variables
@@ -368,6 +372,12 @@ class Backup(keras.callbacks.Callback):
         step = self.offset + batch + 1
         if self._stop_requested(batch):
             self._check(logs, step)
+            if batch + 1 == (self.params or {}).get("steps"):
+                # The epoch's last step: its end (validation, the best checkpoint, the
+                # evaluator's hand-off) runs first; stopped here, a resume would start the
+                # next epoch and that end would never run.
+                self._stop_at_end = True
+                return
             self.store.save(self.model, self.epoch, step, history=self.history)
             self.interrupted = True
             self.model.stop_training = True
@@ -390,6 +400,11 @@ class Backup(keras.callbacks.Callback):
             if self.best is not None and self.best.saved_epoch == epoch:
                 same = Path(self.best.filepath)
             self.store.save(self.model, epoch + 1, 0, same_as=same, history=self.history)
+            self.ended.add(epoch + 1)
+        if self._stop_at_end:  # asked at the last step: stopped now, the epoch's end done
+            self._stop_at_end = False
+            self.interrupted = True
+            self.model.stop_training = True
 
     def _check(self, logs, step: int | None) -> None:
         """Raises `Diverged` where the training loss is not finite; at an epoch's end (step

@@ -85,7 +85,9 @@ def load(path: str, image_size: int | None = 64, channels: int = 3, features: An
         classes_count = len(classes or []) or num_classes
     else:
         classes, spec, classes_count = None, _FeatureRecords(features, inputs, outputs), num_classes
-    _check_first_record(shards["train"][0], spec.required())
+    first = _check_first_record(shards["train"][0], spec.required())
+    if features is None:
+        _check_label(first, shards["train"][0], label_offset, classes_count, root)
     shape = spec.input_shape(shards["train"])
     # the counts kept are asserted: a role that holds fewer records fails when they run out,
     # named by `_explainer` (tf.data's words name neither the files nor counts.json)
@@ -189,13 +191,16 @@ def _class_names(root: Path, num_classes: int | None) -> list[str] | None:
     return names
 
 
-def _check_first_record(file: Path, required: dict[str, str]) -> None:
+def _check_first_record(file: Path, required: dict[str, str]) -> Any:
     """Refuses records that lack (or hold another kind of) a feature the spec needs, from
     the first record, before training.
 
     Args:
         file: the first training shard.
         required: feature name -> the kind of list it holds (`bytes_list`, ...).
+
+    Returns:
+        The first record as a `tf.train.Example` (None: the shard holds none).
     """
     try:
         first = next(iter(tf.data.TFRecordDataset(str(file)).take(1)), None)
@@ -203,7 +208,7 @@ def _check_first_record(file: Path, required: dict[str, str]) -> None:
         raise DataError(f"dataset=tfrecord: record 0 of {file} is damaged "
                         f"({tf_reason(error)}); write that shard again, or remove it") from None
     if first is None:
-        return
+        return None
     try:
         example = tf.train.Example.FromString(first.numpy())
     except Exception as error:  # noqa: BLE001 - protobuf's DecodeError: not an Example
@@ -220,6 +225,22 @@ def _check_first_record(file: Path, required: dict[str, str]) -> None:
     if other:
         raise DataError(f"dataset=tfrecord: record 0 of {file}: {'; '.join(other)}; give each "
                         "its dtype in dataset.features (string, int64/int32, float32/float64)")
+    return example
+
+
+def _check_label(example: Any, file: Path, offset: int, classes: int | None,
+                 root: Path) -> None:
+    """Refuses image records whose first label is outside the classes `classes.txt` (or
+    `dataset.num_classes`) counts: the loss would fail mid-run, naming neither."""
+    if example is None or not classes:
+        return
+    label = int(example.features.feature[LABEL].int64_list.value[0]) - offset
+    if not 0 <= label < classes:
+        raise DataError(f"dataset=tfrecord: record 0 of {file} has label {label} (after "
+                        f"dataset.label_offset={offset}), but {root / CLASSES} (or "
+                        f"dataset.num_classes) counts {classes} classes, labels 0-{classes - 1};"
+                        " list every class in classes.txt, in label order, or set "
+                        "dataset.label_offset")
 
 
 def tf_reason(error: BaseException) -> str:
@@ -349,6 +370,12 @@ def _explainer(shards: dict[str, list[Path]], parse: Callable, path: str,
         short = _fewer(error, shards, counts, path)
         if short is not None:
             return short
+        beyond = LABEL_RANGE.search(str(error))
+        if beyond is not None:
+            return (f"dataset=tfrecord: a record under {path} has label {beyond.group(1)}, "
+                    f"but the run has {beyond.group(2)} classes ({CLASSES} or "
+                    "dataset.num_classes); list every class in classes.txt, in label order, "
+                    "or set dataset.label_offset")
         if not isinstance(error, (tf.errors.DataLossError, tf.errors.InvalidArgumentError)):
             return None
         found = _first_damaged([f for files in shards.values() for f in files], parse)
@@ -363,6 +390,9 @@ def _explainer(shards: dict[str, list[Path]], parse: Callable, path: str,
     return explain
 
 
+# The loss's words for a label beyond the classes (sparse categorical cross-entropy).
+LABEL_RANGE = re.compile(r"label value of (-?\d+) which is outside the valid range of "
+                         r"\[0, (\d+)\)")
 # tf.data's words where a role holds fewer (or more) records than asserted.
 COUNT_MISMATCH = re.compile(r"expected to contain (\d+) elements? but contained "
                             r"(only|at least) (\d+)")
