@@ -26,6 +26,7 @@ from conftest import REPO
 
 import trainer
 from trainer.child import fresh_reason, needed
+from trainer.distribute.devices import ONEDNN_STAYS_ON, set_determinism
 from trainer.internals.tf_runtime import onednn_enabled
 
 QUIET = ["verbose=0", "logger=[]", "accelerator=cpu"]
@@ -283,3 +284,22 @@ def test_the_fresh_process_ends_with_the_script(scripts):
     os.killpg(proc.pid, signal.SIGKILL)  # the script's group; the child has its own
     proc.wait(timeout=30)
     assert _gone(scripts, 60)
+
+
+def test_deterministic_true_in_this_process_says_onednn_stays_on(monkeypatch, caplog):
+    """Where a run goes on in a process whose TensorFlow started with oneDNN's kernels on
+    (`train(cfg)` here; `trainer.fit` starts a fresh process), `deterministic=true` says in
+    one line that they stay on and what that costs; not where the user asked for them."""
+    if tf.config.list_logical_devices("GPU"):
+        pytest.skip("a GPU run: oneDNN's CPU kernels are not the model's")
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    try:
+        set_determinism(True)
+        said = [r.getMessage() for r in caplog.records if "oneDNN" in r.getMessage()]
+        assert said == ([ONEDNN_STAYS_ON] if onednn_enabled() else [])
+        caplog.clear()
+        monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "1")
+        set_determinism(True)
+        assert "oneDNN" not in caplog.text
+    finally:
+        set_determinism(False)
