@@ -26,7 +26,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from trainer import child
-from trainer.config.compose import Composed, composed
+from trainer.config.compose import Composed
 from trainer.config.errors import ConfigError
 from trainer.config.given import NODES, holding
 from trainer.config.given import overrides as named_by
@@ -137,7 +137,7 @@ def _fit(given: list[str], config_dir: str | Path | None, run_dir: str | Path | 
 def _run(args: list[str], given: list[str]) -> Result:
     """Composes and runs `fit`'s command line (`args`)."""
     with one_error():
-        run = composed(args)
+        run = child.composed_once(args)
         if run is None:
             raise ConfigError(f"trainer.fit trains one config; {' '.join(given)} is a command "
                               f"of the command line's: python -m trainer {' '.join(given)}")
