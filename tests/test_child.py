@@ -187,13 +187,34 @@ def test_an_error_in_the_fresh_process_is_the_same_one_line(tmp_path):
     """The child's refusal comes back as the `TrainerError` this process would raise: the
     command line's line and exit code."""
     x = np.zeros((8, 4), "float32")
+
+    def build():  # sent by value, as a notebook's function (this module imports conftest)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
     with pytest.raises(trainer.TrainerError) as raised:
-        trainer.fit([*QUIET, "devices=6", "epochs=0"], model=_build, data=(x, x[:, :1]),
+        trainer.fit([*QUIET, "devices=6", "epochs=0"], model=build, data=(x, x[:, :1]),
                     run_dir=tmp_path / "run")
     assert raised.value.exit_code == 2
     assert "epochs" in str(raised.value) and "received: 0" in str(raised.value)
     assert "\n" not in str(raised.value)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_fresh_process_that_ends_without_returning_is_one_line(tmp_path):
+    """A child that dies (a crash, a kill) is one `TrainerError` naming its exit code."""
+    x = np.zeros((8, 4), "float32")
+
+    def dies():  # sent by value, as a notebook's function (this module imports conftest)
+        os._exit(3)  # the fresh process ends without a word: as a crash of TensorFlow would
+
+    with pytest.raises(trainer.TrainerError) as raised:
+        trainer.fit([*QUIET, "devices=6", "epochs=1"], model=dies, data=(x, x[:, :1]),
+                    run_dir=tmp_path / "run")
+    assert str(raised.value) == ("the fresh process running trainer.fit ended with exit code "
+                                 "3 before returning (its output is above)")
+    assert raised.value.exit_code == 3
 
 
 def _build():
