@@ -25,7 +25,10 @@ import tensorflow as tf
 from conftest import REPO
 
 import trainer
-from trainer.child import fresh_reason, needed
+from trainer import child
+from trainer.child import composed_once, fresh_reason, needed
+from trainer.config.compose import composed
+from trainer.distribute.devices import ONEDNN_STAYS_ON, set_determinism
 from trainer.internals.tf_runtime import onednn_enabled
 
 QUIET = ["verbose=0", "logger=[]", "accelerator=cpu"]
@@ -184,13 +187,34 @@ def test_an_error_in_the_fresh_process_is_the_same_one_line(tmp_path):
     """The child's refusal comes back as the `TrainerError` this process would raise: the
     command line's line and exit code."""
     x = np.zeros((8, 4), "float32")
+
+    def build():  # sent by value, as a notebook's function (this module imports conftest)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
     with pytest.raises(trainer.TrainerError) as raised:
-        trainer.fit([*QUIET, "devices=6", "epochs=0"], model=_build, data=(x, x[:, :1]),
+        trainer.fit([*QUIET, "devices=6", "epochs=0"], model=build, data=(x, x[:, :1]),
                     run_dir=tmp_path / "run")
     assert raised.value.exit_code == 2
     assert "epochs" in str(raised.value) and "received: 0" in str(raised.value)
     assert "\n" not in str(raised.value)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_fresh_process_that_ends_without_returning_is_one_line(tmp_path):
+    """A child that dies (a crash, a kill) is one `TrainerError` naming its exit code."""
+    x = np.zeros((8, 4), "float32")
+
+    def dies():  # sent by value, as a notebook's function (this module imports conftest)
+        os._exit(3)  # the fresh process ends without a word: as a crash of TensorFlow would
+
+    with pytest.raises(trainer.TrainerError) as raised:
+        trainer.fit([*QUIET, "devices=6", "epochs=1"], model=dies, data=(x, x[:, :1]),
+                    run_dir=tmp_path / "run")
+    assert str(raised.value) == ("the fresh process running trainer.fit ended with exit code "
+                                 "3 before returning (its output is above)")
+    assert raised.value.exit_code == 3
 
 
 def _build():
@@ -242,7 +266,16 @@ def test_what_this_process_has_stays_here(monkeypatch):
     """In the test process (4 logical CPUs started): `devices=2` runs here, `devices=6` does
     not; `deterministic=true` with oneDNN's kernels on runs here only where the user asked
     for them (`TF_ENABLE_ONEDNN_OPTS=1`)."""
+    calls = []
+    monkeypatch.setattr(child, "composed", lambda args: calls.append(args) or composed(args))
     assert needed(["accelerator=cpu", "devices=2"]) is None
+    # the run here reuses that composition, once, for the same arguments alone
+    assert composed_once(["accelerator=cpu", "devices=2"]).cfg.devices == 2
+    assert len(calls) == 1
+    composed_once(["accelerator=cpu", "devices=2"])
+    needed(["accelerator=cpu", "devices=2"])
+    assert composed_once(["accelerator=cpu", "devices=3"]).cfg.devices == 3
+    assert len(calls) == 4
     fresh = needed(["accelerator=cpu", "devices=6"])
     assert fresh.plan.names == tuple(f"/cpu:{i}" for i in range(6))
     if not onednn_enabled():
@@ -283,3 +316,22 @@ def test_the_fresh_process_ends_with_the_script(scripts):
     os.killpg(proc.pid, signal.SIGKILL)  # the script's group; the child has its own
     proc.wait(timeout=30)
     assert _gone(scripts, 60)
+
+
+def test_deterministic_true_in_this_process_says_onednn_stays_on(monkeypatch, caplog):
+    """Where a run goes on in a process whose TensorFlow started with oneDNN's kernels on
+    (`train(cfg)` here; `trainer.fit` starts a fresh process), `deterministic=true` says in
+    one line that they stay on and what that costs; not where the user asked for them."""
+    if tf.config.list_logical_devices("GPU"):
+        pytest.skip("a GPU run: oneDNN's CPU kernels are not the model's")
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    try:
+        set_determinism(True)
+        said = [r.getMessage() for r in caplog.records if "oneDNN" in r.getMessage()]
+        assert said == ([ONEDNN_STAYS_ON] if onednn_enabled() else [])
+        caplog.clear()
+        monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "1")
+        set_determinism(True)
+        assert "oneDNN" not in caplog.text
+    finally:
+        set_determinism(False)

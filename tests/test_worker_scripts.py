@@ -69,7 +69,6 @@ def test_a_script_runs_as_every_worker_under_the_launcher(tmp_path, launches):  
 
 
 @pytest.mark.multiworker
-@pytest.mark.slow
 def test_a_script_that_started_tensorflow_runs_as_every_worker(tmp_path, launches,  # noqa: F811
                                                                monkeypatch):
     """The same with a layer built before `trainer.fit` on every worker: each worker's fit

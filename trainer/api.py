@@ -8,6 +8,11 @@ the run writes the same run directory (`.hydra/config.yaml` too, so `trainer.eva
 `trainer.predict` work on it). Every failure raises `TrainerError`, whose message is the
 line the command line prints after `error: `, and whose `exit_code` is the command line's.
 
+Where TensorFlow already started in this process (a layer, a dataset made first; any
+notebook) as the run cannot have it (more devices, oneDNN's kernels off for
+`deterministic=true`, a cluster's worker), `fit` runs the same call in a fresh child process
+(`trainer.child`) and returns its `Result`.
+
 What the API does not do: sweeps (`-m`; call `fit` in a loop, or use Hydra's command line),
 and `${hydra:...}` interpolations, which need a running Hydra job.
 """
@@ -26,7 +31,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from trainer import child
-from trainer.config.compose import Composed, composed
+from trainer.config.compose import Composed
 from trainer.config.errors import ConfigError
 from trainer.config.given import NODES, holding
 from trainer.config.given import overrides as named_by
@@ -98,7 +103,8 @@ def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
 
     Returns:
         The run's `Result`; for `resume=DIR` of a finished run with nothing more to do, the
-        finished run's.
+        finished run's; on a worker of a cluster other than the chief, its own summary with
+        the run directory the call named (the chief writes it).
 
     Raises:
         TrainerError: with the command line's one line and exit code.
@@ -165,7 +171,7 @@ def _fit(given: list[str], config_dir: str | Path | None, run_dir: str | Path | 
 def _run(args: list[str], given: list[str], callbacks: tuple = ()) -> Result:
     """Composes and runs `fit`'s command line (`args`), with the given Keras callbacks."""
     with one_error():
-        run = composed(args)
+        run = child.composed_once(args)
         if run is None:
             raise ConfigError(f"trainer.fit trains one config; {' '.join(given)} is a command "
                               f"of the command line's: python -m trainer {' '.join(given)}")

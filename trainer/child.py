@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ast
 import codecs
+import contextvars
 import os
 import pickle
 import signal
@@ -44,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from trainer.config.compose import composed
+from trainer.config.compose import Composed, composed
 from trainer.config.errors import ConfigError
 from trainer.config.outcome import TrainerError
 from trainer.config.schema import register_configs
@@ -55,6 +56,9 @@ from trainer.run.preflight import ONEDNN, exact_kernels
 
 # Set in the child's environment: it runs the call itself, never in another child.
 CHILD = "TRAINER_FIT_CHILD"
+# What `needed` composed, for `composed_once` (per thread, as `trainer.fit` may run in several).
+_composed: contextvars.ContextVar[tuple[tuple[str, ...], Composed | None] | None] = (
+    contextvars.ContextVar("trainer_child_composed", default=None))
 # How long a child asked to stop (Ctrl-C here) gets to write its backup and end.
 STOP_GRACE_S = 60.0
 
@@ -111,6 +115,7 @@ def needed(args: list[str]) -> Fresh | None:
     Returns:
         Why and with which devices, or None to run here.
     """
+    _composed.set(None)  # what an earlier call composed is never this call's
     if os.environ.get(CHILD) or "tensorflow" not in sys.modules:
         return None  # not imported: not started (importing it starts nothing)
     from trainer.internals.tf_runtime import runtime_started
@@ -119,7 +124,19 @@ def needed(args: list[str]) -> Fresh | None:
         return None
     register_configs()
     run = composed(args)
-    return None if run is None else _needs(run.cfg)
+    fresh = None if run is None else _needs(run.cfg)
+    if fresh is None:
+        _composed.set((tuple(args), run))  # the run's own composition: it runs here
+    return fresh
+
+
+def composed_once(args: list[str]) -> Composed | None:
+    """`composed(args)`, reusing what `needed` composed for the same arguments in this
+    call (composing takes about half a second)."""
+    found, _ = _composed.get(), _composed.set(None)
+    if found is not None and found[0] == tuple(args):
+        return found[1]
+    return composed(args)
 
 
 def _needs(cfg: Any) -> Fresh | None:

@@ -7,13 +7,14 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import tensorflow as tf
 
 from trainer.distribute.cluster import Cluster, slurm_devices
 from trainer.distribute.device_plan import DeviceError, DevicePlan, memory_option, plan_devices
-from trainer.internals.tf_runtime import disable_op_determinism
+from trainer.internals.tf_runtime import disable_op_determinism, onednn_enabled
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +37,26 @@ def open_devices(asked: Any, cluster: Cluster | None = None) -> DevicePlan:
     return plan
 
 
+# What `deterministic=true` cannot do in a process whose TensorFlow started with oneDNN's
+# kernels on (`train(cfg)` in a notebook, a test session; `trainer.fit` runs in a fresh
+# process instead), and what that costs (measured: docs/devices-and-performance.md).
+ONEDNN_STAYS_ON = (
+    "deterministic=true: oneDNN's CPU kernels stay on in this process (TensorFlow started "
+    "before the run could set TF_ENABLE_ONEDNN_OPTS=0): a rerun here repeats bit for bit, but "
+    "a run started fresh takes TensorFlow's own kernels and ends 1e-6 to 1e-2 apart (1e-2 "
+    "where a ReLU or max-pooling comparison flips); run it in a new process (the command "
+    "line, or trainer.fit, which starts one) for the same kernels everywhere")
+
+
 def set_determinism(on: bool) -> None:
     """TensorFlow's op determinism is process-wide: set it either way, so a second run in one
-    process (a notebook, a test session) gets what its own config says."""
+    process (a notebook, a test session) gets what its own config says. On the CPU, says in
+    one line where oneDNN's kernels stay on though the user did not ask for them."""
     if on:
         tf.config.experimental.enable_op_determinism()
+        if (onednn_enabled() and os.environ.get("TF_ENABLE_ONEDNN_OPTS") != "1"
+                and not tf.config.list_logical_devices("GPU")):
+            log.warning(ONEDNN_STAYS_ON)
     else:
         disable_op_determinism()
 
