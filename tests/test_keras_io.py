@@ -79,7 +79,8 @@ def build():
 DIGITS = np.random.default_rng(0).uniform(size=(64, 28, 28, 1)).astype("float32")
 
 
-@pytest.mark.parametrize("devices, extra", [(1, ["loss=null"]), (2, ["loop=custom"]), (2, [])])
+# 2 replicas under loop=fit: tests/test_porting.py runs the doc's VAE so
+@pytest.mark.parametrize("devices, extra", [(1, ["loss=null"]), (2, ["loop=custom"])])
 def test_a_model_with_no_call_and_no_test_step_trains_on_inputs_alone(tmp_path, devices,
                                                                       extra):
     """Nothing calls the model, its `train_step` receives the images (a tuple would fail
@@ -146,13 +147,13 @@ def test_arrays_with_no_batch_setting_train_at_keras_32_and_the_scripts_rate(tmp
     with the weights Keras's `fit(x, y, shuffle=False)` reaches on one device."""
     x, y = _regression(96)
     build_regression = _sgd_builder()
-    result = trainer.fit([*QUIET, "devices=2", "epochs=2", "dataset.shuffle=false"],
+    result = trainer.fit([*QUIET, "devices=2", "dataset.shuffle=false"],
                          model=build_regression, data=(x, y), run_dir=tmp_path / "run")
     batch, rate = result.summary["batch"], result.summary["learning_rate"]
     assert (batch["global"], batch["per_replica"]) == (32, 16)
     assert rate["base"] == pytest.approx(0.05) and rate["scaled"] == pytest.approx(0.05)
     reference = build_regression()
-    reference.fit(x, y, epochs=2, shuffle=False, verbose=0)
+    reference.fit(x, y, epochs=1, shuffle=False, verbose=0)
     trained = keras.models.load_model(result.checkpoints["last"]).get_weights()
     assert max(float(np.abs(a - b).max())
                for a, b in zip(trained, reference.get_weights(), strict=True)) < 1e-5
@@ -210,7 +211,8 @@ class CountEpochs(keras.callbacks.Callback):
 
 
 @pytest.mark.parametrize("overrides", [["devices=1"], ["devices=2"],
-                                       ["devices=2", "loop=custom"]])
+                                       ["devices=2", "loop=custom"]],
+                         ids=["one-device", "two-replicas", "two-replicas-custom-loop"])
 def test_a_scripts_callback_is_called_every_epoch(tmp_path, overrides):
     """`trainer.fit(callbacks=[...])` with a class defined in a script's `__main__`: called
     at every epoch's end with the epoch's logs, as `model.fit` calls it, and named in the

@@ -286,6 +286,27 @@ class Parsed:
     export: tuple[str, ...]
 
 
+def _validate_batch(batch: Any) -> None:
+    """Exactly one of the per-replica and global batch, each a positive integer; the
+    accumulation and the cap."""
+    per_replica, global_size = batch.per_replica, batch.global_size
+    alone = (f" (the global batch alone: batch.per_replica=null batch.global_size="
+             f"{global_size}; trainer.fit drops the default per_replica itself)"
+             if per_replica is not None and global_size is not None else "")
+    _require((per_replica is None) != (global_size is None),
+             "set exactly one of batch.per_replica and batch.global_size; received: "
+             f"per_replica={per_replica}, global_size={global_size}{alone}")
+    name = "batch.per_replica" if per_replica is not None else "batch.global_size"
+    _positive_int(name, per_replica if per_replica is not None else global_size)
+    accumulate, cap = batch.accumulate, batch.max_per_replica
+    if accumulate != "auto":
+        _require(isinstance(accumulate, int) and not isinstance(accumulate, bool)
+                 and accumulate > 0, "batch.accumulate must be a positive integer or auto; "
+                 f"received: {accumulate!r}")
+    if cap is not None:
+        _positive_int("batch.max_per_replica", cap)
+
+
 def validate(cfg: DictConfig) -> Parsed:
     """Checks the values the schema cannot express, before TensorFlow is imported.
 
@@ -319,19 +340,7 @@ def validate(cfg: DictConfig) -> Parsed:
     _one_of("accelerator", cfg.accelerator, ACCELERATORS)
     devices = parse_devices(cfg.devices)
     _validate_strategy(cfg.strategy)
-    per_replica, global_size = cfg.batch.per_replica, cfg.batch.global_size
-    _require((per_replica is None) != (global_size is None),
-             "set exactly one of batch.per_replica and batch.global_size; received: "
-             f"per_replica={per_replica}, global_size={global_size}")
-    name = "batch.per_replica" if per_replica is not None else "batch.global_size"
-    _positive_int(name, per_replica if per_replica is not None else global_size)
-    accumulate, cap = cfg.batch.accumulate, cfg.batch.max_per_replica
-    if accumulate != "auto":
-        _require(isinstance(accumulate, int) and not isinstance(accumulate, bool)
-                 and accumulate > 0, "batch.accumulate must be a positive integer or auto; "
-                 f"received: {accumulate!r}")
-    if cap is not None:
-        _positive_int("batch.max_per_replica", cap)
+    _validate_batch(cfg.batch)
     _validate_optimizer(cfg.optimizer)
     _validate_task(cfg)
     _one_of("checkpoint.mode", cfg.checkpoint.mode, ("auto", "min", "max"))
