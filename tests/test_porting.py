@@ -22,7 +22,6 @@ from tests.conftest import REPO
 
 # The most lines a port may change (indentation aside).
 MOST_CHANGED = 5
-NEEDS_DATA = "needs data branch: integer class labels in a tf.data dataset"
 
 
 def ports() -> dict[str, str]:
@@ -106,12 +105,12 @@ def functional() -> dict:
 
 
 EXAMPLES = {
-    "structured": (structured, NEEDS_DATA),
-    "text": (text, NEEDS_DATA),
-    "timeseries": (timeseries, None),
-    "images": (images, NEEDS_DATA),
-    "vae": (vae, None),
-    "functional": (functional, "needs data branch: dict targets matched by output name"),
+    "structured": structured,
+    "text": text,
+    "timeseries": timeseries,
+    "images": images,
+    "vae": vae,
+    "functional": functional,
 }
 
 
@@ -124,10 +123,9 @@ def test_every_example_of_the_doc_is_tested_and_ports_in_few_lines():
 
 
 def _cases():
-    for name, (_, reason) in EXAMPLES.items():
-        marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+    for name in EXAMPLES:
         for devices in (1, 2):
-            yield pytest.param(name, devices, marks=marks, id=f"{name}-{devices}")
+            yield pytest.param(name, devices, id=f"{name}-{devices}")
 
 
 @pytest.mark.parametrize("name, devices", list(_cases()))
@@ -143,7 +141,7 @@ def test_a_ported_example_trains_as_written(tmp_path, monkeypatch, name, devices
 
     monkeypatch.setattr(trainer, "fit", shortened)
     monkeypatch.chdir(tmp_path)
-    namespace = {"__name__": "__main__", **EXAMPLES[name][0]()}
+    namespace = {"__name__": "__main__", **EXAMPLES[name]()}
     exec(compile(ports()[f"{name}/trainer"], f"{name}.py", "exec"), namespace)  # noqa: S102
     result = namespace["result"]
     assert result.summary["replicas"] == devices and result.summary["epochs_done"] == 1
