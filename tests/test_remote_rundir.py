@@ -568,8 +568,9 @@ def _no_scratch(tmp_path: Path) -> list[str]:
 def test_fit_at_a_url_names_the_url_and_predict_writes_into_the_bucket(s3, tmp_path,
                                                                        monkeypatch):
     """`trainer.fit(run_dir=URL)`: the Result, a second fit's advice and the checkpoints name
-    the URL; no local copy is left; `trainer.predict(..., output=URL)` (the API and the
-    command line) puts the file in the bucket, no local `s3:` folder."""
+    the URL; `trainer.predict(..., output=URL)` (the API and the command line) puts the file
+    in the bucket, no local `s3:` folder; no local copy is left (of the run, or of what
+    evaluate and predict read)."""
     import trainer
     from trainer.predict import main as predict_main
 
@@ -583,6 +584,7 @@ def test_fit_at_a_url_names_the_url_and_predict_writes_into_the_bucket(s3, tmp_p
     with pytest.raises(trainer.TrainerError) as refused:
         trainer.fit([*TINY], run_dir=url)
     assert url in str(refused.value) and "trainer-scratch" not in str(refused.value)
+    assert trainer.evaluate(url)["checkpoint"] == f"{url}/checkpoints/best.keras"
     x = _digits_npy(tmp_path / "x.npy")
     found = trainer.predict(url, input=str(x), output=f"s3://{BUCKET}/out/p.csv")
     assert found["output"] == f"s3://{BUCKET}/out/p.csv"
