@@ -145,11 +145,16 @@ def _wait(predicate, process: subprocess.Popen, timeout: float = 240) -> None:
 
 @pytest.mark.parametrize("scheme", ["s3", pytest.param("gs", marks=pytest.mark.slow)])
 def test_killed_mid_epoch_at_a_url_resumes_to_the_weights_of_an_uninterrupted_run(
-        scheme, request, tmp_path, capsys):
+        scheme, request, tmp_path, capsys, monkeypatch):
     """The issue's measure: a chief killed mid-epoch, a second start refused while it
     trained, the rerun from the URL alone (a new machine: the local mirror wiped) ending
     with an uninterrupted local run's weights; on moto's S3 server, and on the GCS
-    emulator (slow: the same code behind another fsspec store)."""
+    emulator (slow: the same code behind another fsspec store). The chief, a process of its
+    own, computes with oneDNN's kernels as the test's process does (where a CPU turns them
+    on by default, a fresh run turns them off: 4e-3 apart after one epoch)."""
+    from trainer.internals.tf_runtime import onednn_enabled
+
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "1" if onednn_enabled() else "0")
     s3 = request.getfixturevalue({"s3": "s3", "gs": "gcs"}[scheme])
     clean = tmp_path / "clean"
     assert run_main(*LEAN, f"hydra.run.dir={clean}", cwd=tmp_path).returncode == 0
