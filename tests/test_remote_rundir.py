@@ -163,11 +163,16 @@ def _wait(predicate, process: subprocess.Popen, timeout: float = 240) -> None:
 
 @pytest.mark.parametrize("scheme", ["s3", pytest.param("gs", marks=pytest.mark.long)])
 def test_killed_mid_epoch_at_a_url_resumes_to_the_weights_of_an_uninterrupted_run(
-        scheme, request, tmp_path, capsys):
+        scheme, request, tmp_path, capsys, monkeypatch):
     """The issue's measure: a chief killed mid-epoch, a second start refused while it
     trained, the rerun from the URL alone (a new machine: the local mirror wiped) ending
     with an uninterrupted local run's weights; on moto's S3 server, and on the GCS
-    emulator (slow: the same code behind another fsspec store)."""
+    emulator (slow: the same code behind another fsspec store). The chief, a process of its
+    own, computes with oneDNN's kernels as the test's process does (where a CPU turns them
+    on by default, a fresh run turns them off: 4e-3 apart after one epoch)."""
+    from trainer.internals.tf_runtime import onednn_enabled
+
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "1" if onednn_enabled() else "0")
     s3 = request.getfixturevalue({"s3": "s3", "gs": "gcs"}[scheme])
     clean = tmp_path / "clean"
     assert run_main(*LEAN, f"hydra.run.dir={clean}", cwd=tmp_path).returncode == 0
@@ -331,6 +336,20 @@ def test_a_missing_package_an_interpolation_or_unknown_scheme_is_one_line(tmp_pa
 @pytest.fixture
 def read_only_s3(tmp_path, monkeypatch):
     """moto's server with its access checks on: a bucket this user may only read."""
+    yield from _limited_s3(tmp_path, monkeypatch, "readonly", ["s3:GetObject", "s3:ListBucket"])
+
+
+@pytest.fixture
+def no_delete_s3(tmp_path, monkeypatch):
+    """moto's server with its access checks on: a bucket this user may read and write, but
+    not delete in."""
+    yield from _limited_s3(tmp_path, monkeypatch, "nodelete",
+                           ["s3:GetObject", "s3:ListBucket", "s3:PutObject"])
+
+
+def _limited_s3(tmp_path, monkeypatch, bucket: str, actions: list[str]):
+    """moto's server in a process of its own, its access checks on: `bucket`, where the
+    user the environment names may do `actions` only."""
     import boto3
 
     port = free_port()
@@ -342,13 +361,12 @@ def read_only_s3(tmp_path, monkeypatch):
         wait_listening(port, process)
         given = {"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1",
                  "aws_access_key_id": "setup", "aws_secret_access_key": "setup"}
-        boto3.client("s3", **given).create_bucket(Bucket="readonly")
+        boto3.client("s3", **given).create_bucket(Bucket=bucket)
         iam = boto3.client("iam", **given)
         iam.create_user(UserName="reader")
         iam.put_user_policy(UserName="reader", PolicyName="read", PolicyDocument=json.dumps(
             {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Resource": "*",
-                                                     "Action": ["s3:GetObject",
-                                                                "s3:ListBucket"]}]}))
+                                                     "Action": actions}]}))
         key = iam.create_access_key(UserName="reader")["AccessKey"]
         for name, value in _s3_env(port, tmp_path / "scratch", key["AccessKeyId"],
                                    key["SecretAccessKey"]).items():
@@ -364,6 +382,42 @@ def test_a_read_only_bucket_is_refused_in_one_line(read_only_s3, tmp_path):
     lines = error_lines(done.stderr)
     assert len(lines) == 1 and lines[0].startswith(
         "error: access to s3://readonly/runs/a is denied"), lines
+
+
+def test_a_store_that_refuses_deletes_is_found_at_the_start_in_one_line(no_delete_s3,
+                                                                         tmp_path):
+    done = run_main(*TINY, "hydra.run.dir=s3://nodelete/runs/a", cwd=tmp_path)
+    assert done.returncode == EXIT_CONFIG
+    lines = error_lines(done.stderr)
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: s3://nodelete/runs/a lets this user write but not delete ("), lines
+    assert not (tmp_path / "scratch" / "trainer-scratch").is_dir() or not any(
+        (tmp_path / "scratch" / "trainer-scratch").iterdir())
+
+
+def test_malformed_and_non_persistent_urls_and_an_unwritable_scratch_are_one_line(
+        tmp_path, monkeypatch):
+    cases = {"hydra.run.dir=s3:/one-slash/a": "error: hydra.run.dir=s3:/one-slash/a is not a "
+             "URL (a URL has two slashes after its scheme: s3://one-slash/a)",
+             "hydra.run.dir=S3://runs/a": "error: hydra.run.dir=S3://runs/a: a URL's scheme is "
+             "lower case; write s3://runs/a",
+             "hydra.run.dir=memory://runs/a": "error: hydra.run.dir=memory://runs/a: memory:// "
+             "keeps nothing once this process ends",
+             "resume=gs:/runs/a": "error: resume=gs:/runs/a is not a URL"}
+    for arg, expected in cases.items():
+        done = run_main(*TINY, arg, cwd=tmp_path)
+        assert done.returncode == EXIT_CONFIG, (arg, done.stderr)
+        lines = error_lines(done.stderr)
+        assert len(lines) == 1 and lines[0].startswith(expected), (arg, lines)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no `s3:` folder, no outputs/
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.setenv("TRAINER_SCRATCH", str(blocked))
+    done = run_main(*TINY, "hydra.run.dir=s3://runs/a", cwd=tmp_path)
+    assert done.returncode == EXIT_CONFIG
+    assert error_lines(done.stderr) == [
+        f"error: TRAINER_SCRATCH={blocked} cannot be written (Not a directory); a run at a URL "
+        "keeps its local copy there: set TRAINER_SCRATCH to a writable directory"]
 
 
 @pytest.mark.long
@@ -582,7 +636,71 @@ def test_trainer_fit_takes_a_url(s3, tmp_path, monkeypatch):
     held = _stored(s3.fs, f"{BUCKET}/runs/api")
     assert "summary.json" in held and "lease.json" not in held
     assert result.summary == json.loads(s3.fs.cat_file(f"{BUCKET}/runs/api/summary.json"))
-    assert result.checkpoints["best"].is_file()  # in the local mirror the Result names
+    assert result.checkpoints["best"] == f"s3://{BUCKET}/runs/api/checkpoints/best.keras"
+
+
+def _digits_npy(path: Path) -> Path:
+    from sklearn.datasets import load_digits
+
+    np.save(path, load_digits().images[:5].astype(np.uint8)[..., None])
+    return path
+
+
+def _no_scratch(tmp_path: Path) -> list[str]:
+    """The local copies left under the scratch place (none: a run's, and the copy evaluate
+    and predict read, are removed at their end)."""
+    place = tmp_path / "scratch" / "trainer-scratch"
+    return sorted(p.name for p in place.iterdir()) if place.is_dir() else []
+
+
+def test_fit_at_a_url_names_the_url_and_predict_writes_into_the_bucket(s3, tmp_path,
+                                                                       monkeypatch):
+    """`trainer.fit(run_dir=URL)`: the Result, a second fit's advice and the checkpoints name
+    the URL; `trainer.predict(..., output=URL)` (the API and the command line) puts the file
+    in the bucket, no local `s3:` folder; no local copy is left (of the run, or of what
+    evaluate and predict read)."""
+    import trainer
+    from trainer.predict import main as predict_main
+
+    monkeypatch.chdir(tmp_path)
+    url = f"s3://{BUCKET}/runs/api"
+    result = trainer.fit([*TINY], run_dir=url)
+    assert result.run_dir == url
+    assert result.checkpoints["best"] == f"{url}/checkpoints/best.keras"
+    assert result.summary == json.loads(s3.fs.cat_file(f"{BUCKET}/runs/api/summary.json"))
+    assert _no_scratch(tmp_path) == []
+    with pytest.raises(trainer.TrainerError) as refused:
+        trainer.fit([*TINY], run_dir=url)
+    assert url in str(refused.value) and "trainer-scratch" not in str(refused.value)
+    assert trainer.evaluate(url)["checkpoint"] == f"{url}/checkpoints/best.keras"
+    x = _digits_npy(tmp_path / "x.npy")
+    found = trainer.predict(url, input=str(x), output=f"s3://{BUCKET}/out/p.csv")
+    assert found["output"] == f"s3://{BUCKET}/out/p.csv"
+    assert s3.fs.cat_file(f"{BUCKET}/out/p.csv").count(b"\n") == 6  # a header, 5 rows
+    assert predict_main([url, f"input={x}", f"output=s3://{BUCKET}/out/q.csv"]) == 0
+    assert s3.fs.exists(f"{BUCKET}/out/q.csv")
+    assert predict_main([url, f"input={x}", f"output=s3://{BUCKET}/out/q.csv"]) == 2  # exists
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scratch", "x.npy"]
+    assert _no_scratch(tmp_path) == []
+
+
+def test_a_url_set_in_an_experiment_file_trains_there(s3, tmp_path, monkeypatch):
+    """A config file's URL is the run's place, as the command line's is; its local copy is
+    kept, as asked (`TRAINER_KEEP_SCRATCH=1`)."""
+    monkeypatch.setenv("TRAINER_KEEP_SCRATCH", "1")
+    own = tmp_path / "conf" / "experiment"
+    own.mkdir(parents=True)
+    (own / "at_url.yaml").write_text("# @package _global_\nhydra:\n  run:\n"
+                                     f"    dir: s3://{BUCKET}/runs/exp\n")
+    done = run_main("--config-dir", str(tmp_path / "conf"), *TINY, "experiment=at_url",
+                    cwd=tmp_path)
+    assert done.returncode == 0, error_lines(done.stderr)[-3:]
+    held = _stored(s3.fs, f"{BUCKET}/runs/exp")
+    assert "summary.json" in held and "lease.json" not in held
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["conf", "scratch"]
+    kept = [name for name in _no_scratch(tmp_path) if name.endswith("-run")]
+    assert len(kept) == 1, _no_scratch(tmp_path)
+    assert (tmp_path / "scratch" / "trainer-scratch" / kept[0] / "summary.json").is_file()
 
 
 def test_a_store_gone_is_not_read_as_denied_from_the_digits_of_its_port():

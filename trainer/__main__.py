@@ -25,7 +25,7 @@ from trainer.config.schema import config_dir, register_configs
 from trainer.distribute.cluster import evaluator_task
 from trainer.internals.hydra_app import args_parser
 from trainer.run import process
-from trainer.run.at_url import at_url
+from trainer.run.at_url import check_configured, evaluator_refused, run_at_url
 from trainer.run.jobs import (
     check_sweep_direction,
     dispatches_jobs,
@@ -84,8 +84,7 @@ def main() -> None:
             if evaluator_task(os.environ.get("TF_CONFIG")):
                 raise SystemExit(_evaluate_beside(sys.argv[1:]))
             # A run directory at a URL: Hydra and the run see its local mirror.
-            with at_url(sys.argv):
-                _run(sys.argv[1:])
+            run_at_url(sys.argv, lambda mirror: _run(sys.argv[1:]))
         except process.STOPS as error:
             process.exit_with(error)
         finally:
@@ -119,6 +118,7 @@ def _precheck(args: list[str]) -> bool:
     run = composed(args)
     if run is None:
         return False
+    check_configured(run.logs)  # a config file's URL: the command runs again with it named
     try:
         _checked.append(preflight(run.cfg, run.logs, choices=run.choices))
     except InterpolationResolutionError:
@@ -136,9 +136,7 @@ def _evaluate_beside(args: list[str]) -> int:
               f"received: {' '.join(args)}", file=sys.stderr, flush=True)
         return 2
     if "://" in str(run.logs):
-        print(f"error: an evaluator beside the workers reads the run directory as files the "
-              f"chief writes (a shared file system), not at a URL ({run.logs}); use a shared "
-              "directory, or no evaluator", file=sys.stderr, flush=True)
+        print(f"error: {evaluator_refused(str(run.logs))}", file=sys.stderr, flush=True)
         return 2
     os.environ.pop("TF_CONFIG", None)  # it is no member of the workers' cluster
     timeout = run.cfg.strategy.start_timeout_s

@@ -39,7 +39,7 @@ from trainer.config.outcome import as_overrides, one_error
 from trainer.config.schema import register_configs
 from trainer.distribute.cluster import cluster_of_config
 from trainer.run import process
-from trainer.run.at_url import at_url
+from trainer.run.at_url import check_configured, checkpoints_at, is_url, run_at_url
 from trainer.run.startup import Finished, begin
 from trainer.rundir.layout import RunDir
 
@@ -50,7 +50,7 @@ class Result:
     the run directory and its checkpoints."""
 
     summary: dict[str, Any]
-    run_dir: Path
+    run_dir: Path | str  # a run directory at a URL: the URL
 
     @property
     def history(self) -> dict[str, list[float]]:
@@ -58,8 +58,11 @@ class Result:
         return self.summary.get("history") or {}
 
     @property
-    def checkpoints(self) -> dict[str, Path]:
-        """`best`, `last` and `averaged` checkpoints that exist, by name."""
+    def checkpoints(self) -> dict[str, Path | str]:
+        """`best`, `last` and `averaged` checkpoints that exist, by name (their URLs, for a
+        run directory at a URL)."""
+        if is_url(self.run_dir):
+            return checkpoints_at(str(self.run_dir), ("best", "last", "averaged"))
         layout = RunDir(self.run_dir)
         return {name: layout.checkpoint(name) for name in ("best", "last", "averaged")
                 if layout.checkpoint(name).is_file()}
@@ -164,8 +167,15 @@ def _fit(given: list[str], config_dir: str | Path | None, run_dir: str | Path | 
             raise ConfigError("trainer.fit runs one config; a sweep (-m) is the command "
                               "line's: call fit in a loop, or run python -m trainer -m ...")
         register_configs()
-        with at_url(args):  # a run directory at a URL: the run writes its local mirror
-            return _run(args, given, callbacks)
+        # a run directory at a URL: the run writes its local mirror; the Result names the URL
+        return run_at_url(args, lambda mirror: _at(_run(args, given, callbacks), mirror))
+
+
+def _at(found: Any, mirror: Any) -> Any:
+    """A `Result` of a run at a URL names the URL, not its local mirror (removed)."""
+    if mirror is None or not isinstance(found, Result):
+        return found
+    return Result(summary=found.summary, run_dir=mirror.url)
 
 
 def _run(args: list[str], given: list[str], callbacks: tuple = ()) -> Result:
@@ -175,6 +185,7 @@ def _run(args: list[str], given: list[str], callbacks: tuple = ()) -> Result:
         if run is None:
             raise ConfigError(f"trainer.fit trains one config; {' '.join(given)} is a command "
                               f"of the command line's: python -m trainer {' '.join(given)}")
+        check_configured(run.logs)  # a config file's URL: run again with it named
         cluster = cluster_of_config(run.cfg.cluster, os.environ)
         if cluster is not None and not cluster.is_chief:
             return _as_worker(run)

@@ -21,7 +21,7 @@ from trainer.config.errors import ConfigError
 from trainer.config.given import holding
 from trainer.config.outcome import as_overrides, one_error
 from trainer.run import process
-from trainer.run.at_url import readable, shown
+from trainer.run.at_url import reading, shown
 from trainer.run.reopen import SPLITS, take_choice
 
 process.quiet_logs()
@@ -43,20 +43,21 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
     from trainer.run.finish import evaluate_split
     from trainer.run.restore import restore_run
 
-    restored = restore_run(readable(run_dir), rest)  # a URL: a local copy of its run
-    run = restored.run
-    data = run.data.validation if split == "validation" else run.data.test
-    if data is None:
-        other = "test" if split == "validation" else "validation"
-        valid = (f"valid: split={other}" if getattr(run.data, other) is not None
-                 else "it has neither a validation nor a test split")
-        raise ConfigError(f"the dataset of {run_dir} has no {split} split; {valid}")
-    metrics = evaluate_split(run, data)
-    examples = (run.data.source.validation_size if split == "validation"
-                else run.data.source.test_size)
-    return {"checkpoint": shown(str(restored.checkpoint)), "split": split, "examples": examples,
-            "replicas": restored.replicas,
-            "metrics": {k: float(v) for k, v in metrics.items()}}
+    with reading(run_dir) as local:  # a URL: a local copy of its run, removed after
+        restored = restore_run(local, rest)
+        run = restored.run
+        data = run.data.validation if split == "validation" else run.data.test
+        if data is None:
+            other = "test" if split == "validation" else "validation"
+            valid = (f"valid: split={other}" if getattr(run.data, other) is not None
+                     else "it has neither a validation nor a test split")
+            raise ConfigError(f"the dataset of {run_dir} has no {split} split; {valid}")
+        metrics = evaluate_split(run, data)
+        examples = (run.data.source.validation_size if split == "validation"
+                    else run.data.source.test_size)
+        return {"checkpoint": shown(str(restored.checkpoint)), "split": split, "examples": examples,
+                "replicas": restored.replicas,
+                "metrics": {k: float(v) for k, v in metrics.items()}}
 
 
 def load_checkpoint(path: str | Path) -> Any:

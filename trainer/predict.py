@@ -28,7 +28,8 @@ images), and for a classifier `class`, `class_name` where the run knows the name
 `.npy` file of the raw outputs; a model with several outputs writes `.npz` (one array per
 output, named as the model names its outputs). An existing file is replaced only with
 `overwrite=true`, and never the input itself; the file is written under a temporary name and
-renamed, and a failure leaves nothing behind. NaN or Inf in the inputs or the outputs is one
+renamed, and a failure leaves nothing behind. An output at a URL (`output=s3://bucket/p.csv`)
+is written here, then put there whole. NaN or Inf in the inputs or the outputs is one
 line naming the rows (counted from 0, as `index`), nothing written. Prints where it wrote
 and how many rows; exit 2 on bad input, with one line naming the file, the array or the row
 and what the model takes. A run that did not finish (no summary) is used with a warning line
@@ -57,7 +58,7 @@ from trainer.config.given import holding
 from trainer.config.messages import one_line
 from trainer.config.outcome import as_overrides, kind_of, one_error
 from trainer.run import process
-from trainer.run.at_url import deliver, readable, shown
+from trainer.run.at_url import deliver, is_url, output_at, reading, shown, written
 from trainer.run.inputs import conform, describe, non_finite, rows
 from trainer.run.reopen import Reopened, reopen, take_option, unfinished
 
@@ -89,11 +90,23 @@ def predict_run(run_dir: str | Path, input: Any, output: str | Path | None = Non
         ConfigError: a missing or mismatched input, NaN or Inf in it or in the outputs, an
             output that exists or cannot be written, a damaged checkpoint; one line each.
     """
-    given_dir, run_dir = run_dir, readable(run_dir)  # a URL: a local copy of its run
     flag, rest = take_option("overwrite", None, list(overrides))
     overwrite = overwrite or _true(flag)
-    beside = output is None  # into the run directory (at its URL too)
-    output = Path(output) if output is not None else run_dir / "predictions.csv"
+    with reading(run_dir) as here:  # a URL: a local copy of its run, removed after
+        if output is None:  # into the run directory (at its URL too)
+            found = _predict(here, input, here / "predictions.csv", rest, overwrite)
+            found["output"] = deliver(run_dir, Path(found["output"]), "predictions.csv")
+            return found
+        with output_at(output, overwrite) as local:  # a URL: written here, then put there
+            found = _predict(here, input, local, rest, overwrite)
+    if is_url(output):
+        found["output"] = str(output)
+    return found
+
+
+def _predict(run_dir: Path, input: Any, output: Path, rest: list[str],
+             overwrite: bool) -> dict[str, Any]:
+    """`predict_run` once the run is readable here and `output` is a local file."""
     opened = reopen(run_dir, rest)
     names, inputs, where = _read_input(input, opened.images)
     check_output(output, input, overwrite)
@@ -121,9 +134,8 @@ def predict_run(run_dir: str | Path, input: Any, output: str | Path | None = Non
                           "checkpoint (checkpoint=best|last)")
     _write(output, names, outputs, _classes(opened, source), opened.images, overwrite,
            output_names(restored.run.model, outputs))
-    where = deliver(given_dir, output, output.name) if beside else str(output)
-    return {"output": where, "rows": len(names), "checkpoint": shown(str(restored.checkpoint)),
-            "replicas": restored.replicas}
+    return {"output": str(output), "rows": len(names),
+            "checkpoint": shown(str(restored.checkpoint)), "replicas": restored.replicas}
 
 
 def _true(flag: str | None) -> bool:
@@ -300,20 +312,16 @@ def _write(output: Path, names: list[str], outputs: Any, classes: tuple, images:
     """Writes the predictions atomically (a temporary name, then renamed); on a failure
     nothing is left: neither the temporary file nor a folder made for it."""
     made = [p for p in reversed(output.parents) if not p.exists()]
-    tmp = output.with_name(f".tmp-{os.getpid()}-{output.name}")
     try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        _write_file(tmp, output.suffix, names, outputs, classes, images, output_keys)
-        if output.exists() and not overwrite:  # appeared meanwhile
-            raise ConfigError(f"output={output} exists; pass overwrite=true to replace it, or "
-                              "name another output=")
-        os.replace(tmp, output)
+        with written(output) as tmp:  # the one writer: a temporary name, renamed
+            _write_file(tmp, output.suffix, names, outputs, classes, images, output_keys)
+            if output.exists() and not overwrite:  # appeared meanwhile
+                raise ConfigError(f"output={output} exists; pass overwrite=true to replace "
+                                  "it, or name another output=")
     except OSError as error:
         raise ConfigError(f"output={output} cannot be written ({error.strerror or error}); "
                           "nothing was written") from None
     finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
         if not output.exists():
             for folder in reversed(made):
                 with contextlib.suppress(OSError):

@@ -17,9 +17,7 @@ from trainer.data.augment import describe
 from trainer.data.fingerprint import of_source
 from trainer.internals.tf_runtime import onednn_enabled
 from trainer.run.step import has_forward_losses
-from trainer.rundir.atomic import write_json
-from trainer.rundir.backup import BackupStore, tidy
-from trainer.rundir.layout import RunDir
+from trainer.rundir.backup import write_finished
 from trainer.task.build import optimizer_settings
 from trainer.task.freeze import parameter_counts
 
@@ -550,8 +548,7 @@ def _model_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
 
 def write_summary(summary: dict[str, Any], run_dir: Path) -> None:
     """Writes `summary.json` atomically, keeps the newest backup only (what `resume=DIR`
-    extends the finished run from), and prints the summary."""
-    write_json(RunDir(run_dir).summary, summary)
-    BackupStore(RunDir(run_dir).backup).prune(keep=1)
-    tidy(run_dir)
+    extends the finished run from), and prints the summary; a run directory at a URL is
+    named by its URL there (its local mirror is removed when the command ends)."""
+    summary.update(write_finished(run_dir, summary))
     print(format_summary(summary), flush=True)

@@ -38,10 +38,10 @@ import keras
 import numpy as np
 
 from trainer.config.errors import ConfigError, Diverged
-from trainer.rundir.atomic import TMP, copy_bytes, written
+from trainer.rundir.atomic import TMP, copy_bytes, write_json, written
 from trainer.rundir.checksum import read_beside, sha256, verify
 from trainer.rundir.layout import CHECKPOINT, METRICS, RNG, STATE, WEIGHTS, RunDir
-from trainer.rundir.remote import committed
+from trainer.rundir.remote import by_url, committed
 
 log = logging.getLogger(__name__)
 
@@ -237,6 +237,19 @@ def tidy(run_dir: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
+
+
+def write_finished(run_dir: Path, summary: dict) -> dict:
+    """A finished run's directory: `summary.json` written (last: the run finished), the
+    newest backup alone kept (what `resume=DIR` extends the run from), leftovers tidied.
+    A run directory at a URL is named by its URL in the summary (its local mirror is
+    removed when the command ends); returns the summary as written."""
+    summary = by_url(summary)
+    layout = RunDir(run_dir)
+    write_json(layout.summary, summary)
+    BackupStore(layout.backup).prune(keep=1)
+    tidy(run_dir)
+    return summary
 
 
 class StopNow(Exception):  # noqa: N818 - a control-flow signal, caught by trainer.run.train

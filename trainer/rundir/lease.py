@@ -28,7 +28,8 @@ import uuid
 from typing import Any
 
 from trainer.config.errors import ConfigError, Interrupted
-from trainer.rundir.remote import LEASE, explain
+from trainer.rundir.layout import LEASE
+from trainer.rundir.remote import explain
 
 log = logging.getLogger(__name__)
 

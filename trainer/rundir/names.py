@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from trainer.config.errors import ConfigError
-from trainer.rundir.remote import is_url
+from trainer.rundir.remote import check_url, is_url
 
 # Bytes in one name (a path component) and in a whole path on Linux and macOS file systems
 # (ext4, XFS, btrfs, APFS: 255; PATH_MAX: 4096 on Linux, 1024 on macOS).
@@ -36,6 +36,8 @@ def check_name(run_dir: str | Path, option: str = "hydra.run.dir") -> None:
         raise ConfigError(f"{option} is empty ({run_dir!r}): the run would write into the "
                           f"working directory; give a directory, e.g. {option}=runs/NAME, or "
                           f"leave {option} out for outputs/DATE/TIME")
+    if isinstance(run_dir, str):
+        check_url(run_dir, option)  # `s3:/one-slash` would be a local folder `s3:`
     if isinstance(run_dir, str) and is_url(run_dir):
         raise ConfigError(f"{option}={run_dir} is a URL where a local directory is needed; a "
                           "run directory at a URL is given to python -m trainer or "

@@ -53,18 +53,94 @@ PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "a
 URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
+KEEP_SCRATCH = "TRAINER_KEEP_SCRATCH"  # 1: a run's local copy is kept after it ends
+# Stores that keep nothing once the process ends: a run there would be lost with it.
+NOT_KEPT = ("memory",)
+# `s3:/bucket` (one slash): a URL the shell or a typo cut, which would be a local folder.
+ONE_SLASH = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/?(?!/)(.*)$")
+
+
 def is_url(place: Any) -> bool:
     """Whether a run directory is a URL (`file://` and plain paths are local)."""
     text = str(place)
     return bool(URL.match(text)) and not text.startswith("file://")
 
 
+def _known_scheme(scheme: str) -> bool:
+    if scheme.lower() in PACKAGES:
+        return True
+    try:
+        from fsspec.registry import known_implementations
+    except ImportError:
+        return False
+    return scheme.lower() in known_implementations and scheme.lower() != "file"
+
+
+def check_url(text: str, option: str = "hydra.run.dir") -> None:
+    """Refuses a run directory that is a malformed URL, or one at a store that keeps
+    nothing: one slash after a known scheme (`s3:/bucket`, a local folder `s3:` otherwise),
+    an upper-case scheme (`S3://`), a URL without a place (`s3://`), `memory://`.
+
+    Raises:
+        ConfigError: naming the value and what would be valid.
+    """
+    text = str(text)
+    if URL.match(text):
+        scheme, _, rest = text.partition("://")
+        if scheme != scheme.lower():
+            raise ConfigError(f"{option}={text}: a URL's scheme is lower case; write "
+                              f"{scheme.lower()}://{rest}")
+        if scheme in NOT_KEPT:
+            raise ConfigError(f"{option}={text}: {scheme}:// keeps nothing once this process "
+                              "ends, so the run would be lost; use a store that keeps it "
+                              "(s3://, gs://, ...) or a local directory")
+        if not rest.strip("/") and scheme != "file":
+            raise ConfigError(f"{option}={text} names no bucket or path; e.g. "
+                              f"{scheme}://BUCKET/runs/NAME")
+        return
+    cut = ONE_SLASH.match(text)
+    if cut and _known_scheme(cut.group(1)):
+        scheme = cut.group(1).lower()
+        raise ConfigError(f"{option}={text} is not a URL (a URL has two slashes after its "
+                          f"scheme: {scheme}://{cut.group(2).lstrip('/')}), nor a local "
+                          f"directory one would name {cut.group(1)}:")
+
+
+def scratch_base() -> Path:
+    """Where runs at URLs keep their local copies: `$TRAINER_SCRATCH/trainer-scratch` (the
+    system's temporary directory where it is unset)."""
+    return Path(os.environ.get(SCRATCH) or tempfile.gettempdir()) / "trainer-scratch"
+
+
 def scratch(url: str, purpose: str = "run") -> Path:
     """The local mirror of `url`: one per URL and purpose (`run`, or `read` for evaluate and
     predict, which never write the run's mirror)."""
-    base = os.environ.get(SCRATCH) or tempfile.gettempdir()
     digest = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
-    return Path(base) / "trainer-scratch" / f"{digest}-{purpose}"
+    return scratch_base() / f"{digest}-{purpose}"
+
+
+def check_scratch() -> None:
+    """Refuses a scratch place this process cannot write (before anything is downloaded
+    there, where its failure read as a full disk).
+
+    Raises:
+        ConfigError: naming the place, why, and `TRAINER_SCRATCH`.
+    """
+    base = scratch_base()
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=base).close()
+    except OSError as error:
+        given = (f"{SCRATCH}={os.environ[SCRATCH]}" if os.environ.get(SCRATCH)
+                 else f"the temporary directory {base.parent}")
+        raise ConfigError(f"{given} cannot be written ({error.strerror or error}); a run at a "
+                          f"URL keeps its local copy there: set {SCRATCH} to a writable "
+                          "directory") from None
+
+
+def keep_scratch() -> bool:
+    """Whether a run's local copy is kept after it ends (`TRAINER_KEEP_SCRATCH=1`)."""
+    return os.environ.get(KEEP_SCRATCH, "").strip().lower() in ("1", "true", "yes")
 
 
 def filesystem(url: str) -> tuple[Any, str]:
@@ -192,6 +268,28 @@ class Mirror:
         rels = [key[len(self.path) + 1:] for key in found if key.startswith(self.path + "/")]
         return [rel for rel in rels if rel and rel != LEASE]
 
+    def check_deletes(self) -> None:
+        """Writes and removes a probe object at the URL: a store that lets this user write
+        but not delete is found now, not at the first backup rotation (where the stop and
+        the rerun it advises would loop).
+
+        Raises:
+            ConfigError: the store refuses the write or the delete (one line).
+        """
+        probe = self._key(f"{TMP}probe-{os.getpid()}")
+        try:
+            self.fs.pipe_file(probe, b"")
+        except Exception as error:  # noqa: BLE001 - every storage failure is one line
+            raise ConfigError(explain(error, self.url)) from None
+        try:
+            self.fs.rm_file(probe)
+        except Exception as error:  # noqa: BLE001 - every storage failure is one line
+            why = (str(error).splitlines() or [type(error).__name__])[0].strip()
+            raise ConfigError(f"{self.url} lets this user write but not delete ({why}); a "
+                              "run removes its old backups and its lease there: grant delete "
+                              "(s3:DeleteObject, storage.objects.delete), or choose another "
+                              "hydra.run.dir") from None
+
     def pull(self) -> bool:
         """Makes the mirror an exact copy of the URL's whole files (a backup cut short left
         out); returns whether the URL held anything. An empty URL leaves no mirror, so a run
@@ -277,6 +375,18 @@ def shown(text: str) -> str:
     for root, url in _names.items():
         text = text.replace(root, url)
     return text
+
+
+def by_url(value: Any) -> Any:
+    """`value` (text, or a JSON-like dict or list of it) with every path in a mirror written
+    as its URL (`shown`)."""
+    if isinstance(value, str):
+        return shown(value)
+    if isinstance(value, dict):
+        return {key: by_url(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [by_url(item) for item in value]
+    return value
 
 
 def fetch(url: str) -> Path:
