@@ -7,8 +7,8 @@ target (integer scalar, integer `(n, 1)`, float class indices, one-hot, regressi
 a kind of weight (none, sample, class) and a placement (1 device; 2 replicas with
 `loop=fit`; 2 replicas with `loop=custom`). Each ends within `TOLERANCE` of plain Keras's
 weights, or is refused in one line naming the form and what to give instead. The axes are
-paired, not crossed: every form, target, weight and placement appears, with each form on
-every placement.
+paired, not crossed: every form, target kind, weight kind and placement appears; each form
+runs on 1 device and on 2 replicas, and most on all three placements.
 
 Tiny models (one Dense layer, seeded, no dropout or batch norm), 64 examples, 1 epoch, a
 global batch of 16, no shuffling; the reference runs once per model and data.
@@ -108,7 +108,7 @@ ARRAY_CELLS = [
     ("float_index", "none", "custom2"), ("float_index", "class", "fit2"),
     ("one_hot", "none", "one"), ("one_hot", "sample", "custom2"),
     ("regression", "sample", "one"), ("regression", "none", "fit2"),
-    ("none", "none", "custom2"), ("none", "none", "one"),
+    ("none", "none", "custom2"), ("none", "none", "fit2"),
 ]
 
 
@@ -164,6 +164,7 @@ def dataset_form(form: str, y: np.ndarray | None, w: np.ndarray | None):
 
 DATASET_CELLS = [
     ("unbatched", "int", "none", "custom2"), ("unbatched", "one_hot", "sample", "one"),
+    ("unbatched", "regression", "none", "fit2"),
     ("batched", "int", "none", "one"), ("batched", "int", "none", "fit2"),
     ("batched", "int_n1", "class", "custom2"), ("batched", "float_index", "sample", "fit2"),
     ("repeat", "int", "none", "fit2"), ("repeat", "regression", "sample", "custom2"),
@@ -268,7 +269,8 @@ STRUCTURES = {
     "weighted_metrics": (weighted_metrics, (X, Y, SAMPLE_WEIGHT), (X, Y, SAMPLE_WEIGHT)),
 }
 STRUCTURE_CELLS = [
-    ("dict_inputs", "one"), ("dict_inputs", "custom2"), ("tuple_inputs", "fit2"),
+    ("dict_inputs", "one"), ("dict_inputs", "fit2"), ("dict_inputs", "custom2"),
+    ("tuple_inputs", "fit2"), ("tuple_targets", "one"),
     ("list_inputs", "one"), ("list_inputs", "fit2"), ("list_inputs", "custom2"),
     ("tuple_targets", "custom2"), ("list_targets", "one"), ("list_targets", "fit2"),
     ("dict_targets", "one"), ("dict_targets", "fit2"), ("dict_targets", "custom2"),
@@ -326,7 +328,8 @@ OBJECT_CELLS = [
     ("py_dataset", "one_hot", "class", "custom2"), ("py_dataset_endless", "int", "none", "fit2"),
     ("generator", "int", "none", "custom2"), ("generator", "regression", "sample", "one"),
     ("generator", "float_index", "class", "fit2"),
-    ("generator_endless", "int", "none", "one"), ("generator_endless", "int", "none", "custom2"),
+    ("generator_endless", "int", "none", "one"), ("generator_endless", "int", "none", "fit2"),
+    ("generator_endless", "int", "none", "custom2"),
 ]
 
 
@@ -480,8 +483,9 @@ def utility_cell(kind: str, root):
     return build, data
 
 
-UTILITY_CELLS = [("image", "one"), ("image", "fit2"), ("text", "one"), ("text", "custom2"),
-                 ("timeseries", "custom2"), ("timeseries", "fit2")]
+UTILITY_CELLS = [("image", "one"), ("image", "fit2"), ("image", "custom2"), ("text", "one"),
+                 ("text", "fit2"), ("text", "custom2"), ("timeseries", "custom2"),
+                 ("timeseries", "fit2")]
 
 
 @pytest.mark.parametrize("kind, place", UTILITY_CELLS)
