@@ -351,13 +351,29 @@ def test_py_dataset_and_generators(form, target, weight, place, tmp_path):
     assert_close(trained(build, data, [*PLACES[place], *extra], tmp_path), want)
 
 
+class Noisy(Batches):
+    """The batches with noise drawn anew on every read (random augmentation)."""
+
+    def __getitem__(self, index):
+        x, y = super().__getitem__(index)
+        return x + np.random.default_rng().normal(size=x.shape).astype("float32"), y
+
+
+def frozen_regression():
+    """The regression layer at rate 0: only the data changes the loss from epoch to epoch."""
+    model = one_layer("regression")()
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
+    return model
+
+
 def test_a_py_dataset_is_read_anew_every_epoch(tmp_path):
-    """Each epoch reads the PyDataset's batches again (`on_epoch_end` after each pass), so
-    what it draws in `__getitem__` is drawn anew, as under Keras's `fit`."""
-    given = Batches((X, Y))
-    build = one_layer("int")
-    trainer.fit([*QUIET, "devices=1", "epochs=3"], model=build, data=given,
-                run_dir=tmp_path / "run")
+    """Each epoch reads the PyDataset's batches again, so what `__getitem__` draws is drawn
+    anew (each epoch's loss differs at rate 0), and `on_epoch_end` runs after each pass."""
+    given = Noisy((X, TARGETS["regression"]))
+    result = trainer.fit([*QUIET, "devices=1", "epochs=3"], model=frozen_regression,
+                         data=given, run_dir=tmp_path / "run")
+    loss = result.history["loss"]
+    assert len({round(v, 6) for v in loss}) == 3, loss
     assert given.epochs >= 3
 
 
@@ -369,14 +385,9 @@ def test_a_given_dataset_is_read_anew_every_epoch_unless_cache_is_set(tmp_path):
         ds = tf.data.Dataset.from_tensor_slices((X, TARGETS["regression"]))
         return ds.map(lambda x, y: (x + tf.random.normal(tf.shape(x)), y)).batch(BATCH)
 
-    def frozen():  # rate 0: only the data changes the loss
-        model = one_layer("regression")()
-        model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
-        return model
-
     losses = {}
     for cache in ([], ["dataset.cache=memory"]):
-        result = trainer.fit([*QUIET, "devices=1", "epochs=2", *cache], model=frozen,
+        result = trainer.fit([*QUIET, "devices=1", "epochs=2", *cache], model=frozen_regression,
                              data=noisy, run_dir=tmp_path / f"run{len(cache)}")
         losses[bool(cache)] = result.history["loss"]
     assert abs(losses[False][0] - losses[False][1]) > 1e-3
