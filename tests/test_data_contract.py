@@ -22,6 +22,7 @@ import pytest
 import tensorflow as tf
 
 import trainer
+from tests.test_multiworker import launches  # noqa: F401
 
 N, FEATURES, CLASSES, BATCH, LR, TOLERANCE = 64, 5, 3, 16, 0.1, 1e-5
 QUIET = ["verbose=0", "logger=[]", "accelerator=cpu", "epochs=1", "dataset.shuffle=false",
@@ -508,3 +509,26 @@ def test_keras_dataset_utilities(kind, place, folders, tmp_path):
     with tf.device("/cpu:0"):
         model.fit(data(), epochs=1, verbose=0, shuffle=False)
     assert_close(trained(build, data, PLACES[place], tmp_path), model.get_weights())
+
+
+# -- a slice on 2 workers ------------------------------------------------------------------
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize("form", ["int_dataset", "int_stream", "x_alone", "dict_targets"])
+def test_two_workers_end_with_plain_keras_weights(form, tmp_path, launches):  # noqa: F811
+    """An integer-label dataset, a stream, inputs alone and dict targets (by dotted name) on
+    2 worker processes (`strategy=multi_worker`, the custom loop, 8 examples each per step)
+    end with plain Keras's weights on one device at the global batch."""
+    from tests import data_contract_task as task
+
+    builder, loader, extra, (x, y) = task.SLICE[form]
+    run_dir = tmp_path / "run"
+    launch = launches(2, f"model._target_=tests.data_contract_task.{builder}",
+                      f"dataset._target_=tests.data_contract_task.{loader}",
+                      "strategy=multi_worker", "loop=custom", "devices=1", *QUIET, *extra,
+                      f"batch.global_size={BATCH}", "batch.per_replica=null",
+                      f"hydra.run.dir={run_dir}")
+    assert launch.wait(timeout=400) == 0, launch.output[-3000:]
+    want = reference(("workers", form), getattr(task, builder), x, y)
+    got = keras.models.load_model(run_dir / "checkpoints" / "last.keras").get_weights()
+    assert_close(got, want)
