@@ -7,8 +7,8 @@ target (integer scalar, integer `(n, 1)`, float class indices, one-hot, regressi
 a kind of weight (none, sample, class) and a placement (1 device; 2 replicas with
 `loop=fit`; 2 replicas with `loop=custom`). Each ends within `TOLERANCE` of plain Keras's
 weights, or is refused in one line naming the form and what to give instead. The axes are
-paired, not crossed: every form, target, weight and placement appears, with each form on
-every placement.
+paired, not crossed: every form, target kind, weight kind and placement appears; each form
+runs on 1 device and on 2 replicas, and most on all three placements.
 
 Tiny models (one Dense layer, seeded, no dropout or batch norm), 64 examples, 1 epoch, a
 global batch of 16, no shuffling; the reference runs once per model and data.
@@ -22,6 +22,7 @@ import pytest
 import tensorflow as tf
 
 import trainer
+from tests.test_multiworker import launches  # noqa: F401
 
 N, FEATURES, CLASSES, BATCH, LR, TOLERANCE = 64, 5, 3, 16, 0.1, 1e-5
 QUIET = ["verbose=0", "logger=[]", "accelerator=cpu", "epochs=1", "dataset.shuffle=false",
@@ -108,7 +109,7 @@ ARRAY_CELLS = [
     ("float_index", "none", "custom2"), ("float_index", "class", "fit2"),
     ("one_hot", "none", "one"), ("one_hot", "sample", "custom2"),
     ("regression", "sample", "one"), ("regression", "none", "fit2"),
-    ("none", "none", "custom2"), ("none", "none", "one"),
+    ("none", "none", "custom2"), ("none", "none", "fit2"),
 ]
 
 
@@ -164,6 +165,7 @@ def dataset_form(form: str, y: np.ndarray | None, w: np.ndarray | None):
 
 DATASET_CELLS = [
     ("unbatched", "int", "none", "custom2"), ("unbatched", "one_hot", "sample", "one"),
+    ("unbatched", "regression", "none", "fit2"),
     ("batched", "int", "none", "one"), ("batched", "int", "none", "fit2"),
     ("batched", "int_n1", "class", "custom2"), ("batched", "float_index", "sample", "fit2"),
     ("repeat", "int", "none", "fit2"), ("repeat", "regression", "sample", "custom2"),
@@ -268,7 +270,8 @@ STRUCTURES = {
     "weighted_metrics": (weighted_metrics, (X, Y, SAMPLE_WEIGHT), (X, Y, SAMPLE_WEIGHT)),
 }
 STRUCTURE_CELLS = [
-    ("dict_inputs", "one"), ("dict_inputs", "custom2"), ("tuple_inputs", "fit2"),
+    ("dict_inputs", "one"), ("dict_inputs", "fit2"), ("dict_inputs", "custom2"),
+    ("tuple_inputs", "fit2"), ("tuple_targets", "one"),
     ("list_inputs", "one"), ("list_inputs", "fit2"), ("list_inputs", "custom2"),
     ("tuple_targets", "custom2"), ("list_targets", "one"), ("list_targets", "fit2"),
     ("dict_targets", "one"), ("dict_targets", "fit2"), ("dict_targets", "custom2"),
@@ -326,7 +329,8 @@ OBJECT_CELLS = [
     ("py_dataset", "one_hot", "class", "custom2"), ("py_dataset_endless", "int", "none", "fit2"),
     ("generator", "int", "none", "custom2"), ("generator", "regression", "sample", "one"),
     ("generator", "float_index", "class", "fit2"),
-    ("generator_endless", "int", "none", "one"), ("generator_endless", "int", "none", "custom2"),
+    ("generator_endless", "int", "none", "one"), ("generator_endless", "int", "none", "fit2"),
+    ("generator_endless", "int", "none", "custom2"),
 ]
 
 
@@ -348,13 +352,29 @@ def test_py_dataset_and_generators(form, target, weight, place, tmp_path):
     assert_close(trained(build, data, [*PLACES[place], *extra], tmp_path), want)
 
 
+class Noisy(Batches):
+    """The batches with noise drawn anew on every read (random augmentation)."""
+
+    def __getitem__(self, index):
+        x, y = super().__getitem__(index)
+        return x + np.random.default_rng().normal(size=x.shape).astype("float32"), y
+
+
+def frozen_regression():
+    """The regression layer at rate 0: only the data changes the loss from epoch to epoch."""
+    model = one_layer("regression")()
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
+    return model
+
+
 def test_a_py_dataset_is_read_anew_every_epoch(tmp_path):
-    """Each epoch reads the PyDataset's batches again (`on_epoch_end` after each pass), so
-    what it draws in `__getitem__` is drawn anew, as under Keras's `fit`."""
-    given = Batches((X, Y))
-    build = one_layer("int")
-    trainer.fit([*QUIET, "devices=1", "epochs=3"], model=build, data=given,
-                run_dir=tmp_path / "run")
+    """Each epoch reads the PyDataset's batches again, so what `__getitem__` draws is drawn
+    anew (each epoch's loss differs at rate 0), and `on_epoch_end` runs after each pass."""
+    given = Noisy((X, TARGETS["regression"]))
+    result = trainer.fit([*QUIET, "devices=1", "epochs=3"], model=frozen_regression,
+                         data=given, run_dir=tmp_path / "run")
+    loss = result.history["loss"]
+    assert len({round(v, 6) for v in loss}) == 3, loss
     assert given.epochs >= 3
 
 
@@ -366,14 +386,9 @@ def test_a_given_dataset_is_read_anew_every_epoch_unless_cache_is_set(tmp_path):
         ds = tf.data.Dataset.from_tensor_slices((X, TARGETS["regression"]))
         return ds.map(lambda x, y: (x + tf.random.normal(tf.shape(x)), y)).batch(BATCH)
 
-    def frozen():  # rate 0: only the data changes the loss
-        model = one_layer("regression")()
-        model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
-        return model
-
     losses = {}
     for cache in ([], ["dataset.cache=memory"]):
-        result = trainer.fit([*QUIET, "devices=1", "epochs=2", *cache], model=frozen,
+        result = trainer.fit([*QUIET, "devices=1", "epochs=2", *cache], model=frozen_regression,
                              data=noisy, run_dir=tmp_path / f"run{len(cache)}")
         losses[bool(cache)] = result.history["loss"]
     assert abs(losses[False][0] - losses[False][1]) > 1e-3
@@ -480,8 +495,9 @@ def utility_cell(kind: str, root):
     return build, data
 
 
-UTILITY_CELLS = [("image", "one"), ("image", "fit2"), ("text", "one"), ("text", "custom2"),
-                 ("timeseries", "custom2"), ("timeseries", "fit2")]
+UTILITY_CELLS = [("image", "one"), ("image", "fit2"), ("image", "custom2"), ("text", "one"),
+                 ("text", "fit2"), ("text", "custom2"), ("timeseries", "custom2"),
+                 ("timeseries", "fit2")]
 
 
 @pytest.mark.parametrize("kind, place", UTILITY_CELLS)
@@ -493,3 +509,26 @@ def test_keras_dataset_utilities(kind, place, folders, tmp_path):
     with tf.device("/cpu:0"):
         model.fit(data(), epochs=1, verbose=0, shuffle=False)
     assert_close(trained(build, data, PLACES[place], tmp_path), model.get_weights())
+
+
+# -- a slice on 2 workers ------------------------------------------------------------------
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize("form", ["int_dataset", "int_stream", "x_alone", "dict_targets"])
+def test_two_workers_end_with_plain_keras_weights(form, tmp_path, launches):  # noqa: F811
+    """An integer-label dataset, a stream, inputs alone and dict targets (by dotted name) on
+    2 worker processes (`strategy=multi_worker`, the custom loop, 8 examples each per step)
+    end with plain Keras's weights on one device at the global batch."""
+    from tests import data_contract_task as task
+
+    builder, loader, extra, (x, y) = task.SLICE[form]
+    run_dir = tmp_path / "run"
+    launch = launches(2, f"model._target_=tests.data_contract_task.{builder}",
+                      f"dataset._target_=tests.data_contract_task.{loader}",
+                      "strategy=multi_worker", "loop=custom", "devices=1", *QUIET, *extra,
+                      f"batch.global_size={BATCH}", "batch.per_replica=null",
+                      f"hydra.run.dir={run_dir}")
+    assert launch.wait(timeout=400) == 0, launch.output[-3000:]
+    want = reference(("workers", form), getattr(task, builder), x, y)
+    got = keras.models.load_model(run_dir / "checkpoints" / "last.keras").get_weights()
+    assert_close(got, want)

@@ -86,6 +86,8 @@ def test_a_scenario_trains_as_plain_keras_on_one_replica(name):
     ("own_compute_loss", "custom", 2),
     ("frozen", "custom", 2),  # nothing to train
     ("callback_state", "custom", 2),  # test-batch callbacks
+    ("training_arg", "custom", 2),  # no weights: the end's all-reduce of none crashed
+    ("struct_list_tuple_loss_weighted", "fit", 1),  # a loss of a structure: the probe crashed
 ])
 def test_what_two_replicas_and_the_custom_loop_once_got_wrong(name, loop, replicas):
     reference = keras_contract.plain_keras(name)

@@ -96,6 +96,8 @@ def replica_sum(strategy: Any, replica_zero_only: bool = False):
         return strategy.run(replica_fn)
 
     def run(tensors: list) -> list:
+        if not tensors:  # a model with no weights: an all-reduce of nothing fails
+            return []
         return [strategy.experimental_local_results(v)[0] for v in total(list(tensors))]
 
     return run

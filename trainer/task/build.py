@@ -639,8 +639,8 @@ def check_one_batch(model: keras.Model, batches: tf.data.Dataset,
         return  # its own compute_loss decides which loss takes which output
     for index, entry in enumerate(entries):
         target, output = _output_part(y, entry, index), _output_part(y_pred, entry, index)
-        if target is None or output is None:
-            continue
+        if not (hasattr(target, "shape") and hasattr(output, "shape")):
+            continue  # none, or a loss of a whole structure of outputs (Keras takes one)
         what = "the model's output" if len(entries) == 1 else f"output {entry.name!r}"
         _check_units(entry, what, output, num_classes if len(entries) == 1 else None)
         try:
@@ -684,14 +684,14 @@ def _check_validation(model: keras.Model, entries: list) -> None:
 
 
 def _output_part(structure: Any, entry: Any, index: int) -> Any:
-    """An output's part of targets or predictions: by the loss entry's path; in a dict, by
-    the output's name (as Keras's compiled loss matches dict targets to a list of outputs);
-    else by its position among the flattened parts."""
-    if isinstance(structure, dict) and entry.name in structure:
-        return structure[entry.name]
+    """An output's part of targets or predictions: by the loss entry's path; else, in a
+    dict, by the output's name (as Keras's compiled loss matches dict targets to a list of
+    outputs); else by its position among the flattened parts."""
     try:
         return functools.reduce(lambda node, key: node[key], entry.path or (), structure)
     except (KeyError, IndexError, TypeError):
+        if isinstance(structure, dict) and entry.name in structure:
+            return structure[entry.name]
         flat = keras.tree.flatten(structure)
         return flat[index] if index < len(flat) else None
 
