@@ -159,6 +159,17 @@ def test_arrays_with_no_batch_setting_train_at_keras_32_and_the_scripts_rate(tmp
                for a, b in zip(trained, reference.get_weights(), strict=True)) < 1e-5
 
 
+def test_kerass_32_over_three_replicas_rounds_up_to_an_even_split(tmp_path):
+    """Keras's strategies split 32 over 3 replicas as 11, 11, 10; trainer splits evenly, so
+    the batch nobody chose becomes 33 (11 each) and the rate scales with it, where it was
+    refused ("batch.global_size=32 does not divide evenly over 3 replicas")."""
+    result = trainer.fit([*QUIET, "devices=3"], model=_sgd_builder(), data=_regression(96),
+                         run_dir=tmp_path / "run")
+    batch, rate = result.summary["batch"], result.summary["learning_rate"]
+    assert (batch["global"], batch["per_replica"]) == (33, 11)
+    assert rate["scaled"] == pytest.approx(0.05 * 33 / 32)
+
+
 def test_batch_global_size_alone_sets_the_global_batch(tmp_path):
     """`batch.global_size=48` without `batch.per_replica=null`: 24 per replica on 2."""
     result = trainer.fit([*QUIET, "devices=2", "batch.global_size=48"],

@@ -317,17 +317,24 @@ def taken_by_target(node: dict[str, Any], key: str) -> bool:
 KERAS_BATCH = 32
 
 
-def batch_of_data(batch: Any, lr: Any, source: Source) -> tuple[Any, Any]:
+def batch_of_data(batch: Any, lr: Any, source: Source, replicas: int) -> tuple[Any, Any]:
     """The batch config and learning-rate plan, where `trainer.fit(data=...)` was given data
     and its overrides set no batch: Keras's `fit` batch as the global batch, a batched
     dataset's own batch (`fit(dataset)`), else Keras's 32 (`fit(x, y)`); `reference_batch:
-    auto` follows it, so the model's rate is its rate at that batch on any device count."""
+    auto` follows it, so the model's rate is its rate at that batch on any device count.
+
+    Keras's strategies split a batch unevenly over the replicas (32 over 3: 11, 11, 10);
+    trainer splits evenly, so a batch nobody chose that does not divide rounds up to the
+    next multiple of `replicas` (33 on 3), and the rate scales with it as with any batch.
+    A batch the user sets is never changed (`batch.global_size` that does not divide is
+    refused, naming both numbers)."""
     if not given_flag("batch_from_data"):
         return batch, lr
     size = source.given_batch or KERAS_BATCH
     if lr.reference_auto:
         lr = dataclasses.replace(lr, reference_batch=size)
-    return dataclasses.replace(batch, per_replica=None, global_size=size), lr
+    even = -(-size // replicas) * replicas
+    return dataclasses.replace(batch, per_replica=None, global_size=even), lr
 
 
 def checkpoint_monitor(monitor: str, source: Source) -> str:

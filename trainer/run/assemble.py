@@ -206,7 +206,8 @@ def _source_and_batch(spec: Spec, strategy: Any) -> tuple[Spec, Any, BatchPlan]:
     with strategy.scope():
         source = load_source(spec.dataset, spec.runtime_seed, spec.dataset_defaults,
                              spec.validation_split, streams)
-    batching, lr = batch_of_data(spec.batch, spec.lr, source)
+    batching, lr = batch_of_data(spec.batch, spec.lr, source,
+                                 strategy.num_replicas_in_sync)
     spec = replace(spec, batch=batching, lr=lr)
     batch = plan_batch(spec.batch.per_replica, spec.batch.global_size,
                        strategy.num_replicas_in_sync, spec.batch.accumulate,
