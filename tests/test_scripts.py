@@ -87,12 +87,14 @@ def test_every_script_has_a_smoke_run():
     assert scripts == {*SMOKE, *ELSEWHERE, WORKERS[0]}
 
 
+@pytest.mark.long  # a fresh process each, TensorFlow started: 5-30 s
 @pytest.mark.parametrize("name", sorted(SMOKE))
 def test_a_script_runs_to_its_ratios_in_its_smallest_mode(name, tmp_path):
     args, patterns = SMOKE[name]
     assert_prints(run_script(name, args, tmp_path), patterns)
 
 
+@pytest.mark.long
 @pytest.mark.multiworker
 def test_the_workers_bench_runs_to_its_ratio_in_its_smallest_mode(tmp_path):
     name, args, patterns = WORKERS
