@@ -62,7 +62,7 @@ SMOKE = {
 ELSEWHERE = {"gpu_check.py", "check_versions.py", "plain_keras_digits.py",
              "keras_scenarios.py"}
 # Several worker processes: in the several-process run (`-m multiworker`), below.
-WORKERS = ("bench_workers.py", ["--images", "16", "--side", "32", "--only", "control",
+WORKERS = ("bench_workers.py", ["--images", "30", "--side", "32", "--only", "control",
                                 "--epochs", "2"],
            [r"^control +CPU 2 workers / 1 worker: \d+\.\d+"])
 
