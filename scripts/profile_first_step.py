@@ -59,6 +59,7 @@ def worker(args) -> None:
     result = {"replicas": n}
     if args.loop == "custom":
         loop = CustomLoop(model, strategy)
+        loop._build(data)  # the metrics' and optimizer's state, before tracing (as its fit)
         iterator = iter(strategy.experimental_distribute_dataset(data))
         start = time.perf_counter()
         concrete = loop._train_chunk.get_concrete_function(iterator, None)

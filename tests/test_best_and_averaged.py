@@ -204,7 +204,7 @@ class Trajectory(keras.callbacks.Callback):
         self.steps.append([np.array(v) for v in self.model.trainable_weights])
 
 
-# trainer's own loop is the heavier twin (its step traced anew): `-m slow`
+# trainer's own loop is the heavier twin (its step traced anew): `-m long`
 @pytest.mark.parametrize("loop", ["fit", pytest.param("custom", marks=pytest.mark.long)])
 def test_ema_under_two_replicas_is_the_average_of_every_step_and_is_what_was_tested(
         tmp_path, loop):

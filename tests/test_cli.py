@@ -59,7 +59,7 @@ def test_the_design_cards_command_trains(tmp_path):
 @pytest.mark.long
 def test_keras_app_on_the_default_digits_trains(tmp_path):
     """`python -m trainer model=keras_app accelerator=cpu devices=2`, one epoch: MobileNetV2
-    from keras.applications at 32x32 (about 35 s: with the slow tests)."""
+    from keras.applications at 32x32 (about 35 s: with the slow tests, tests/slow_tests.txt)."""
     run_dir = tmp_path / "run"
     out = run_main(*_as_written(KERAS_APP), *SHORT, f"hydra.run.dir={run_dir}", cwd=tmp_path)
     summary = _trains_on_two_logical_cpus(out, run_dir, "keras_app")

@@ -66,7 +66,7 @@ def test_two_input_two_output_example_beats_trivial_answers(tmp_path):
 
 
 AS_WRITTEN = sorted(command for command, test in TESTED_BY.items() if test == RUNS_AS_WRITTEN)
-# keras.applications networks on 2 replicas: 30 s and more each, with the slow tests
+# keras.applications networks on 2 replicas: 30 s and more each, with the long tests
 HEAVY = {command for command in AS_WRITTEN if "model=keras_app" in command}
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import TINY, error_lines, run_main
+from tests.conftest import TINY, error_lines, run_cli, run_main
 from tests.test_fault_tolerance import RESUMABLE, start_cli, weights
 from trainer.config.errors import EXIT_CONFIG, EXIT_INTERRUPTED
 from trainer.rundir.lease import Lease
@@ -167,15 +167,14 @@ def test_killed_mid_epoch_at_a_url_resumes_to_the_weights_of_an_uninterrupted_ru
     """The issue's measure: a chief killed mid-epoch, a second start refused while it
     trained, the rerun from the URL alone (a new machine: the local mirror wiped) ending
     with an uninterrupted local run's weights; on moto's S3 server, and on the GCS
-    emulator (slow: the same code behind another fsspec store). The chief, a process of its
-    own, computes with oneDNN's kernels as the test's process does (where a CPU turns them
-    on by default, a fresh run turns them off: 4e-3 apart after one epoch)."""
-    from trainer.internals.tf_runtime import onednn_enabled
-
-    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "1" if onednn_enabled() else "0")
+    emulator (long: the same code behind another fsspec store). Every side trains in a
+    fresh process, where `deterministic=true` turns oneDNN's kernels off before TensorFlow
+    starts: in this process TensorFlow has started already, with them on where the CPU
+    has AVX-512, and the sides would run other kernels (0.004 apart on such a host)."""
     s3 = request.getfixturevalue({"s3": "s3", "gs": "gcs"}[scheme])
     clean = tmp_path / "clean"
-    assert run_main(*LEAN, f"hydra.run.dir={clean}", cwd=tmp_path).returncode == 0
+    done = run_cli(*LEAN, f"hydra.run.dir={clean}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
     url = f"{scheme}://{BUCKET}/runs/a"
     chief = start_cli(*LEAN, f"hydra.run.dir={url}", cwd=tmp_path)
     try:
@@ -195,7 +194,7 @@ def test_killed_mid_epoch_at_a_url_resumes_to_the_weights_of_an_uninterrupted_ru
     for path in (tmp_path / "scratch").rglob("*"):  # another machine: nothing local is left
         if path.is_file():
             path.unlink()
-    rerun = run_main(*LEAN, f"hydra.run.dir={url}", cwd=tmp_path)
+    rerun = run_cli(*LEAN, f"hydra.run.dir={url}", cwd=tmp_path)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     held = _stored(s3.fs, f"{BUCKET}/runs/a")
     assert "lease.json" not in held and "checkpoints/last.keras" in held

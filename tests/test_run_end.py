@@ -23,7 +23,7 @@ from trainer.run.train import train
 # 8x8 digits with a test share; `mode=max` over val_loss makes best.keras the worst epoch, so
 # testing with it (test_with=best) differs from testing the last weights.
 ENDING = ["epochs=2", "verbose=0", "dataset.image_size=8", "logger=[]", "deterministic=true",
-          "checkpoint.monitor=val_loss", "checkpoint.mode=max"]
+          "checkpoint.monitor=val_loss", "checkpoint.mode=max", "model=small"]
 SAME = ("epochs_done", "train_metrics", "validation_metrics", "test_metrics",
         "test_checkpoint", "history", "train_examples", "test_examples")
 

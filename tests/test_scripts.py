@@ -62,7 +62,7 @@ SMOKE = {
 ELSEWHERE = {"gpu_check.py", "check_versions.py", "plain_keras_digits.py",
              "keras_scenarios.py"}
 # Several worker processes: in the several-process run (`-m multiworker`), below.
-WORKERS = ("bench_workers.py", ["--images", "16", "--side", "32", "--only", "control",
+WORKERS = ("bench_workers.py", ["--images", "30", "--side", "32", "--only", "control",
                                 "--epochs", "2"],
            [r"^control +CPU 2 workers / 1 worker: \d+\.\d+"])
 
@@ -87,12 +87,14 @@ def test_every_script_has_a_smoke_run():
     assert scripts == {*SMOKE, *ELSEWHERE, WORKERS[0]}
 
 
+@pytest.mark.long  # a fresh process each, TensorFlow started: 5-30 s
 @pytest.mark.parametrize("name", sorted(SMOKE))
 def test_a_script_runs_to_its_ratios_in_its_smallest_mode(name, tmp_path):
     args, patterns = SMOKE[name]
     assert_prints(run_script(name, args, tmp_path), patterns)
 
 
+@pytest.mark.long
 @pytest.mark.multiworker
 def test_the_workers_bench_runs_to_its_ratio_in_its_smallest_mode(tmp_path):
     name, args, patterns = WORKERS
