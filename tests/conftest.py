@@ -29,6 +29,15 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.core.config_store import ConfigStore  # noqa: E402
 
 from trainer.config.schema import config_dir, register_configs  # noqa: E402
+from trainer.internals.tf_runtime import onednn_enabled  # noqa: E402
+
+# oneDNN's CPU kernels: on by default where the CPU has AVX-512 VNNI, BF16 or AMX, and fixed
+# as TensorFlow starts. This process started with the host's default (or the variable CI
+# exports); stating it in the environment gives every process a test starts the same kernels,
+# so `deterministic=true` (which turns them off only where the variable is unset) cannot run
+# one side of an exactness comparison on other kernels than its in-process other side.
+# Tests of that switch itself remove the variable from their children's environment.
+os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if onednn_enabled() else "0"
 
 # Listing physical devices does not start TensorFlow's runtime, so the split below still works.
 GPUS = tf.config.list_physical_devices("GPU")
