@@ -81,6 +81,8 @@ def _listed(name: str) -> set[str]:
 # runs in a pass of its own, by their measured time (each file says how to refresh it).
 SLOW_LIST = _listed("slow_tests.txt")
 LONG_LIST = _listed("long_tests.txt")
+# The exactness tests, run with oneDNN's kernels on and off (the file says how).
+EXACT_LIST = _listed("exact_tests.txt")
 
 # Module-scoped fixtures that each make a training run (or build a wheel).
 SHARED_FIXTURES = ("image_run", "finished_run", "finished", "wheel")
@@ -91,12 +93,15 @@ def pytest_collection_modifyitems(config, items):
     """Skips the gpu-marked tests where TensorFlow sees no GPU, saying so. Tests that share
     a module-scoped fixture run in one test process (`--dist loadgroup`), so its run is made
     once, not once per process; the others are spread one by one. The tests
-    `slow_tests.txt` lists are marked slow, and those `long_tests.txt` lists long."""
+    `slow_tests.txt` lists are marked slow, those `long_tests.txt` lists long, and those
+    `exact_tests.txt` lists exact."""
     for item in items:
         if item.nodeid in SLOW_LIST:
             item.add_marker(pytest.mark.slow)
         if item.nodeid in LONG_LIST:
             item.add_marker(pytest.mark.long)
+        if item.nodeid.split("[", 1)[0] in EXACT_LIST or item.nodeid in EXACT_LIST:
+            item.add_marker(pytest.mark.exact)
         for name in SHARED_FIXTURES:
             if name in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}.{name}"))
