@@ -22,6 +22,10 @@ from trainer.data import tfds as tfds_source
 from trainer.data.pipeline import Source, build_training_epochs
 from trainer.data.shares import Place
 
+# Each case builds 3 pipelines of 2 epochs (measured 27-52 s each on 2 cores shared with
+# 8 other busy processes; several seconds alone): CI's long pass runs them.
+pytestmark = pytest.mark.long
+
 GLOBAL_BATCH = 8
 
 
