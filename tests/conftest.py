@@ -29,6 +29,15 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.core.config_store import ConfigStore  # noqa: E402
 
 from trainer.config.schema import config_dir, register_configs  # noqa: E402
+from trainer.internals.tf_runtime import onednn_enabled  # noqa: E402
+
+# oneDNN's CPU kernels: on by default where the CPU has AVX-512 VNNI, BF16 or AMX, and fixed
+# as TensorFlow starts. This process started with the host's default (or the variable CI
+# exports); stating it in the environment gives every process a test starts the same kernels,
+# so `deterministic=true` (which turns them off only where the variable is unset) cannot run
+# one side of an exactness comparison on other kernels than its in-process other side.
+# Tests of that switch itself remove the variable from their children's environment.
+os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if onednn_enabled() else "0"
 
 # Listing physical devices does not start TensorFlow's runtime, so the split below still works.
 GPUS = tf.config.list_physical_devices("GPU")
@@ -72,6 +81,8 @@ def _listed(name: str) -> set[str]:
 # runs in a pass of its own, by their measured time (each file says how to refresh it).
 SLOW_LIST = _listed("slow_tests.txt")
 LONG_LIST = _listed("long_tests.txt")
+# The exactness tests, run with oneDNN's kernels on and off (the file says how).
+EXACT_LIST = _listed("exact_tests.txt")
 
 # Module-scoped fixtures that each make a training run (or build a wheel).
 SHARED_FIXTURES = ("image_run", "finished_run", "finished", "wheel")
@@ -82,12 +93,15 @@ def pytest_collection_modifyitems(config, items):
     """Skips the gpu-marked tests where TensorFlow sees no GPU, saying so. Tests that share
     a module-scoped fixture run in one test process (`--dist loadgroup`), so its run is made
     once, not once per process; the others are spread one by one. The tests
-    `slow_tests.txt` lists are marked slow, and those `long_tests.txt` lists long."""
+    `slow_tests.txt` lists are marked slow, those `long_tests.txt` lists long, and those
+    `exact_tests.txt` lists exact."""
     for item in items:
         if item.nodeid in SLOW_LIST:
             item.add_marker(pytest.mark.slow)
         if item.nodeid in LONG_LIST:
             item.add_marker(pytest.mark.long)
+        if item.nodeid.split("[", 1)[0] in EXACT_LIST or item.nodeid in EXACT_LIST:
+            item.add_marker(pytest.mark.exact)
         for name in SHARED_FIXTURES:
             if name in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}.{name}"))

@@ -49,6 +49,9 @@ def test_the_summary_says_how_exact_a_run_is():
             "micro-batches of 32 (batch.accumulate=auto batch.max_per_replica=32) compute "
             "the same sums and end within 1e-5") in exact
     assert "a ReLU or max-pooling comparison" in exact
+    # 2 workers against 1 (docs/several-machines.md measures it): the inputs are the same,
+    # the collective's sums are not
+    assert "other worker counts (a collective adds the workers' sums), differ" in exact
     assert "oneDNN's CPU kernels on (TF_ENABLE_ONEDNN_OPTS=1" in exactness(
         True, "cpu", True, [], 32)
     dropout = exactness(True, "cpu", False, ["Dropout"], 32)

@@ -300,7 +300,8 @@ def exactness(deterministic: bool, kind: str, onednn: bool, random: list[str],
     return text + ("; with plain SGD, a run on 2 devices of "
                    f"{micro_batch} examples and one on 1 device with 2 micro-batches of "
                    f"{micro_batch} (batch.accumulate=auto batch.max_per_replica={micro_batch})"
-                   " compute the same sums and end within 1e-5; other device counts differ in"
+                   " compute the same sums and end within 1e-5; other device counts, and"
+                   " other worker counts (a collective adds the workers' sums), differ in"
                    " their sums' last bits, which a ReLU or max-pooling comparison can turn "
                    "into a difference of about 1e-2 after an epoch")
 
