@@ -286,6 +286,21 @@ NOT_RUN_HERE = {
         "tests/test_multiworker.py::test_two_processes_started_by_hand",
 }
 
+# The lines of the SLURM batch script that passes a preemption notice on to its step: a SLURM
+# cluster; the launcher passing SIGUSR1 on and a worker's stop on it are
+# tests/test_preemption.py's.
+PREEMPTION_SCRIPT = (
+    "trap 'kill -USR1 $step' USR1",
+    "srun .venv/bin/python -m trainer model=mobilenet dataset=cifar10 "
+    "hydra.run.dir=runs/${SLURM_JOB_ID} &",
+    "step=$!",
+    "wait $step; code=$?",
+    "while kill -0 $step 2>/dev/null; do wait $step; code=$?; done",
+)
+NOT_RUN_HERE.update({line: "a SLURM batch script (srun, sbatch's signal); SIGUSR1's stop and "
+                     "the launcher passing it on are tests/test_preemption.py's"
+                     for line in PREEMPTION_SCRIPT})
+
 
 def _strip_comment(line: str) -> str:
     """A shell line without its `# comment` (a `#` outside quotes after a space)."""

@@ -257,6 +257,17 @@ class Launcher:
         while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
             time.sleep(0.1)
 
+    def forward(self, signum: int, frame: object = None) -> None:
+        """Passes a preemption notice (SIGUSR1) on to every running worker, each of which
+        starts the agreed stop, as it would had the scheduler signalled it itself."""
+        self.say(f"[launch] {signal.Signals(signum).name}: passed on to every worker")
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.kill(proc.pid, signum)
+                except ProcessLookupError:
+                    pass
+
     def kill_all(self) -> None:
         """SIGKILL to every worker's process group (also whatever they started)."""
         for proc in self.procs:
@@ -383,6 +394,7 @@ def launch_once(commands: list[list[str]], scratch: Path, grace: float,
                  f"the chief (worker 0) writes {run_dir}"
                  + ("; an evaluator validates beside them" if evaluator else ""))
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    notice = signal.signal(signal.SIGUSR1, launcher.forward)
     try:
         launcher.start()
         code = launcher.wait()
@@ -394,6 +406,7 @@ def launch_once(commands: list[list[str]], scratch: Path, grace: float,
         launcher.kill_all()
         launcher.join()  # the workers' last lines (their "interrupted: ..." included)
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGUSR1, notice)
     return launcher, code
 
 

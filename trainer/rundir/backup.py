@@ -243,8 +243,14 @@ class StopNow(Exception):  # noqa: N818 - a control-flow signal, caught by train
     """Raised by `Backup` once a stop request's backup is written, to leave fit at once."""
 
 
+# The signals that ask for the agreed stop: SIGTERM (a scheduler's stop, Kubernetes' eviction),
+# Ctrl-C, and SIGUSR1, the notice a scheduler sends ahead of a preemption (SLURM's
+# `--signal=B:USR1@120`), whose default action would end the process without a backup.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
 class StopRequest:
-    """Set by SIGTERM or SIGINT; read at the next step boundary."""
+    """Set by SIGTERM, SIGINT or SIGUSR1 (`STOP_SIGNALS`); read at the next step boundary."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
@@ -255,8 +261,8 @@ class StopRequest:
 
 @contextmanager
 def stop_on_signals(request: StopRequest) -> Iterator[StopRequest]:
-    """Routes SIGTERM and SIGINT to `request` while training runs (main thread only)."""
-    names = (signal.SIGTERM, signal.SIGINT)
+    """Routes `STOP_SIGNALS` to `request` while training runs (main thread only)."""
+    names = STOP_SIGNALS
     try:
         previous = {s: signal.signal(s, request) for s in names}
     except ValueError:  # not the main thread: leave signals alone
