@@ -64,6 +64,9 @@ class ClusterConfig:
     port_base: int = 8888
     # host:port of an evaluator validating each checkpoint beside the workers (null: none)
     evaluator: str | None = None
+    # launched by SLURM or Kubernetes: a lost peer ends every worker with 75 ("start me
+    # again") instead of 4, up to this many restarts (SLURM_RESTART_COUNT counts them)
+    max_restarts: int = 0
 
 
 # The optimizer node is open: `_target_` names any Keras optimizer class (or the user's), its

@@ -338,6 +338,7 @@ def validate(cfg: DictConfig) -> Parsed:
     _require(cfg.checkpoint.backup_every >= 0, "checkpoint.backup_every must be >= 0 (0: each "
              f"epoch end only); received: {cfg.checkpoint.backup_every}")
     _positive_int("checkpoint.nan_check_every", cfg.checkpoint.nan_check_every)
+    _whole("cluster.max_restarts", cfg.cluster.get("max_restarts", 0))
     for group in ("model", "dataset"):
         node = cfg.get(group)
         _require(isinstance(node, DictConfig) and "_target_" in node,

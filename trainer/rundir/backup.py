@@ -316,6 +316,7 @@ class Backup(keras.callbacks.Callback):
         self.request, self.agree = request, agree
         self.initial_epoch, self.initial_step = initial_epoch, initial_step
         self.epoch, self.offset, self.interrupted = initial_epoch, 0, False
+        self.reached = initial_step  # the last step of `epoch` trained (a restart's count)
         self.stopped_by_peer = False
         # A stop asked at an epoch's last step waits for that epoch's end (`on_epoch_end`).
         self._stop_at_end = False
@@ -375,7 +376,7 @@ class Backup(keras.callbacks.Callback):
         return stop
 
     def on_train_batch_end(self, batch, logs=None):
-        step = self.offset + batch + 1
+        step = self.reached = self.offset + batch + 1
         if self._stop_requested(batch):
             self._check(logs, step)
             if batch + 1 == (self.params or {}).get("steps"):
@@ -428,3 +429,4 @@ class Backup(keras.callbacks.Callback):
                         "before it")
                 raise Diverged(f"{name} became {loss} at {where}; {kept}; lower optimizer.lr "
                                "or add warm-up")
+
