@@ -332,6 +332,8 @@ def _how_it_ran(spec: Any, run: Any, outcome: Any, callbacks: Any, started: floa
         "steps_per_epoch": run.steps,
         # under `trainer.launch --max-restarts`: the restarts and the steps done twice
         "restarts": _restarts(),
+        # checkpoint.recover: each loss blow-up recovered from (None: none)
+        "recovered": callbacks.backup.recovery.recovered or None,
         "train_examples": run.data.source.train_size,
         "validation_examples": run.data.source.validation_size,
         "time": {"wall_s": time.perf_counter() - started,
