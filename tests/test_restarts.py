@@ -162,3 +162,18 @@ def test_a_negative_cluster_max_restarts_is_refused(tiny_config):
 
     with pytest.raises(ConfigError, match="cluster.max_restarts must be a whole number >= 0"):
         validate(tiny_config("cluster.max_restarts=-1"))
+
+
+def test_a_failing_chief_tells_the_launcher_the_step_it_reached(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from trainer.distribute.cluster import from_workers
+    from trainer.run.guards import say_progress
+
+    progress = tmp_path / "progress.json"
+    monkeypatch.setenv("TRAINER_PROGRESS_FILE", str(progress))
+    backup = SimpleNamespace(epoch=1, reached=12)
+    say_progress(backup, 23, from_workers(["127.0.0.1:1", "127.0.0.1:2"], 1))
+    assert not progress.exists()  # another worker: the chief says it
+    say_progress(backup, 23, from_workers(["127.0.0.1:1", "127.0.0.1:2"], 0))
+    assert steps_again("ckpt-000001-000000005", progress) == 7
