@@ -78,10 +78,7 @@ def backups_off(off: bool):
 
 def step_time(args, run_dir: str, off: bool) -> float:
     """Steady seconds per step of one run into `run_dir`, with backups or without."""
-    from hydra import compose, initialize_config_dir
-
-    from trainer.config.schema import config_dir
-    from trainer.run.train import train
+    import trainer
 
     overrides = [f"model={args.model}", "dataset=synthetic",
                  f"dataset.train_examples={args.examples}",
@@ -90,10 +87,8 @@ def step_time(args, run_dir: str, off: bool) -> float:
                  f"batch.per_replica={args.per_replica}", "batch.drop_remainder=true",
                  "logger=[]"]
     clock = make_clock()
-    with initialize_config_dir(str(config_dir()), version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
-    with backups_off(off):
-        train(cfg, run_dir=run_dir, callbacks=[clock])
+    with backups_off(off):  # trainer.fit: a URL is a run directory at that URL, mirrored
+        trainer.fit(overrides, run_dir=run_dir, callbacks=[clock])
     return clock.step_s()
 
 
