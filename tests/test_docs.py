@@ -286,6 +286,24 @@ NOT_RUN_HERE = {
         "tests/test_multiworker.py::test_two_processes_started_by_hand",
 }
 
+# The lines of the SLURM batch scripts that pass a preemption notice on to their step and
+# requeue a job that exits 75: a SLURM cluster; the launcher passing SIGUSR1 on and a worker's
+# stop on it are tests/test_preemption.py's, a lost peer's 75 tests/test_restarts.py's.
+PREEMPTION_SCRIPT = (
+    "trap 'kill -USR1 $step' USR1",
+    "srun .venv/bin/python -m trainer model=mobilenet dataset=cifar10 "
+    "hydra.run.dir=runs/${SLURM_JOB_ID} &",
+    "step=$!",
+    "wait $step; code=$?",
+    "while kill -0 $step 2>/dev/null; do wait $step; code=$?; done",
+    "srun .venv/bin/python -m trainer model=mobilenet dataset=cifar10 cluster.max_restarts=3 "
+    "hydra.run.dir=runs/${SLURM_JOB_ID}",
+    "if [ $? -eq 75 ]; then scontrol requeue $SLURM_JOB_ID; fi",
+)
+NOT_RUN_HERE.update({line: "a SLURM batch script (srun, sbatch's signal, scontrol); SIGUSR1's "
+                     "stop is tests/test_preemption.py's, restarts tests/test_restarts.py's"
+                     for line in PREEMPTION_SCRIPT})
+
 
 def _strip_comment(line: str) -> str:
     """A shell line without its `# comment` (a `#` outside quotes after a space)."""

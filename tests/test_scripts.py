@@ -29,6 +29,10 @@ SMOKE = {
     "bench_accumulate.py": ([*TINY_RUN, "--accumulate", "2"],
                             [r"median ratio accumulate=2 / accumulate=1 over 1 pairs: \d"]),
     "bench_augment.py": (TINY_RUN, [r"median ratio augmented / plain over 1 pairs: \d"]),
+    # at the URL only: the disk side is the same runs without moto's server
+    "bench_backup.py": ([*TINY_RUN, "--places", "url"],
+                        [r"median ratio backup / none at an S3 URL \(moto, 127\.0\.0\.1\) over 1 "
+                         r"pairs: \d"]),
     "bench_fingerprint.py": (["--images", "20", "--rounds", "1"],
                              [r"fingerprint, cold \(20 files hashed\) +[\d.]+ +[\d.]+%",
                               r"fingerprint, warm \(cache hits\) +[\d.]+ +[\d.]+%"]),

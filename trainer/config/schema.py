@@ -64,6 +64,9 @@ class ClusterConfig:
     port_base: int = 8888
     # host:port of an evaluator validating each checkpoint beside the workers (null: none)
     evaluator: str | None = None
+    # launched by SLURM or Kubernetes: a lost peer ends every worker with 75 ("start me
+    # again") instead of 4, up to this many restarts (SLURM_RESTART_COUNT counts them)
+    max_restarts: int = 0
 
 
 # The optimizer node is open: `_target_` names any Keras optimizer class (or the user's), its
@@ -119,6 +122,14 @@ EMA_KEYS = ("ema", "ema_momentum")
 
 
 @dataclass
+class RecoverConfig:
+    # a training loss above this (or not finite) restores the last backup (null: not finite
+    # only); max_trials: how often a run recovers so (0: off, a non-finite loss stops it)
+    loss_upper_bound: float | None = None
+    max_trials: int = 0
+
+
+@dataclass
 class CheckpointConfig:
     monitor: str = "val_accuracy"
     mode: str = "auto"
@@ -133,6 +144,7 @@ class CheckpointConfig:
     export_with: str = "last"
     backup_every: int = 0
     nan_check_every: int = 10
+    recover: RecoverConfig = field(default_factory=RecoverConfig)
 
 
 @dataclass

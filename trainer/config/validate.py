@@ -347,6 +347,7 @@ def validate(cfg: DictConfig) -> Parsed:
     _require(cfg.checkpoint.backup_every >= 0, "checkpoint.backup_every must be >= 0 (0: each "
              f"epoch end only); received: {cfg.checkpoint.backup_every}")
     _positive_int("checkpoint.nan_check_every", cfg.checkpoint.nan_check_every)
+    _validate_healing(cfg)
     for group in ("model", "dataset"):
         node = cfg.get(group)
         _require(isinstance(node, DictConfig) and "_target_" in node,
@@ -516,6 +517,13 @@ def _validate_optimizer(opt: Any) -> None:
              f"optimizer.decay_rate must be in (0, 1]; received: {plan.decay_rate!r}")
     _require(plan.decay_epochs > 0,
              f"optimizer.decay_epochs must be positive; received: {plan.decay_epochs!r}")
+
+
+def _validate_healing(cfg: DictConfig) -> None:
+    """`cluster.max_restarts` and `checkpoint.recover.max_trials`: whole numbers (the schema
+    and the finite-number check above take care of `checkpoint.recover.loss_upper_bound`)."""
+    _whole("cluster.max_restarts", cfg.cluster.get("max_restarts", 0))
+    _whole("checkpoint.recover.max_trials", cfg.checkpoint.recover.max_trials)
 
 
 def _whole(name: str, value: Any) -> int:

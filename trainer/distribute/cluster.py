@@ -55,6 +55,8 @@ class Cluster:
     local_index: int | None = None
     local_tasks: int | None = None
     evaluator: str | None = None
+    # `cluster.max_restarts`: restarts a scheduler may make (a lost peer then exits 75)
+    max_restarts: int = 0
 
     @property
     def tasks(self) -> list[tuple[str, int, str]]:
@@ -205,11 +207,13 @@ def cluster_of_config(node: Any, environ: Any) -> Cluster | None:
 
     Args:
         node: the config's `cluster` node (`workers`, `task_index`, `port_base`,
-            `evaluator`).
+            `evaluator`, `max_restarts`).
         environ: the environment (`TF_CONFIG`, SLURM's variables).
     """
-    return resolve_cluster(list(node.workers), node.task_index, environ.get("TF_CONFIG"),
-                           environ, node.port_base, node.evaluator)
+    found = resolve_cluster(list(node.workers), node.task_index, environ.get("TF_CONFIG"),
+                            environ, node.port_base, node.evaluator)
+    restarts = int(node.get("max_restarts", 0) or 0)
+    return replace(found, max_restarts=restarts) if found is not None and restarts else found
 
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")

@@ -43,6 +43,16 @@ from typing import IO
 
 from trainer.config.errors import EXIT_CONFIG
 from trainer.distribute.rendezvous import IN_USE
+from trainer.distribute.restarts import (
+    PROGRESS,
+    RESTARTS,
+    STEPS_AGAIN,
+    Failure,
+    newest_backup,
+    restart_pause,
+    restart_refusal,
+    steps_again,
+)
 
 EXIT_SIGINT = 130
 
@@ -160,6 +170,7 @@ class Launcher:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self.port_taken = False  # a worker said one of its ports is in use
+        self.noticed = False  # this launcher received a preemption notice (SIGUSR1)
 
     def say(self, line: str) -> None:
         with self._lock:
@@ -257,6 +268,18 @@ class Launcher:
         while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
             time.sleep(0.1)
 
+    def forward(self, signum: int, frame: object = None) -> None:
+        """Passes a preemption notice (SIGUSR1) on to every running worker, each of which
+        starts the agreed stop, as it would had the scheduler signalled it itself."""
+        self.noticed = True
+        self.say(f"[launch] {signal.Signals(signum).name}: passed on to every worker")
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.kill(proc.pid, signum)
+                except ProcessLookupError:
+                    pass
+
     def kill_all(self) -> None:
         """SIGKILL to every worker's process group (also whatever they started)."""
         for proc in self.procs:
@@ -277,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from a script's path on (`script.py [args]`), is the command each worker runs."""
     parser = argparse.ArgumentParser(
         prog="python -m trainer.launch",
-        usage="%(prog)s --workers N [--evaluator] [--grace S] "
+        usage="%(prog)s --workers N [--evaluator] [--grace S] [--max-restarts N] "
               "[overrides ... | script.py [args ...]]",
         description="Runs N local workers of one multi-worker training (strategy=multi_worker): "
                     "python -m trainer with the overrides, or a script of yours whose "
@@ -288,6 +311,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="one more process validating each epoch beside the workers")
     parser.add_argument("--grace", type=float, default=30.0,
                         help="seconds the workers get to stop by themselves (default 30)")
+    parser.add_argument("--max-restarts", type=int, default=0,
+                        help="start every worker again from the last backup after a "
+                             "failure, up to N times (default 0)")
     own, script = split_script(list(sys.argv[1:] if argv is None else argv))
     args, overrides = parser.parse_known_args(own)
     refusal = _refusal(args, overrides, script)
@@ -299,7 +325,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         commands = (script_commands(args.workers, script) if script else
                     worker_commands(args.workers, overrides, run_dir, Path(scratch),
                                     args.evaluator))
-        launcher, code = launch(commands, Path(scratch), args.grace, evaluator=args.evaluator)
+        launcher, code = launch_restarting(commands, Path(scratch), args.grace,
+                                           args.max_restarts, run_dir,
+                                           evaluator=args.evaluator)
     if code:
         launcher.say(ending(code, run_dir))
     return code
@@ -312,7 +340,7 @@ def split_script(argv: list[str]) -> tuple[list[str], list[str] | None]:
     Args:
         argv: the launcher's command line, without the program.
     """
-    takes_value = {"--workers", "--grace"}
+    takes_value = {"--workers", "--grace", "--max-restarts"}
     for i, arg in enumerate(argv):
         if (arg.endswith(".py") and "=" not in arg and not arg.startswith("-")
                 and (i == 0 or argv[i - 1] not in takes_value)):
@@ -325,6 +353,8 @@ def _refusal(args: argparse.Namespace, overrides: list[str],
     """What is wrong with the launcher's command line, as one line; None where nothing is."""
     if args.workers < 1:
         return f"--workers must be a positive number; received: {args.workers}"
+    if args.max_restarts < 0:
+        return f"--max-restarts must be 0 or more; received: {args.max_restarts}"
     clashing = [o for o in overrides if o.split("=", 1)[0].startswith("cluster.")]
     if clashing:
         return f"the launcher sets the cluster itself; remove {' '.join(clashing)}"
@@ -352,12 +382,13 @@ PORT_ATTEMPTS = 3
 
 
 def launch(commands: list[list[str]], scratch: Path, grace: float,
-           out: IO[str] = sys.stdout, evaluator: bool = False) -> tuple[Launcher, int]:
+           out: IO[str] = sys.stdout, evaluator: bool = False,
+           env: dict[str, str] | None = None) -> tuple[Launcher, int]:
     """Runs the workers, on other free ports again (up to `PORT_ATTEMPTS` times) where a
     worker found a port taken: free when chosen, a port may be taken before its worker
     listens on it. Returns the last launcher and its exit code."""
     for attempt in range(1, PORT_ATTEMPTS + 1):
-        launcher, code = launch_once(commands, scratch, grace, out, evaluator)
+        launcher, code = launch_once(commands, scratch, grace, out, evaluator, env)
         if code != EXIT_CONFIG or not launcher.port_taken or attempt == PORT_ATTEMPTS:
             break
         launcher.say("[launch] a port chosen for a worker was taken meanwhile; starting "
@@ -365,14 +396,64 @@ def launch(commands: list[list[str]], scratch: Path, grace: float,
     return launcher, code
 
 
+def launch_restarting(commands: list[list[str]], scratch: Path, grace: float,
+                      max_restarts: int, run_dir: str | None, out: IO[str] = sys.stdout,
+                      evaluator: bool = False) -> tuple[Launcher, int]:
+    """Runs the cluster, and where it fails in a way a restart may fix
+    (`trainer.distribute.restarts.restart_refusal`), starts it again from the last complete
+    backup after a growing pause, up to `max_restarts` times; each restart is one line.
+
+    Args:
+        commands: the workers' commands (the same for every attempt: `hydra.run.dir` fixed).
+        scratch: the launcher's temporary directory.
+        grace: the workers' time to stop by themselves.
+        max_restarts: how many restarts at most (0: none).
+        run_dir: the chief's local run directory, where the backups are looked for (None
+            where the launcher cannot see them: a script's, or one at a URL).
+        out: where the lines go.
+        evaluator: the last command is the evaluator's.
+
+    Returns:
+        The last launcher and its exit code.
+    """
+    progress = scratch / "progress.json"
+    local = Path(run_dir) if run_dir is not None and "://" not in run_dir else None
+    env = {PROGRESS: str(progress)} if max_restarts else {}
+    done, again, previous = 0, 0, None
+    while True:
+        if max_restarts:
+            env.update({RESTARTS: str(done), STEPS_AGAIN: str(again)})
+        progress.unlink(missing_ok=True)
+        launcher, code = launch(commands, scratch, grace, out, evaluator, env)
+        if code == 0 or not max_restarts:
+            return launcher, code
+        failure = Failure(code, newest_backup(local) if local is not None else None)
+        refusal = restart_refusal(failure, previous, done, max_restarts, launcher.noticed)
+        if refusal is not None:
+            if done:
+                launcher.say(f"[launch] not restarted: {refusal}")
+            return launcher, code
+        done, previous = done + 1, failure
+        again += steps_again(failure.backup, progress)
+        pause = restart_pause(done)
+        launcher.say(f"[launch] restart {done} of {max_restarts} in {pause:.0f} s: the "
+                     f"cluster stopped with {describe_exit(128 - code if code > 128 else code)}; "
+                     f"every worker starts again from "
+                     f"{failure.backup or 'the last complete backup'}")
+        time.sleep(pause)
+
+
 def launch_once(commands: list[list[str]], scratch: Path, grace: float,
-                out: IO[str] = sys.stdout, evaluator: bool = False) -> tuple[Launcher, int]:
+                out: IO[str] = sys.stdout, evaluator: bool = False,
+                env: dict[str, str] | None = None) -> tuple[Launcher, int]:
     """Runs the workers (and the evaluator, last of `commands`) once on newly chosen free
-    ports; the launcher and its exit code."""
+    ports, each with `env` added to this process's environment; the launcher and its exit
+    code."""
     addresses = [f"127.0.0.1:{port}" for port in free_ports(len(commands))]
     workers = len(commands) - bool(evaluator)
     base = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     base.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    base.update(env or {})
     # Temporary files of a worker killed before it could clean up go with `scratch`.
     envs = [{**base, "TF_CONFIG": config, "TMPDIR": _mkdir(scratch / f"tmp-{i}")}
             for i, config in enumerate(tf_configs(addresses[:workers],
@@ -383,6 +464,7 @@ def launch_once(commands: list[list[str]], scratch: Path, grace: float,
                  f"the chief (worker 0) writes {run_dir}"
                  + ("; an evaluator validates beside them" if evaluator else ""))
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    notice = signal.signal(signal.SIGUSR1, launcher.forward)
     try:
         launcher.start()
         code = launcher.wait()
@@ -394,6 +476,7 @@ def launch_once(commands: list[list[str]], scratch: Path, grace: float,
         launcher.kill_all()
         launcher.join()  # the workers' last lines (their "interrupted: ..." included)
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGUSR1, notice)
     return launcher, code
 
 

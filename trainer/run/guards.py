@@ -5,14 +5,16 @@ cluster (with where the backup is)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
-from trainer.config.errors import ConfigError, WorkerLost
+from trainer.config.errors import EXIT_INTERRUPTED, ConfigError, WorkerLost
 from trainer.data.caching import damaged_cache
 from trainer.data.pipeline import data_failure
 from trainer.distribute.cluster import Cluster
 from trainer.distribute.multiworker import backup_place, lost_message, peer_failure
+from trainer.distribute.restarts import PROGRESS, requeue_left, write_progress
 from trainer.internals.keras_optimizer import uses_ema
 from trainer.rundir.space import check_free_space, disk_full, full_message, needed_bytes
 
@@ -38,6 +40,24 @@ def more_checkpoints(saving: Any, optimizer: Any) -> int:
     return kept + (2 if averaged else 0)
 
 
+def say_progress(backup: Any, steps_per_epoch: int, cluster: Cluster | None) -> None:
+    """A failing chief under a restarting launcher (`trainer.launch --max-restarts`) tells
+    it the step it reached, from which it counts the steps a restart trains again.
+
+    Args:
+        backup: the run's `Backup` callback (its epoch and the last step it saw).
+        steps_per_epoch: the run's steps per epoch.
+        cluster: the multi-worker cluster, or None.
+    """
+    path = os.environ.get(PROGRESS)
+    if not path or not (cluster is None or cluster.is_chief):
+        return
+    try:
+        write_progress(path, backup.epoch, backup.reached, steps_per_epoch)
+    except OSError:
+        pass  # the count is a report; the failure itself is what the user must read
+
+
 def translate(error: Exception, run: Any, run_dir: Path, needed: int,
               cluster: Cluster | None, epoch: int | None) -> None:
     """Raises the error a user reads where the failure has one; returns otherwise.
@@ -61,5 +81,10 @@ def translate(error: Exception, run: Any, run_dir: Path, needed: int,
         if bad_data is not None:
             raise bad_data from None
     if cluster is not None and cluster.num_workers > 1 and peer_failure(error):
-        raise WorkerLost(lost_message(error, cluster, epoch,
-                                      backup_place(run_dir, chief))) from error
+        lost = WorkerLost(lost_message(error, cluster, epoch, backup_place(run_dir, chief)))
+        if requeue_left(cluster.max_restarts, dict(os.environ)):
+            lost = WorkerLost(f"{lost}; exit 75 (cluster.max_restarts="
+                              f"{cluster.max_restarts}): the scheduler starts every worker "
+                              "again from the last backup")
+            lost.exit_code = EXIT_INTERRUPTED
+        raise lost from error

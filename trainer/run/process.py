@@ -67,7 +67,17 @@ USER_FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR") == "1"
 
 
 class Terminated(BaseException):  # noqa: N818 - a signal, like KeyboardInterrupt
-    """SIGTERM outside the training steps (start-up, the summary)."""
+    """SIGTERM (or a preemption notice, SIGUSR1) outside the training steps (start-up, the
+    summary)."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+# Ask for a stop as SIGTERM does: SIGUSR1 is the notice SLURM sends before a preemption
+# (`--signal=B:USR1@120`); its default action would end the process with no line.
+TERMINATING = (signal.SIGTERM, signal.SIGUSR1)
 
 
 # Signals received outside the training steps. A library may catch what a signal raises (an
@@ -88,20 +98,21 @@ def _on_sigint(signum: int, frame: Any) -> None:
 
 def raise_if_signalled() -> None:
     """Raises again a start-up signal whose exception something swallowed."""
-    if signal.SIGTERM in _signalled:
-        raise Terminated(signal.SIGTERM)
+    for signum in TERMINATING:
+        if signum in _signalled:
+            raise Terminated(signum)
     if signal.SIGINT in _signalled:
         raise KeyboardInterrupt
 
 
 @contextmanager
 def signals_raise() -> Iterator[None]:
-    """SIGTERM and Ctrl-C raise (`Terminated`, `KeyboardInterrupt`) while the block runs,
-    outside the training steps, which route them to a clean stop of their own; the previous
-    handlers come back after. Outside the main thread nothing changes."""
+    """SIGTERM, SIGUSR1 and Ctrl-C raise (`Terminated`, `KeyboardInterrupt`) while the block
+    runs, outside the training steps, which route them to a clean stop of their own; the
+    previous handlers come back after. Outside the main thread nothing changes."""
     _signalled.clear()
     try:
-        previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _on_sigterm)}
+        previous = {s: signal.signal(s, _on_sigterm) for s in TERMINATING}
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             previous[signal.SIGINT] = signal.signal(signal.SIGINT, _on_sigint)
     except ValueError:  # not the main thread
@@ -139,7 +150,8 @@ def exit_code(error: BaseException) -> tuple[str, int] | None:
     if isinstance(error, NothingToDo):
         return f"finished: {error}", error.exit_code
     if isinstance(error, (KeyboardInterrupt, Terminated)):
-        what = "Ctrl-C" if isinstance(error, KeyboardInterrupt) else "SIGTERM"
+        what = ("Ctrl-C" if isinstance(error, KeyboardInterrupt)
+                else signal.Signals(error.signum).name)
         return (f"interrupted: {what} outside the training steps; rerun the same command to "
                 "start again, or to finish from the last backup",
                 EXIT_CTRL_C if isinstance(error, KeyboardInterrupt) else EXIT_INTERRUPTED)

@@ -27,6 +27,7 @@ from trainer.config.schema import (
     ClusterConfig,
     FinetuneConfig,
     LrPlan,
+    RecoverConfig,
     StrategyConfig,
     TunerConfig,
 )
@@ -162,7 +163,7 @@ def resolve(cfg: DictConfig, choices: dict[str, str] | None = None,
         strategy=StrategyConfig(**record["strategy"]),
         cluster=ClusterConfig(**record["cluster"]),
         batch=BatchConfig(**record["batch"]),
-        checkpoint=CheckpointConfig(**record["checkpoint"]),
+        checkpoint=_checkpoint(record["checkpoint"]),
         finetune=FinetuneConfig(**record["finetune"]),
         lr=_lr_plan(record),
         optimizer=dict(record["optimizer"]),
@@ -197,6 +198,11 @@ def resolve(cfg: DictConfig, choices: dict[str, str] | None = None,
         sync_batchnorm=bool(node("sync_batchnorm")), validation_split=node("validation_split"),
         steps_per_epoch=node("steps_per_epoch"), validation_steps=node("validation_steps"),
     )
+
+
+def _checkpoint(node: dict) -> CheckpointConfig:
+    """The `checkpoint` node as its record, `recover` (`checkpoint.recover`) included."""
+    return CheckpointConfig(**{**node, "recover": RecoverConfig(**node.get("recover", {}))})
 
 
 def check_with_evaluator(spec: Any) -> None:

@@ -32,7 +32,7 @@ from trainer.run.finish import (
     stop_if_asked,
     stopped,
 )
-from trainer.run.guards import check_space, translate
+from trainer.run.guards import check_space, say_progress, translate
 from trainer.run.inputs import record as record_inputs
 from trainer.run.preflight import Checked
 from trainer.run.resume import Start, restore_backup
@@ -79,6 +79,8 @@ class Session:
                 self.callbacks.watchdog.stop()  # a failed fit never reaches on_train_end
             if error is not None and self.callbacks is not None and not self._trackers_done:
                 finish_trackers(list(self.callbacks.trackers), None, "FAILED")
+            if error is not None and self.callbacks is not None and self.run is not None:
+                say_progress(self.callbacks.backup, self.run.steps, self.cluster)
             if isinstance(error, Exception):
                 epoch = self.callbacks.backup.epoch if self.callbacks is not None else None
                 translate(error, self.run, self.run_dir, self._needed, self.cluster,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -328,6 +329,10 @@ def _how_it_ran(spec: Any, run: Any, outcome: Any, callbacks: Any, started: floa
         "pruned": callbacks.trial.pruned if callbacks.trial is not None else None,
         "resumed_from": _resumed_from(start, spec.epochs, run.steps, changes),
         "steps_per_epoch": run.steps,
+        # under `trainer.launch --max-restarts`: the restarts and the steps done twice
+        "restarts": _restarts(),
+        # checkpoint.recover: each loss blow-up recovered from (None: none)
+        "recovered": callbacks.backup.recovery.recovered or None,
         "train_examples": run.data.source.train_size,
         "validation_examples": run.data.source.validation_size,
         "time": {"wall_s": time.perf_counter() - started,
@@ -341,6 +346,16 @@ def _how_it_ran(spec: Any, run: Any, outcome: Any, callbacks: Any, started: floa
         "examples_per_sec": throughput.examples_per_sec,
         "epoch_examples_per_sec": throughput.epoch_rates,
     }
+
+
+def _restarts() -> dict[str, int] | None:
+    """How often `python -m trainer.launch --max-restarts` started this run's cluster again,
+    and the steps trained twice, as it tells the workers (`trainer.distribute.restarts`'
+    RESTARTS and STEPS_AGAIN); None for a run no such launcher started."""
+    if "TRAINER_RESTARTS" not in os.environ:
+        return None
+    return {"count": int(os.environ["TRAINER_RESTARTS"]),
+            "steps_trained_again": int(os.environ.get("TRAINER_STEPS_AGAIN", "0"))}
 
 
 def _results(spec: Any, run: Any, plan: Any, outcome: Any) -> dict[str, Any]:

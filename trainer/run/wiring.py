@@ -105,8 +105,8 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
                     saving.nan_check_every, request, *start,
                     agree=stop_agreement(run.strategy) if run.workers > 1 else None,
                     best=saved[1] if saving.save_best else None, history=history)
-    watchdog = None
-    timeout = spec.strategy.timeout_s
+    backup.recover_with(saving.recover.loss_upper_bound, saving.recover.max_trials)
+    watchdog, timeout = None, spec.strategy.timeout_s
     if run.workers > 1 and timeout is not None:
         # Last of the built-in ones, so a step's time includes Backup's stop agreement.
         watchdog = StepWatchdog(timeout, on_stuck(timeout, run.is_chief, run_dir, backup))

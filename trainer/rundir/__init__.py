@@ -1,5 +1,6 @@
 """The run directory's one owner: its lock, atomic writes, checksums, free space, backups,
-the checks that a rerun may resume, and checkpoint verification; a run directory at a URL
+recovery from a loss blow-up (`recover`), the checks that a rerun may resume, and checkpoint
+verification; a run directory at a URL
 (`remote`: its local mirror kept in step; `lease`: one writer at a time there).
 
 May import `config/` only.

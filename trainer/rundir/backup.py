@@ -41,6 +41,7 @@ from trainer.config.errors import ConfigError, Diverged
 from trainer.rundir.atomic import TMP, copy_bytes, write_json, written
 from trainer.rundir.checksum import read_beside, sha256, verify
 from trainer.rundir.layout import CHECKPOINT, METRICS, RNG, STATE, WEIGHTS, RunDir
+from trainer.rundir.recover import Recovery
 from trainer.rundir.remote import by_url, committed
 
 log = logging.getLogger(__name__)
@@ -256,8 +257,14 @@ class StopNow(Exception):  # noqa: N818 - a control-flow signal, caught by train
     """Raised by `Backup` once a stop request's backup is written, to leave fit at once."""
 
 
+# The signals that ask for the agreed stop: SIGTERM (a scheduler's stop, Kubernetes' eviction),
+# Ctrl-C, and SIGUSR1, the notice a scheduler sends ahead of a preemption (SLURM's
+# `--signal=B:USR1@120`), whose default action would end the process without a backup.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
 class StopRequest:
-    """Set by SIGTERM or SIGINT; read at the next step boundary."""
+    """Set by SIGTERM, SIGINT or SIGUSR1 (`STOP_SIGNALS`); read at the next step boundary."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
@@ -268,8 +275,8 @@ class StopRequest:
 
 @contextmanager
 def stop_on_signals(request: StopRequest) -> Iterator[StopRequest]:
-    """Routes SIGTERM and SIGINT to `request` while training runs (main thread only)."""
-    names = (signal.SIGTERM, signal.SIGINT)
+    """Routes `STOP_SIGNALS` to `request` while training runs (main thread only)."""
+    names = STOP_SIGNALS
     try:
         previous = {s: signal.signal(s, request) for s in names}
     except ValueError:  # not the main thread: leave signals alone
@@ -323,6 +330,7 @@ class Backup(keras.callbacks.Callback):
         self.request, self.agree = request, agree
         self.initial_epoch, self.initial_step = initial_epoch, initial_step
         self.epoch, self.offset, self.interrupted = initial_epoch, 0, False
+        self.reached = initial_step  # the last step of `epoch` trained (a restart's count)
         self.stopped_by_peer = False
         # A stop asked at an epoch's last step waits for that epoch's end (`on_epoch_end`).
         self._stop_at_end = False
@@ -330,6 +338,7 @@ class Backup(keras.callbacks.Callback):
         self.ended: set[int] = set()
         self.metric_source: Callable[[], list] | None = None
         self.resumed_metrics: tuple | None = None
+        self.recovery = Recovery()  # `checkpoint.recover`: off unless the wiring sets it
         store.metrics = self._metric_variables
 
     def _metric_variables(self) -> list:
@@ -382,7 +391,7 @@ class Backup(keras.callbacks.Callback):
         return stop
 
     def on_train_batch_end(self, batch, logs=None):
-        step = self.offset + batch + 1
+        step = self.reached = self.offset + batch + 1
         if self._stop_requested(batch):
             self._check(logs, step)
             if batch + 1 == (self.params or {}).get("steps"):
@@ -400,7 +409,9 @@ class Backup(keras.callbacks.Callback):
         elif self.every and step % self.every == 0:
             self._check(logs, step)
             self.store.save(self.model, self.epoch, step, history=self.history)
-        elif step % self.check_every == 0:
+        elif step % self.check_every == 0 or (
+                self.recovery.on and batch + 1 == (self.params or {}).get("steps")):
+            # with recovery on, the epoch's last step too: its end would only stop the run
             self._check(logs, step)
 
     def on_epoch_end(self, epoch, logs=None):
@@ -428,6 +439,10 @@ class Backup(keras.callbacks.Callback):
             k for k in logs if k == "loss" or k.endswith("_loss")]
         for name in names:
             loss = float(logs.get(name, 0.0))
+            if (name == "loss" and step is not None and self.recovery.on
+                    and self.recovery.blown_up(loss)):
+                self._recover(step, loss)
+                return
             if not math.isfinite(loss):
                 where = f"epoch {self.epoch + 1}" + (f", step {step}" if step else " end")
                 kept = (f"the last good backup is in {self.store.directory} and checkpoints "
@@ -435,3 +450,30 @@ class Backup(keras.callbacks.Callback):
                         "before it")
                 raise Diverged(f"{name} became {loss} at {where}; {kept}; lower optimizer.lr "
                                "or add warm-up")
+
+    def recover_with(self, loss_upper_bound: float | None, max_trials: int) -> None:
+        """Turns on recovery from a loss blow-up (`checkpoint.recover`)."""
+        self.recovery = Recovery(loss_upper_bound, max_trials)
+
+    def _recover(self, step: int, loss: float) -> None:
+        """Restores the last backup (weights, optimizer, random states, the epoch's metrics
+        so far) and lets training go on from the batch after `step`: the batches since the
+        backup are skipped. Raises `Diverged` once `checkpoint.recover.max_trials` are used,
+        or where no backup was written before the blow-up."""
+        epoch = self.epoch + 1
+        if not self.recovery.trials_left():
+            raise Diverged(self.recovery.exhausted(epoch, step, loss))
+        point = self.store.restore(self.model)
+        if point is None:
+            raise Diverged(f"loss became {loss} at epoch {epoch}, step {step}, before any "
+                           "backup to recover from; lower optimizer.lr or add warm-up")
+        for variable in self._metric_variables():  # the blown-up steps leave the mean
+            variable.assign(np.zeros(variable.shape, variable.dtype))
+        since = point.step if point.epoch == self.epoch else 0
+        if since and point.metrics is not None:
+            self._restore_metrics(*point.metrics)
+        found = self.recovery.record(epoch, step, loss, point.path.name, since)
+        log.warning("loss became %s at epoch %d, step %d: restored backup %s and skipped "
+                    "batches %d-%d of the epoch (recovery %d of %d)", loss, epoch, step,
+                    point.path.name, *found["skipped"], len(self.recovery.recovered),
+                    self.recovery.max_trials)

@@ -37,7 +37,7 @@ FREE = ("epochs", "verbose", "tensorboard", "export", "resume", "checkpoint", "c
         "metrics", "strategy.timeout_s", "strategy.start_timeout_s", "log_device_placement",
         "soft_placement", "gpu",
         "steps_per_execution", "jit_compile", "deterministic", "cluster.task_index",
-        "cluster.port_base", "logger",
+        "cluster.port_base", "cluster.max_restarts", "logger",
         "optimized_metric", "profile", "tune", "tuner", "dataset.memory_limit_mb",
         # where the preprocessing runs: the same batches with or without a tf.data service
         "dataset.service",

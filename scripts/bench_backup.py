@@ -1,0 +1,168 @@
+"""Steady step time with a backup at every epoch's end, against none, on disk and at a URL.
+
+Both sides train the same model through `trainer` on the same synthetic data; the "none" side
+replaces `BackupStore.save` with a no-op (nothing written, nothing uploaded), which no run
+can ask for: it is the floor the backups are measured against. A side's steady step time is
+the wall time from epoch 2's start to the end of training (each epoch's end included: its
+validation, best checkpoint and, on one side, its backup) over the steps trained in it. On
+disk the run directory is a temporary folder; at a URL it is `s3://runs/...` on moto's S3
+server on 127.0.0.1 (in this process), so an upload's cost is the client's and moto's, not a
+network's. The sides alternate (none, backup, none, backup ...) in one process, because this
+machine's speed drifts within minutes; the result is the median of the per-pair ratios.
+Target: backup / none <= 1.05.
+
+    python scripts/bench_backup.py --pairs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import tempfile
+import time
+import urllib.request
+from contextlib import contextmanager
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def parse_args() -> argparse.Namespace:
+    from bench_overhead import base_parser
+
+    parser = base_parser(__doc__.splitlines()[0], per_replica=32)
+    parser.add_argument("--places", default="disk,url", help="disk, url or both")
+    return parser.parse_args()
+
+
+def make_clock():
+    """A callback timing epochs 2..E (their ends included) and counting their steps."""
+    import keras
+
+    class Clock(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.began, self.ended, self.steps, self.epoch = None, None, 0, 0
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+            if epoch == 1:
+                self.began = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.steps += self.epoch >= 1
+
+        def on_train_end(self, logs=None):
+            self.ended = time.perf_counter()
+
+        def step_s(self) -> float:
+            return (self.ended - self.began) / self.steps
+
+    return Clock()
+
+
+@contextmanager
+def backups_off(off: bool):
+    """`BackupStore.save` as a no-op while the block runs (with `off`)."""
+    from trainer.rundir.backup import BackupStore
+
+    saved = BackupStore.save
+    if off:
+        BackupStore.save = lambda self, model, epoch, step, *a, **k: self.path(epoch, step)
+    try:
+        yield
+    finally:
+        BackupStore.save = saved
+
+
+def step_time(args, run_dir: str, off: bool) -> float:
+    """Steady seconds per step of one run into `run_dir`, with backups or without."""
+    import trainer
+
+    overrides = [f"model={args.model}", "dataset=synthetic",
+                 f"dataset.train_examples={args.examples}",
+                 f"dataset.image_size={args.image_size}", "accelerator=cpu",
+                 f"devices={args.devices}", f"epochs={args.epochs}", "verbose=0",
+                 f"batch.per_replica={args.per_replica}", "batch.drop_remainder=true",
+                 "logger=[]"]
+    clock = make_clock()
+    with backups_off(off):  # trainer.fit: a URL is a run directory at that URL, mirrored
+        trainer.fit(overrides, run_dir=run_dir, callbacks=[clock])
+    return clock.step_s()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def s3_server(scratch: str):
+    """moto's S3 server on 127.0.0.1 in this process, with the bucket `runs`; the
+    environment trainer's run directory at a URL reads."""
+    import s3fs
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/moto-api/", timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    os.environ.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1",
+                       "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+                       "TRAINER_SCRATCH": scratch})
+    s3fs.S3FileSystem(skip_instance_cache=True).mkdir("runs")
+    try:
+        yield
+    finally:
+        server.stop()
+
+
+def measure(args, place: str, scratch: str) -> list[float]:
+    """The per-pair ratios backup / none at one place."""
+    ratios = []
+    for pair in range(args.pairs):
+        times = {}
+        for side in ("none", "backup"):
+            run_dir = (f"s3://runs/{side}-{pair}" if place == "url"
+                       else tempfile.mkdtemp(dir=scratch))
+            times[side] = step_time(args, run_dir, off=side == "none")
+        ratios.append(times["backup"] / times["none"])
+        print(f"{place} pair {pair + 1}: none {times['none'] * 1e3:7.2f} ms/step  backup "
+              f"{times['backup'] * 1e3:7.2f} ms/step  (ratio {ratios[-1]:.3f})", flush=True)
+    return ratios
+
+
+def main() -> None:
+    args = parse_args()
+    from bench_overhead import start
+
+    start(args.devices)
+    places = [p for p in args.places.split(",") if p]
+    print(f"model={args.model} devices={args.devices} batch {args.per_replica} per replica; "
+          f"examples={args.examples} epochs={args.epochs} (epoch 1 not timed); a backup at "
+          "every epoch's end vs none")
+    with tempfile.TemporaryDirectory() as scratch:
+        found = {}
+        for place in places:
+            if place == "url":
+                with s3_server(os.path.join(scratch, "mirror")):
+                    found[place] = measure(args, place, scratch)
+            else:
+                found[place] = measure(args, place, scratch)
+    for place, ratios in found.items():
+        where = "on disk" if place == "disk" else "at an S3 URL (moto, 127.0.0.1)"
+        print(f"median ratio backup / none {where} over {args.pairs} pairs: "
+              f"{statistics.median(ratios):.3f}  (each: "
+              f"{', '.join(f'{r:.3f}' for r in ratios)}; target <= 1.05)")
+
+
+if __name__ == "__main__":
+    main()

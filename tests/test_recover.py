@@ -1,0 +1,84 @@
+"""Recovery from a loss blow-up (`checkpoint.recover`): the last backup restored, the batches
+that led there skipped, up to `max_trials` times; then one line naming the step."""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import numpy as np
+import pytest
+
+from trainer.config.errors import ConfigError, Diverged
+from trainer.config.validate import validate
+from trainer.run.train import train
+from trainer.rundir.recover import Recovery
+
+RECOVER = ["checkpoint.backup_every=4", "checkpoint.nan_check_every=1", "deterministic=true",
+           "batch.per_replica=32"]
+
+
+class BlowUpAt(keras.callbacks.Callback):
+    """Sends the weights to infinity after the given steps (1-based) of the first epoch, as a
+    bad batch or a huge rate would: the next step's loss is NaN."""
+
+    def __init__(self, *steps: int) -> None:
+        super().__init__()
+        self.steps, self.epoch = set(steps), 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.epoch == 0 and batch + 1 in self.steps:
+            self.steps.discard(batch + 1)
+            for variable in self.model.trainable_variables:
+                variable.assign(variable * np.inf)
+
+
+def test_a_blown_up_loss_restores_the_last_backup_skips_its_batches_and_finishes(
+        tiny_config, tmp_path):
+    summary = train(tiny_config(*RECOVER, "checkpoint.recover.max_trials=2"),
+                    run_dir=tmp_path, callbacks=[BlowUpAt(6)])
+    [found] = summary["recovered"]
+    assert math.isnan(found.pop("loss"))
+    assert found == {"epoch": 1, "step": 7, "restored": "ckpt-000000-000000004",
+                     "skipped": [5, 7]}
+    assert math.isfinite(summary["train_metrics"]["loss"])
+    assert summary["epochs_done"] == 1 and math.isfinite(summary["validation_metrics"]["loss"])
+
+
+def test_blow_ups_past_max_trials_stop_in_one_line_naming_the_step(tiny_config, tmp_path):
+    with pytest.raises(Diverged) as stopped:
+        train(tiny_config(*RECOVER, "checkpoint.recover.max_trials=1"), run_dir=tmp_path,
+              callbacks=[BlowUpAt(6, 10)])
+    line = str(stopped.value)
+    assert "\n" not in line
+    assert line.startswith("loss became nan at epoch 1, step 11, after 1 recovery (epoch 1 "
+                           "step 7; checkpoint.recover.max_trials=1)"), line
+
+
+def test_without_recovery_a_blow_up_still_stops_the_run(tiny_config, tmp_path):
+    with pytest.raises(Diverged, match="loss became nan at epoch 1, step 7"):
+        train(tiny_config(*RECOVER), run_dir=tmp_path, callbacks=[BlowUpAt(6)])
+
+
+def test_what_counts_as_a_blow_up():
+    off, bounded = Recovery(10.0, 0), Recovery(10.0, 3)
+    assert off.blown_up(float("nan")) and not off.blown_up(11.0)  # the bound needs recovery
+    assert bounded.blown_up(11.0) and bounded.blown_up(float("inf"))
+    assert not bounded.blown_up(9.5) and not Recovery(None, 3).blown_up(1e6)
+    assert bounded.trials_left()
+    for step in (5, 9, 13):
+        bounded.record(1, step, 12.0, "ckpt-000000-000000004", 4)
+    assert not bounded.trials_left()
+    assert bounded.recovered[-1]["skipped"] == [5, 13]
+
+
+@pytest.mark.parametrize(("override", "named"), [
+    ("checkpoint.recover.max_trials=-1", "checkpoint.recover.max_trials must be a whole number"),
+    ("checkpoint.recover.loss_upper_bound=inf", "checkpoint.recover.loss_upper_bound must be "
+                                                "a finite number")])
+def test_bad_recover_settings_are_one_line(tiny_config, override, named):
+    with pytest.raises(ConfigError, match=named):
+        validate(tiny_config(override))
