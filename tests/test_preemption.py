@@ -51,6 +51,16 @@ def test_a_preemption_notice_at_start_up_is_the_one_line_of_sigterm():
     assert code == EXIT_INTERRUPTED and line.startswith("interrupted: SIGUSR1 outside"), line
 
 
+def test_a_signal_caught_at_one_start_up_is_not_raised_again_in_a_later_run():
+    """The block's signals are checked again once TensorFlow started, inside the block; a
+    later `trainer.fit` in the same process (no block of its own) stopped on a notice an
+    earlier block had already turned into its one line."""
+    with pytest.raises(process.Terminated), process.signals_raise():
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(5)
+    process.raise_if_signalled()  # nothing left over
+
+
 WAITS_FOR_NOTICE = ("import signal, sys, time\n"
                     "signal.signal(signal.SIGUSR1, lambda *a: sys.exit(75))\n"
                     "print('ready', flush=True)\n"

@@ -122,6 +122,7 @@ def signals_raise() -> Iterator[None]:
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
+        _signalled.clear()  # a signal of this block is this block's: never a later run's
 
 
 def start_tensorflow() -> None:
