@@ -52,6 +52,7 @@ from trainer.config.schema import register_configs
 from trainer.config.validate import parse_devices
 from trainer.distribute.cluster import Cluster, cluster_of_config, slurm_devices
 from trainer.distribute.device_plan import DevicePlan, memory_option, plan_devices
+from trainer.distribute.launch import describe_exit
 from trainer.run.preflight import ONEDNN, exact_kernels
 
 # Set in the child's environment: it runs the call itself, never in another child.
@@ -192,7 +193,7 @@ def fit_in_child(fresh: Fresh, fit: Callable[..., Any], call: Mapping[str, Any])
         code = _run_child(sent, outcome, dict(fresh.environ))
         if not outcome.is_file():
             raise TrainerError(f"the fresh process running trainer.fit ended with "
-                               f"{_exit(code)} before returning (its output is above)",
+                               f"{describe_exit(code)} before returning (its output is above)",
                                code if code > 0 else 1)
         kind, value = pickle.loads(outcome.read_bytes())
     if kind == "error":
@@ -258,16 +259,6 @@ def _part(call: Mapping[str, Any], where: str) -> Any:
     for key in (rest[:-1].split("][") if rest else ()):
         found = found[ast.literal_eval(key)]
     return found
-
-
-def _exit(code: int) -> str:
-    """`exit code 1`, or the signal that ended the child."""
-    if code < 0:
-        try:
-            return signal.Signals(-code).name
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit code {code}"
 
 
 def _run_child(sent: Path, outcome: Path, environ: dict[str, str]) -> int:
