@@ -29,6 +29,7 @@ from trainer.task.build import (
     check_variables_in_scope,
     choose_task,
     default_loss,
+    first_batch,
     logged_metrics,
     make_saveable,
     optimizer_for,
@@ -123,8 +124,9 @@ def compiled_model(spec: Spec, data: Data, global_batch: int, steps: int,
                   jit_compile=speed.jit_compile)
     build_compiled(model, x, y)
     check_variables_in_scope(model, place[0])
-    check_class_losses(model, data.probe)
-    check_one_batch(model, data.probe, source.num_classes, data.validation is not None)
+    probed = first_batch(data.probe)
+    check_class_losses(model, probed)
+    check_one_batch(model, probed, source.num_classes, data.validation is not None)
     names, ways = logged_metrics(model)
     weights_only = make_saveable(model)
     return Compiled(model, lr, task.loss, tuple(names), ways, task.compiled_by, weights_only,

@@ -565,21 +565,28 @@ def save_weights_in_keras_files(model: keras.Model, reason: str) -> None:
     model.save = save
 
 
-def check_class_losses(model: keras.Model, batches: tf.data.Dataset) -> None:
+def first_batch(batches: tf.data.Dataset) -> Any:
+    """The first batch the checks before training probe, read once (an uncached source's
+    files are read once more for it, not once per check); None when there is none or it
+    does not read: bad data (a NaN, an image that does not decode) is named by the run's
+    data checks, with the source's words, as it trains."""
+    try:
+        return next(iter(batches.take(1)), None)
+    except tf.errors.OpError:
+        return None
+
+
+def check_class_losses(model: keras.Model, batch: Any) -> None:
     """Refuses a loss over class indices (sparse categorical cross-entropy) on float targets
     that are not whole numbers (a regression target, read as classes, would train without
     an error); float class indices (`1.0`) are taken, as Keras takes them.
 
     Args:
         model: the compiled model.
-        batches: the batches whose first one is probed.
+        batch: the probed batch (`first_batch`), or None.
     """
     entries = compiled_losses(model)
     if entries is None:
-        return
-    try:
-        batch = next(iter(batches.take(1)), None)
-    except tf.errors.OpError:  # bad data: the run's data checks name it as it trains
         return
     y_true = None if batch is None else keras.utils.unpack_x_y_sample_weight(batch)[1]
     for index, entry in enumerate(entries):
@@ -605,7 +612,7 @@ def check_class_losses(model: keras.Model, batches: tf.data.Dataset) -> None:
 PROBED = 8
 
 
-def check_one_batch(model: keras.Model, batches: tf.data.Dataset,
+def check_one_batch(model: keras.Model, batch: Any,
                     num_classes: int | None, validated: bool = True) -> None:
     """Checks, before training, that the model's compiled losses take its outputs and the
     dataset's targets, that a class loss has a unit per class, and that a model with its
@@ -613,7 +620,8 @@ def check_one_batch(model: keras.Model, batches: tf.data.Dataset,
 
     Args:
         model: the compiled, built model.
-        batches: the validation batches, as training's validation reads them.
+        batch: the first validation batch, as training's validation reads it
+            (`first_batch`), or None.
         num_classes: the dataset's classes (None: not a class target).
         validated: whether the run has a validation split (`batches` are then its own).
 
@@ -621,10 +629,6 @@ def check_one_batch(model: keras.Model, batches: tf.data.Dataset,
         ConfigError: one line naming the loss, the output and the target's shape.
     """
     entries = compiled_losses(model) or []
-    try:
-        batch = next(iter(batches.take(1)), None)
-    except tf.errors.OpError:  # bad data (a NaN, an image that does not decode): the run's
-        return                 # data checks name it, with the source's words, as it trains
     if batch is None:
         return
     if keeps_own_train_step(model):
