@@ -185,3 +185,22 @@ def test_augmentations_are_checked_against_the_shape_of_the_features():
         check_inputs(["mixup"], {"num": (4,), "cat": (1,)}, "shop")
     with pytest.raises(ConfigError, match=r"augment zoom needs image inputs"):
         check_inputs(["zoom"], (28, 28), "grey rows")
+
+
+def test_a_users_preprocess_with_python_control_flow_over_tensors_runs_in_every_epoch():
+    """trainer's epoch builder is left unconverted by AutoGraph (it costs a run's start
+    seconds); a user's preprocess, run there when nothing is cached, is still converted:
+    an `if` and a `for` over tensors work as in `Dataset.map`."""
+    def preprocess(image, label):
+        if tf.reduce_max(image) > 250:  # a tensor condition: AutoGraph's tf.cond
+            image = image // 2
+        for _ in tf.range(2):  # a tensor loop: AutoGraph's tf.while_loop
+            label = label + 1
+        return image, label
+
+    data = tf.data.Dataset.from_tensor_slices((IMAGES, LABELS))
+    batches = build_training_epochs(data, 16, first_epoch=0, epochs=2, scale=1 / 255, seed=7,
+                                    shuffle_buffer=48, examples=48, preprocess=preprocess,
+                                    cache="none")
+    labels = sorted(int(y) for _, ys in batches for y in ys.numpy())
+    assert labels == sorted(list(range(2, 50)) * 2)

@@ -393,6 +393,7 @@ def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_
     streams = reading.streams(dataset, place)  # each lane preprocessed (and cached) apart
     end = sum(batches) if place.several and drop_remainder else None
 
+    @tf.autograph.experimental.do_not_convert  # trainer's own code: see `_converted`
     def one_epoch(epoch):
         elements = reading.epoch(streams, place, epoch, end)
         if place.several:
@@ -573,10 +574,12 @@ def _augmented(positioned: tf.data.Dataset, preprocess: Callable | None,
     cached, then augmented each with the seed (epoch, position); `(position, element)`
     again with `keep_position`."""
     if preprocess is not None:
-        positioned = positioned.map(lambda p, element: (p, preprocess(*element)),
+        converted = _converted(preprocess)
+        positioned = positioned.map(lambda p, element: (p, converted(*element)),
                                     num_parallel_calls=tf.data.AUTOTUNE)
     if extra.per_element is not None:
-        return _keyed_map(positioned, extra.per_element, extra.key(epoch), keep_position)
+        return _keyed_map(positioned, _converted(extra.per_element), extra.key(epoch),
+                          keep_position)
     return positioned if keep_position else positioned.map(lambda _, element: element)
 
 
@@ -591,14 +594,16 @@ def _batch_extras(batches: tf.data.Dataset, extra: _Augmentation, epoch: Any,
 def _extras(keyed: tf.data.Dataset, extra: _Augmentation, weigh: Callable | None,
             place: Place) -> tf.data.Dataset:
     """`_batch_extras` on `(epoch, index in the epoch, batch)`s."""
-    for layer in extra.layers:
+    for layer in map(_converted, extra.layers):
         keyed = keyed.map(lambda e, k, batch, layer=layer:
                           (e, k, (layer(batch[0], training=True), *batch[1:])),
                           num_parallel_calls=tf.data.AUTOTUNE)
     if extra.mix is not None:  # a key apart from the images'
+        mixer = _converted(extra.mix)
+
         def mix(e, k, batch):
             index = replica_index(place, k) if place.several else k
-            return extra.mix(*batch, tf.stack([extra.key(e, 104729), index]))
+            return mixer(*batch, tf.stack([extra.key(e, 104729), index]))
 
         batches = keyed.map(mix, num_parallel_calls=tf.data.AUTOTUNE)
     else:
@@ -606,6 +611,15 @@ def _extras(keyed: tf.data.Dataset, extra: _Augmentation, weigh: Callable | None
     if weigh is not None:
         batches = batches.map(weigh, num_parallel_calls=tf.data.AUTOTUNE)
     return batches
+
+
+def _converted(fn: Callable) -> Callable:
+    """A user's function (a preprocess, an augmenter, a batch layer or mixer) as AutoGraph
+    converts it, also inside trainer's epoch builder, which AutoGraph leaves alone: converting
+    trainer's own pipeline code cost a run 1-4 s at its start, and it holds no Python control
+    flow over tensors. A user's may (`if image.shape[0] > 32:` on a tensor, a `for` over a
+    tf.range), and dataset functions nested in an unconverted one are left unconverted too."""
+    return tf.function(fn)
 
 
 def _checked_sizes(num_classes: Any, **arrays: Any) -> dict[str, int]:
