@@ -21,7 +21,7 @@ from tests.test_multiworker import COMMON, assert_same_weights, launches, refere
 from trainer.config.errors import ConfigError
 from trainer.config.validate import service_of
 from trainer.data import service
-from trainer.data.pipeline import build_training_epochs
+from trainer.data.pipeline import Batches, Epochs, Order, Prep, build_training_epochs
 from trainer.data.shares import Place
 from trainer.run.train import train
 from trainer.rundir.resume import check_resume
@@ -75,10 +75,9 @@ def _batches(served, place, lanes, cache, drop=False):
     y = np.eye(3, dtype=np.float32)[np.arange(103) % 3]
     dataset = tf.data.Dataset.from_tensor_slices((x, y))
     epochs = build_training_epochs(
-        dataset, 16, first_epoch=1, epochs=3, skip_steps=1, seed=7, examples=103, replicas=2,
-        augment=["flip", "mixup"], lanes=lanes, place=place, cache=cache,
-        preprocess=lambda a, b: (a * 2, b), drop_remainder=drop, shuffle_buffer=40,
-        service=served)
+        dataset, Batches(16, 2, 103, drop), Epochs(1, 3, 1),
+        prep=Prep(lambda a, b: (a * 2, b), cache=cache), order=Order(7, 40, lanes),
+        place=place, augment=["flip", "mixup"], service=served)
     return list(epochs.as_numpy_iterator())
 
 

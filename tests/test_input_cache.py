@@ -11,7 +11,7 @@ from conftest import error_lines, run_main
 
 from trainer.config.errors import ConfigError
 from trainer.config.validate import cache_mode
-from trainer.data.pipeline import build_training_epochs
+from trainer.data.pipeline import Batches, Epochs, Order, Prep, build_training_epochs
 from trainer.evaluate import load_checkpoint
 from trainer.run.train import train
 from trainer.rundir.resume import check_resume
@@ -49,9 +49,9 @@ def counted_epochs(log, cache_file, epochs=2):
         return tf.cast(image, tf.float32) * 2, tf.py_function(record, [label], tf.int32)
 
     data = tf.data.Dataset.from_tensor_slices((IMAGES, np.arange(40, dtype=np.int32)))
-    batches = build_training_epochs(data, 8, first_epoch=0, epochs=epochs, seed=3,
-                                    preprocess=preprocess, cache="disk", examples=40,
-                                    lanes=2, cache_file=cache_file)
+    batches = build_training_epochs(data, Batches(8, examples=40), Epochs(0, epochs),
+                                    prep=Prep(preprocess, cache="disk", cache_file=cache_file),
+                                    order=Order(seed=3, lanes=2))
     return [y.numpy().tolist() for _, y in batches]
 
 
