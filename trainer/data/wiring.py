@@ -126,21 +126,21 @@ def build_data(source: Source, options: PipelineOptions, batching: Batching, *,
     if "train" in source.endless:
         make_train = _stream_maker(source, batching, order, class_weight)
     else:
-        make_train = _epochs_maker(source, batching, reading, order, (augment, class_weight))
+        make_train = _epochs_maker(source, batching, reading, order, augment, class_weight)
     validation, test, probe = _evaluations(source, batching, reading, order)
     return Data(source=source, make_train=make_train, validation=validation, test=test,
                 reading=reading.report(source), probe=probe)
 
 
 def _epochs_maker(source: Source, batching: Batching, reading: Reading, order: Order,
-                  extras: tuple[Any, dict[int, float] | None]) -> Callable[[int, int, int], Any]:
+                  augment: Any,
+                  class_weight: dict[int, float] | None) -> Callable[[int, int, int], Any]:
     """`make_train` of a finite training split: epochs of one pass each; with
     `steps_per_epoch`, epochs of that many steps read one after another from the passes
     (which `bounded` made a divisor of a pass's batches), as Keras's one iterator reads a
-    finite dataset with `steps_per_epoch`. `extras`: (augment, class_weight)."""
+    finite dataset with `steps_per_epoch`."""
     steps = batching.steps_per_epoch
     per_pass = steps_per_epoch(source.train_size, batching.global_batch, batching.drop_remainder)
-    augment, class_weight = extras
     prep = reading.prep(source, "train", shard=source.shard)
     batches = Batches(batching.global_batch, batching.shards, source.train_size,
                       batching.drop_remainder)
@@ -200,16 +200,16 @@ def _evaluations(source: Source, batching: Batching, reading: Reading,
     probe is the validation batches, or without them the first training examples."""
     # The test split is read once, at the end: no cache holding it through the run.
     test = (_evaluation(source.test, source.test_size, batching, reading.shared,
-                        (reading.prep(source, "test", cache="none"), order))
+                        reading.prep(source, "test", cache="none"), order)
             if source.test is not None and source.test_size > 0 else None)
     validation = (_evaluation(source.validation, source.validation_size, batching,
-                              reading.shared, (reading.prep(source, "validation"), order))
+                              reading.shared, reading.prep(source, "validation"), order)
                   if source.validation is not None and source.validation_size > 0 else None)
     probe = validation
     if probe is None:
         first = min(source.train_size, batching.eval_batch or batching.global_batch)
         probe = _evaluation(source.train.take(first), first, batching, reading.shared,
-                            (reading.prep(source, "train", cache="none"), order))
+                            reading.prep(source, "train", cache="none"), order)
     return validation, test, probe
 
 
@@ -348,13 +348,12 @@ def stop_services() -> None:
 
 
 def _evaluation(split: Any, examples: int, batching: Batching,
-                shared: Callable[[Callable[[Place], Any]], Any],
-                reading: tuple[Prep, Order]) -> Any:
+                shared: Callable[[Callable[[Place], Any]], Any], prep: Prep,
+                order: Order) -> Any:
     """A split's evaluation batches (this worker's share of each, on several, as `shared`
-    hands them to the strategy), read as `reading` (its `Prep` and `Order`) says."""
+    hands them to the strategy), made ready as `prep` says."""
     replicas = batching.shards if batching.eval_batch is None else batching.replicas
     batches = Batches(batching.eval_batch or batching.global_batch, replicas, examples)
-    prep, order = reading
 
     def build(place: Place) -> Any:
         return build_pipeline(split, batches, training=False, prep=prep, order=order,
