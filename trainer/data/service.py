@@ -72,9 +72,9 @@ class Service:
                   f"{', '.join(t.partition('://')[2] for t in targets)}, one worker each "
                   f"(ports {', '.join(map(str, local_ports()))}), in this process until the "
                   "run ends", flush=True)
-            return cls(str(value), targets, True)
+            return cls(str(value), targets, local=True)
         check_reachable(where, str(value))
-        return cls(str(value), (f"grpc://{where}",), False)
+        return cls(str(value), (f"grpc://{where}",), local=False)
 
     def distributed(self, dataset: tf.data.Dataset, stream: int) -> tf.data.Dataset:
         """`dataset` produced by the service of stream `stream`, one copy in order."""
