@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from trainer.data import fingerprint, image_folder  # noqa: E402
-from trainer.data.pipeline import build_pipeline  # noqa: E402
+from trainer.data.pipeline import Batches, Order, Prep, build_pipeline  # noqa: E402
 
 CLASSES, SIDE, BATCH = 10, 32, 64
 
@@ -88,9 +88,9 @@ def time_epoch(source: image_folder.Source) -> tuple[float, float]:
     for data, size, training in ((source.train, source.train_size, True),
                                  (source.validation, source.validation_size, False)):
         start = time.perf_counter()
-        dataset = build_pipeline(data, BATCH, training=training, preprocess=source.preprocess,
-                                 scale=source.scale, seed=0, cache=True, shuffle_buffer=10000,
-                                 examples=size)
+        dataset = build_pipeline(data, Batches(BATCH, examples=size), training=training,
+                                 prep=Prep(source.preprocess, source.scale, "memory"),
+                                 order=Order(seed=0, shuffle_buffer=10000))
         for _ in dataset:
             pass
         times.append(time.perf_counter() - start)

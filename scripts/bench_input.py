@@ -26,7 +26,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from trainer.data.pipeline import build_pipeline  # noqa: E402
+from trainer.data.pipeline import Batches, Order, Prep, build_pipeline  # noqa: E402
 from trainer.data.tfds import _decoder as tfds_decoder  # noqa: E402
 
 SIZE = 224
@@ -78,10 +78,10 @@ class JpegFeature:
 
 def ours(contents, labels, batch):
     """trainer's cats_vs_dogs chain: its TFDS decoder (decode, resize), then the pipeline."""
-    return build_pipeline(tf.data.Dataset.from_tensor_slices((contents, labels)), batch,
-                          training=True, preprocess=tfds_decoder(JpegFeature(), SIZE),
-                          scale=1 / 255.0,
-                          seed=0, cache=False, shuffle_buffer=1024)
+    return build_pipeline(tf.data.Dataset.from_tensor_slices((contents, labels)),
+                          Batches(batch), training=True,
+                          prep=Prep(tfds_decoder(JpegFeature(), SIZE), 1 / 255.0, "none"),
+                          order=Order(seed=0, shuffle_buffer=1024))
 
 
 def examples_per_second(dataset: tf.data.Dataset) -> float:

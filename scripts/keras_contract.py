@@ -66,7 +66,13 @@ def plain_keras(name: str) -> tuple[list, dict[str, list[float]]]:
     import keras
 
     from trainer.config.validate import runtime_seed
-    from trainer.data.pipeline import build_pipeline, build_training_epochs
+    from trainer.data.pipeline import (
+        Batches,
+        Epochs,
+        Order,
+        build_pipeline,
+        build_training_epochs,
+    )
 
     scenario = ks.SCENARIOS[name]
     # trainer seeds TensorFlow's global seed too: tf.data's shuffle order depends on it
@@ -79,11 +85,10 @@ def plain_keras(name: str) -> tuple[list, dict[str, list[float]]]:
         # over a repeated dataset runs a chunk past an epoch's end)
         options.pop("steps_per_execution", None)
         model.compile(_optimizer(options.pop("optimizer", None)), **options)
-    epochs = build_training_epochs(source.train, BATCH, first_epoch=0, epochs=EPOCHS,
-                                   seed=runtime_seed(SEED), replicas=1,
-                                   examples=source.train_size)
-    validation = build_pipeline(source.validation, BATCH, training=False,
-                                examples=source.validation_size)
+    epochs = build_training_epochs(source.train, Batches(BATCH, 1, source.train_size),
+                                   Epochs(0, EPOCHS), order=Order(seed=runtime_seed(SEED)))
+    validation = build_pipeline(source.validation, Batches(BATCH, 1, source.validation_size),
+                                training=False)
     history = model.fit(epochs, epochs=EPOCHS, steps_per_epoch=-(-source.train_size // BATCH),
                         validation_data=validation, verbose=0,
                         class_weight=scenario.class_weight,

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from trainer.config.errors import ConfigError
 from trainer.data.augment import check, describe
 from trainer.data.augmenters import _affine
-from trainer.data.pipeline import build_training_epochs
+from trainer.data.pipeline import Batches, Epochs, Order, Prep, build_training_epochs
 from trainer.run.train import train
 
 IMAGES = np.random.default_rng(0).integers(0, 256, (48, 12, 12, 3)).astype(np.uint8)
@@ -19,9 +19,9 @@ LABELS = np.arange(48, dtype=np.int32)  # each label names its image
 
 def epochs(augment, seed=7, first=0, count=2):
     data = tf.data.Dataset.from_tensor_slices((IMAGES, LABELS))
-    batches = build_training_epochs(data, 16, first_epoch=first, epochs=first + count,
-                                    scale=1 / 255, seed=seed, shuffle_buffer=48,
-                                    augment=augment, examples=48)
+    batches = build_training_epochs(data, Batches(16, examples=48),
+                                    Epochs(first, first + count), prep=Prep(scale=1 / 255),
+                                    order=Order(seed, 48), augment=augment)
     out = [(x.numpy(), y.numpy()) for x, y in batches]
     return [out[i:i + 3] for i in range(0, len(out), 3)]  # 3 batches per epoch
 
@@ -101,8 +101,9 @@ def test_evaluation_never_sees_augmentation(make_run, tmp_path):
 def mixed_epoch(name, seed=7):
     hot = np.eye(48, dtype=np.float32)[LABELS]  # 48 classes: label i is image i
     data = tf.data.Dataset.from_tensor_slices((IMAGES, hot))
-    batches = build_training_epochs(data, 16, first_epoch=0, epochs=1, scale=1 / 255,
-                                    seed=seed, shuffle_buffer=48, augment=[name], examples=48)
+    batches = build_training_epochs(data, Batches(16, examples=48), Epochs(0, 1),
+                                    prep=Prep(scale=1 / 255), order=Order(seed, 48),
+                                    augment=[name])
     return [(x.numpy(), y.numpy()) for x, y in batches]
 
 

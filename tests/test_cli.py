@@ -423,11 +423,14 @@ CHECKS = ("check_name", "check_writable", "validate", "check_loggers", "check", 
           "nothing_to_add", "refuse_finished_run", "check_backups_kept", "latest_state",
           "check_resume", "check_same_data", "check_global_batch", "check_metric_name",
           "check_inputs", "check_class_weight", "check_free_space", "parse_devices",
-          "export_formats")
+          "export_formats", "read_pipeline", "service_of")
 # What one new run checks and parses once each, the command line's and trainer.fit's alike.
 ONCE = {("trainer.config.validate", "validate", False),
         ("trainer.config.validate", "parse_devices", False),
         ("trainer.config.validate", "export_formats", False),
+        # the dataset's pipeline options (`Spec.pipeline`): the data reads the record
+        ("trainer.config.validate", "read_pipeline", False),
+        ("trainer.config.validate", "service_of", False),
         ("trainer.track.loggers", "check_loggers", False),
         ("trainer.track.loggers", "check_loggers", True),
         ("trainer.data.augment", "check", False),
@@ -498,11 +501,12 @@ def test_one_command_line_run_makes_every_check_once(tmp_path, monkeypatch):
 
 
 def test_one_fit_run_makes_every_check_and_parses_every_value_once(tmp_path, monkeypatch):
-    """`trainer.fit`, as the command line: `devices` and `export` parsed once (into the
-    run's `Spec`), every check once. Two known exceptions, both before the pre-flight: in
-    a process whose TensorFlow started (this one), `trainer.child.needed` parses `devices`
-    and resolves the cluster to decide whether the run needs a fresh process, and
-    `trainer.api` resolves the cluster to send a non-chief worker's `.hydra/` elsewhere.
+    """`trainer.fit`, as the command line: `devices`, `export` and the dataset's pipeline
+    options parsed once (into the run's `Spec`), every check once. Two known exceptions,
+    both before the pre-flight: in a process whose TensorFlow started (this one),
+    `trainer.child.needed` parses `devices` and resolves the cluster to decide whether the
+    run needs a fresh process, and `trainer.api` resolves the cluster to send a non-chief
+    worker's `.hydra/` elsewhere.
     Folding both into the pre-flight's one reading is the run's-place work still open."""
     import trainer
 

@@ -9,7 +9,7 @@ import tensorflow_datasets as tfds
 
 from tests.conftest import error_lines, run_main
 from trainer.data import image_folder, synthetic
-from trainer.data.pipeline import DataError, build_pipeline
+from trainer.data.pipeline import Batches, DataError, Order, Prep, build_pipeline
 from trainer.run.train import train
 
 FAST = ["epochs=1", "verbose=0", "logger=[]", "accelerator=cpu", "devices=2"]
@@ -107,7 +107,8 @@ def test_image_folder_missing_or_empty(tmp_path, setup, message):
 
 def first_epoch_labels(seed):
     source = synthetic.load(train_examples=64, validation_examples=8, image_size=4, seed=1)
-    ds = build_pipeline(source.train, 16, training=True, seed=seed, scale=source.scale)
+    ds = build_pipeline(source.train, Batches(16), training=True, order=Order(seed),
+                        prep=Prep(scale=source.scale))
     return np.concatenate([y.numpy() for _, y in ds])
 
 
@@ -121,11 +122,11 @@ def test_resized_byte_images_are_cached_as_bytes():
     def resize(image, label):
         return tf.image.resize(image, (2, 2)), label
 
-    cached = prepare(images, resize, cache=True, scale=1 / 255)
+    cached = prepare(images, Prep(resize, 1 / 255))
     assert cached.element_spec[0].dtype == tf.uint8
     assert next(iter(cached))[0].numpy().tolist() == [[[0, 128, 255]] * 2] * 2
-    assert prepare(images, resize, cache=False, scale=1 / 255).element_spec[0].dtype == tf.float32
-    assert prepare(images, resize, cache=True, scale=1.0).element_spec[0].dtype == tf.float32
+    assert prepare(images, Prep(resize, 1 / 255, "none")).element_spec[0].dtype == tf.float32
+    assert prepare(images, Prep(resize, 1.0)).element_spec[0].dtype == tf.float32
 
 
 def test_pipeline_order_is_deterministic_with_a_seed():
@@ -140,22 +141,25 @@ def test_evaluation_and_prediction_batches_keep_the_input_order_without_a_seed()
     batch's files. Evaluation batches keep the input order; training batches without a seed
     may come in any order (their order is random anyway)."""
     source = synthetic.load(train_examples=10, validation_examples=10, image_size=4, seed=1)
-    evaluation = build_pipeline(source.validation, 4, training=False, scale=source.scale)
+    scaled = Prep(scale=source.scale)
+    evaluation = build_pipeline(source.validation, Batches(4), training=False, prep=scaled)
     assert evaluation.options().deterministic is True
-    training = build_pipeline(source.train, 4, training=True, scale=source.scale)
+    training = build_pipeline(source.train, Batches(4), training=True, prep=scaled)
     assert training.options().deterministic is False
-    seeded = build_pipeline(source.train, 4, training=True, scale=source.scale, seed=3)
+    seeded = build_pipeline(source.train, Batches(4), training=True, prep=scaled,
+                            order=Order(seed=3))
     assert seeded.options().deterministic is True
 
 
 def test_pipeline_keeps_the_last_partial_batch_and_scales():
     source = synthetic.load(train_examples=10, validation_examples=10, image_size=4, seed=1)
-    sizes = [int(x.shape[0]) for x, _ in build_pipeline(source.validation, 4, training=False,
-                                                        scale=source.scale)]
+    scaled = Prep(scale=source.scale)
+    sizes = [int(x.shape[0]) for x, _ in build_pipeline(source.validation, Batches(4),
+                                                        training=False, prep=scaled)]
     assert sizes == [4, 4, 2]
-    dropped = build_pipeline(source.train, 4, training=True, drop_remainder=True)
+    dropped = build_pipeline(source.train, Batches(4, drop_remainder=True), training=True)
     assert [int(x.shape[0]) for x, _ in dropped] == [4, 4]
-    x, _ = next(iter(build_pipeline(source.train, 4, training=False, scale=source.scale)))
+    x, _ = next(iter(build_pipeline(source.train, Batches(4), training=False, prep=scaled)))
     assert x.dtype == tf.float32
     assert 0.0 <= float(tf.reduce_min(x)) <= float(tf.reduce_max(x)) <= 1.0
 
@@ -186,7 +190,7 @@ def test_reported_validation_accuracy_counts_every_example_once(make_run, tmp_pa
 
 def test_no_replica_gets_an_empty_share_of_the_last_batch():
     source = synthetic.load(train_examples=50, validation_examples=10, image_size=4, seed=1)
-    ds = build_pipeline(source.train, 24, training=True, seed=0, replicas=3, examples=50)
+    ds = build_pipeline(source.train, Batches(24, 3, 50), training=True, order=Order(seed=0))
     assert [int(x.shape[0]) for x, _ in ds] == [24, 23, 3]
 
 

@@ -19,9 +19,9 @@ import tensorflow as tf
 from tests.conftest import REPO, error_lines, run_main
 from tests.test_multiworker import COMMON, assert_same_weights, launches, reference  # noqa: F401
 from trainer.config.errors import ConfigError
-from trainer.config.validate import service_of
+from trainer.config.validate import read_pipeline, service_of
 from trainer.data import service
-from trainer.data.pipeline import build_training_epochs
+from trainer.data.pipeline import Batches, Epochs, Order, Prep, build_training_epochs
 from trainer.data.shares import Place
 from trainer.run.train import train
 from trainer.rundir.resume import check_resume
@@ -69,16 +69,20 @@ def test_a_resume_may_add_move_or_drop_the_service(tmp_path):
                      {"epochs": 2, "dataset": {"lanes": 2}})
 
 
+def read(value):
+    """`dataset.service` as the run reads it (`Spec.pipeline.served`)."""
+    return read_pipeline({"_target_": "trainer.data.digits.load", "service": value}).served
+
+
 def _batches(served, place, lanes, cache, drop=False):
     rng = np.random.default_rng(0)
     x = rng.random((103, 3, 3, 1), dtype=np.float32)
     y = np.eye(3, dtype=np.float32)[np.arange(103) % 3]
     dataset = tf.data.Dataset.from_tensor_slices((x, y))
     epochs = build_training_epochs(
-        dataset, 16, first_epoch=1, epochs=3, skip_steps=1, seed=7, examples=103, replicas=2,
-        augment=["flip", "mixup"], lanes=lanes, place=place, cache=cache,
-        preprocess=lambda a, b: (a * 2, b), drop_remainder=drop, shuffle_buffer=40,
-        service=served)
+        dataset, Batches(16, 2, 103, drop), Epochs(1, 3, 1),
+        prep=Prep(lambda a, b: (a * 2, b), cache=cache), order=Order(7, 40, lanes),
+        place=place, augment=["flip", "mixup"], service=served)
     return list(epochs.as_numpy_iterator())
 
 
@@ -90,7 +94,7 @@ def test_served_batches_are_those_without_a_service(place, lanes, cache, drop, s
     batches, example for example, as the pipeline without them (augmentation and a batch
     mixer, a resumed first step skipped, one worker or one of several, with and without a
     cache, lanes the 2 x workers divide or not, a dropped last batch)."""
-    served = service.Service.of("local:2")
+    served = service.Service.of(read("local:2"))
     ports = service.local_ports()
     assert len(ports) == 4 and all(map(listening, ports))
     expected = _batches(None, place, lanes, cache, drop)
@@ -114,7 +118,7 @@ def test_a_dispatcher_of_several_workers_is_one_line(stopped_after):
         deadline = time.monotonic() + 30  # both registered: a job then has a task on each
         while dispatcher._num_workers() < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        served = service.Service.of(f"grpc://127.0.0.1:{address.rpartition(':')[2]}")
+        served = service.Service.of(read(f"grpc://127.0.0.1:{address.rpartition(':')[2]}"))
         # Which task serves first is the servers' timing: a job whose first task delivers
         # the whole split in order before the other starts is in place (and trains right),
         # so a few jobs are tried; one of them interleaves the two copies.

@@ -11,7 +11,7 @@ import tensorflow as tf
 from tests.conftest import error_lines, make_config, run_main
 from trainer.config.errors import ConfigError, Diverged
 from trainer.config.validate import validate
-from trainer.data.pipeline import non_finite_found, prepare
+from trainer.data.pipeline import Prep, non_finite_found, prepare
 from trainer.plan.scaling import scaled_learning_rate, warmup_steps
 from trainer.rundir.backup import Backup, BackupStore, StopRequest
 
@@ -62,32 +62,31 @@ def test_a_non_finite_value_is_named_by_split_row_and_part_as_it_is_read():
     x = np.zeros((8, 3), "float32")
     x[5, 1], x[6, 0] = np.nan, np.inf
     y = np.arange(8)
-    found = read_failure(prepare(tf.data.Dataset.from_tensor_slices((x, y)), None, True,
-                                 role="validation"))
+    found = read_failure(prepare(tf.data.Dataset.from_tensor_slices((x, y)),
+                                 Prep(role="validation")))
     assert found == ("validation", 5, "features")
     targets = np.ones(8, "float32")
     targets[2] = -np.inf
     named = {"num": np.zeros((8, 2), "float32"), "cat": np.zeros((8, 1), "int32")}
     named["num"][7, 0] = np.nan
-    assert read_failure(prepare(tf.data.Dataset.from_tensor_slices((named, targets)), None,
-                                False, role="train")) == ("train", 2, "targets")
+    assert read_failure(prepare(tf.data.Dataset.from_tensor_slices((named, targets)),
+                                Prep(cache="none", role="train"))) == ("train", 2, "targets")
     targets[2] = 1
-    assert read_failure(prepare(tf.data.Dataset.from_tensor_slices((named, targets)), None,
-                                False, role="train")) == ("train", 7, "features num")
+    assert read_failure(prepare(tf.data.Dataset.from_tensor_slices((named, targets)),
+                                Prep(cache="none", role="train"))) == ("train", 7, "features num")
 
 
 def test_finite_inputs_pass_unchanged_and_integer_or_unnamed_splits_add_no_step():
     x = np.arange(12, dtype="float32").reshape(4, 3)
-    dataset = prepare(tf.data.Dataset.from_tensor_slices((x, np.arange(4))), None, True,
-                      role="train")
+    dataset = prepare(tf.data.Dataset.from_tensor_slices((x, np.arange(4))), Prep(role="train"))
     first = [a.numpy() for a, _ in dataset]
     np.testing.assert_array_equal(np.stack(first), x)
     # Integer parts cannot be non-finite, and prediction's inputs (no role) are not checked:
     # neither adds a step.
     plain = tf.data.Dataset.from_tensor_slices((x.astype("int32"), np.arange(4)))
-    assert prepare(plain, None, False, role="train") is plain
+    assert prepare(plain, Prep(cache="none", role="train")) is plain
     floats = tf.data.Dataset.from_tensor_slices((x, np.arange(4)))
-    assert prepare(floats, None, False) is floats
+    assert prepare(floats, Prep(cache="none")) is floats
 
 
 def test_the_nan_guard_reads_the_validation_loss_at_an_epochs_end(tmp_path):

@@ -7,11 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import error_lines, run_main
+from conftest import error_lines, make_config, run_main
 
 from trainer.config.errors import ConfigError
-from trainer.config.validate import cache_mode
-from trainer.data.pipeline import build_training_epochs
+from trainer.config.schema import DataService
+from trainer.config.validate import cache_mode, validate
+from trainer.data.pipeline import Batches, Epochs, Order, Prep, build_training_epochs
 from trainer.evaluate import load_checkpoint
 from trainer.run.train import train
 from trainer.rundir.resume import check_resume
@@ -23,6 +24,22 @@ def test_cache_modes_and_the_older_booleans():
     with pytest.raises(ConfigError, match="dataset.cache must be memory, disk or none .*"
                                           "received: 'ram'"):
         cache_mode("ram")
+
+
+def test_the_check_reads_the_pipeline_options_for_the_spec():
+    """What the `Spec` holds as `pipeline`: the schema's `PipelineOptions`, `cache` as its
+    mode, the shuffle buffer 0 without shuffling, the service parsed; the source's builder
+    never sees these keys."""
+    cfg = make_config("dataset.cache=true", "dataset.shuffle=false", "dataset.service=local:2",
+                      "dataset.lanes=4")
+    options = validate(cfg).pipeline
+    assert (options.cache, options.buffer, options.lanes) == ("memory", 0, 4)
+    assert options.served == DataService("local", 2, "local:2")
+    assert options._target_ == cfg.dataset._target_
+    plain = validate(make_config("dataset.cache=none", "dataset.shuffle_buffer=64")).pipeline
+    assert (plain.cache, plain.buffer, plain.served, plain.service) == ("none", 64, None, None)
+    assert set(type(options).keys()) == {"cache", "shuffle", "shuffle_buffer",
+                                         "memory_limit_mb", "lanes", "service"}
 
 
 def test_a_resume_reads_the_older_booleans_as_their_modes(tmp_path):
@@ -49,9 +66,9 @@ def counted_epochs(log, cache_file, epochs=2):
         return tf.cast(image, tf.float32) * 2, tf.py_function(record, [label], tf.int32)
 
     data = tf.data.Dataset.from_tensor_slices((IMAGES, np.arange(40, dtype=np.int32)))
-    batches = build_training_epochs(data, 8, first_epoch=0, epochs=epochs, seed=3,
-                                    preprocess=preprocess, cache="disk", examples=40,
-                                    lanes=2, cache_file=cache_file)
+    batches = build_training_epochs(data, Batches(8, examples=40), Epochs(0, epochs),
+                                    prep=Prep(preprocess, cache="disk", cache_file=cache_file),
+                                    order=Order(seed=3, lanes=2))
     return [y.numpy().tolist() for _, y in batches]
 
 

@@ -94,12 +94,18 @@ COMPILED = ["model._target_=parity_task.compiled_model",
 
 def plain_keras_fit(model, source, epochs: int, seed: int):
     """Keras's own fit on one device over the batches trainer makes (same order)."""
-    from trainer.data.pipeline import build_pipeline, build_training_epochs
+    from trainer.data.pipeline import (
+        Batches,
+        Epochs,
+        Order,
+        build_pipeline,
+        build_training_epochs,
+    )
 
-    train = build_training_epochs(source.train, 64, first_epoch=0, epochs=epochs, seed=seed,
-                                  replicas=1, examples=source.train_size)
-    validation = build_pipeline(source.validation, 64, training=False, seed=seed,
-                                examples=source.validation_size)
+    train = build_training_epochs(source.train, Batches(64, 1, source.train_size),
+                                  Epochs(0, epochs), order=Order(seed))
+    validation = build_pipeline(source.validation, Batches(64, 1, source.validation_size),
+                                training=False, order=Order(seed))
     history = model.fit(train, epochs=epochs, steps_per_epoch=-(-source.train_size // 64),
                         validation_data=validation, verbose=0)
     return history.history

@@ -245,6 +245,53 @@ def test_no_function_is_longer_than_60_lines():
     assert long == []
 
 
+def _parameters(node: ast.AST) -> int:
+    """The parameters a function takes: positional, keyword-only, `*args` and `**kwargs`,
+    a method's `self` or `cls` not counted."""
+    args = node.args
+    names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+    if names[:1] in (["self"], ["cls"]):
+        names = names[1:]
+    return len(names) + (args.vararg is not None) + (args.kwarg is not None)
+
+
+def _too_many_parameters(source: str, most: int = 10) -> list[str]:
+    return [f"{getattr(node, 'name', 'lambda')}:{node.lineno} ({_parameters(node)})"
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            and _parameters(node) > most]
+
+
+def test_no_function_takes_more_than_10_parameters():
+    """Many parameters go into a small frozen record (`trainer.data.pipeline.Batches`,
+    `Prep`, `Order`), never into `**kwargs`; the check sees every kind of parameter."""
+    wide = {name: found for name, path in _modules().items()
+            if (found := _too_many_parameters(path.read_text()))}
+    assert wide == {}
+    planted = ("def f(a, /, b, c=1, *d, e, f=2, **g): pass\n"
+               "class C:\n    def m(self, a, b, c, d, e, f, g, h, i, j): pass\n")
+    assert _too_many_parameters(planted, most=6) == ["f:1 (7)", "m:3 (10)"]
+    assert _too_many_parameters(planted) == []  # `self` is not counted
+    assert _too_many_parameters(planted.replace("self, ", "self, z, ")) == ["m:3 (11)"]
+
+
+def _callers(function: str) -> set[str]:
+    """The package's modules that call `function` by its name."""
+    return {name for name, path in _modules().items()
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and function in (getattr(node.func, "id", None),
+                                                           getattr(node.func, "attr", None))}
+
+
+def test_the_data_options_are_parsed_in_one_place():
+    """`dataset.cache` and `dataset.service` are read once, by the config's check
+    (`read_pipeline`, into the `Spec`); a resume's comparison of two recorded configs reads
+    the older spelling of `cache` too."""
+    assert _callers("cache_mode") <= {"trainer.config.validate", "trainer.rundir.resume"}
+    assert _callers("service_of") == {"trainer.config.validate"}
+    assert _callers("read_pipeline") == {"trainer.config.validate"}
+
+
 def test_run_modules_import_at_most_12_of_ours_and_the_recipe_fits_a_screen():
     graph = _graph()
     wide = {name: len(targets) for name, targets in graph.items()

@@ -18,7 +18,14 @@ import tensorflow as tf
 
 from tests.test_loop import strategy_for
 from trainer.config.errors import ConfigError
-from trainer.data.pipeline import DataError, Source, build_training_epochs
+from trainer.data.pipeline import (
+    Batches,
+    DataError,
+    Epochs,
+    Order,
+    Source,
+    build_training_epochs,
+)
 from trainer.internals.keras_step import build_from_one_replica
 from trainer.run.step import exact_train_step
 from trainer.run.train import train
@@ -138,9 +145,9 @@ def test_class_weight_changes_training_as_keras_class_weight(tmp_path):
         return model
 
     def epochs(class_weight):
-        return build_training_epochs(tf.data.Dataset.from_tensor_slices((x, y)), 32,
-                                     first_epoch=0, epochs=2, seed=3, replicas=2,
-                                     examples=75, class_weight=class_weight)
+        return build_training_epochs(tf.data.Dataset.from_tensor_slices((x, y)),
+                                     Batches(32, 2, 75), Epochs(0, 2), order=Order(seed=3),
+                                     class_weight=class_weight)
 
     plain = model_on(strategy_for(1))
     plain.fit(epochs(None), class_weight=weights, epochs=1, steps_per_epoch=6, verbose=0)

@@ -9,7 +9,14 @@ import tensorflow as tf
 
 from trainer.config.errors import ConfigError
 from trainer.data import image_folder
-from trainer.data.pipeline import build_pipeline, build_training_epochs
+from trainer.data.pipeline import (
+    Batches,
+    Epochs,
+    Order,
+    Prep,
+    build_pipeline,
+    build_training_epochs,
+)
 from trainer.data.shares import Place
 from trainer.plan.scaling import global_batch_sizes, worker_batch_sizes
 
@@ -30,14 +37,14 @@ def test_a_worker_takes_its_places_of_every_global_batch():
 
 
 def epochs(place=None, lanes=1, augment=(), drop_remainder=False, count=2, shard=None,
-           cache=True, first=0, skip=0):
+           cache="memory", first=0, skip=0):
     """Each step's batches: one per replica of `place` (one global batch without)."""
     data = tf.data.Dataset.from_tensor_slices((IMAGES, LABELS))
-    batches = build_training_epochs(data, 16, first_epoch=first, epochs=first + count,
-                                    skip_steps=skip, seed=7, shuffle_buffer=50,
-                                    augment=list(augment), examples=EXAMPLES, replicas=4,
-                                    drop_remainder=drop_remainder, lanes=lanes, place=place,
-                                    shard=shard, cache=cache, scale=1 / 255)
+    batches = build_training_epochs(data, Batches(16, 4, EXAMPLES, drop_remainder),
+                                    Epochs(first, first + count, skip),
+                                    prep=Prep(scale=1 / 255, cache=cache, shard=shard),
+                                    order=Order(7, 50, lanes), place=place,
+                                    augment=list(augment))
     found = [(x.numpy(), y.numpy()) for x, y in batches]
     per_step = place.replicas if place is not None else 1
     return [found[i:i + per_step] for i in range(0, len(found), per_step)]
@@ -94,18 +101,18 @@ def test_the_sources_own_reader_of_a_share_is_used():
 
 def test_a_resumed_worker_skips_its_replicas_batches_of_the_steps_done():
     place = Place(2, 0, 2)
-    whole = epochs(place, count=1, cache=False)
-    resumed = epochs(place, count=1, skip=2, cache=False)
+    whole = epochs(place, count=1, cache="none")
+    resumed = epochs(place, count=1, skip=2, cache="none")
     assert [[y.tolist() for _, y in s] for s in resumed] == \
         [[y.tolist() for _, y in s] for s in whole[2:]]
 
 
 def test_evaluation_shares_every_global_batch():
     data = tf.data.Dataset.from_tensor_slices((IMAGES, LABELS))
-    alone = [y.numpy().tolist() for _, y in build_pipeline(data, 16, training=False, replicas=4,
-                                                   examples=EXAMPLES)]
+    alone = [y.numpy().tolist() for _, y in build_pipeline(data, Batches(16, 4, EXAMPLES),
+                                                                    training=False)]
     shares = [[y.numpy().tolist() for _, y in build_pipeline(
-        data, 16, training=False, replicas=4, examples=EXAMPLES, place=Place(2, w, 2))]
+        data, Batches(16, 4, EXAMPLES), training=False, place=Place(2, w, 2))]
         for w in range(2)]
     steps = [sorted(a + b + c + d) for a, b, c, d in
              zip(shares[0][::2], shares[0][1::2], shares[1][::2], shares[1][1::2], strict=True)]

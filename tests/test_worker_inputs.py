@@ -19,7 +19,7 @@ import tensorflow_datasets as tfds
 
 from trainer.data import image_folder, tfrecords
 from trainer.data import tfds as tfds_source
-from trainer.data.pipeline import Source, build_training_epochs
+from trainer.data.pipeline import Batches, Epochs, Order, Prep, Source, build_training_epochs
 from trainer.data.shares import Place
 
 # Each case builds 3 pipelines of 2 epochs (measured 27-52 s each on 2 cores shared with
@@ -75,9 +75,9 @@ def batches(source: Source, place: Place, lanes: int, cache: str,
         return cache_dir / f"worker-{place.worker}-of-{place.workers}-lane-{lane}"
 
     data = build_training_epochs(
-        source.train, GLOBAL_BATCH, first_epoch=0, epochs=2, preprocess=source.preprocess,
-        scale=source.scale, seed=5, cache=cache, examples=source.train_size, replicas=1,
-        lanes=lanes, place=place, cache_file=cache_file, shard=source.shard, role="train")
+        source.train, Batches(GLOBAL_BATCH, 1, source.train_size), Epochs(0, 2),
+        prep=Prep(source.preprocess, source.scale, cache, cache_file, "train", source.shard),
+        order=Order(seed=5, lanes=lanes), place=place)
     return [(x.numpy(), y.numpy()) for x, y, *_ in data]
 
 

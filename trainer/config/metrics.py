@@ -1,8 +1,10 @@
-"""Which way a metric improves: the one rule for checkpoints, early stopping and sweeps."""
+"""Which way a metric improves: the one rule for checkpoints, early stopping and sweeps;
+and which metric the best checkpoint follows where the config leaves the default."""
 
 from __future__ import annotations
 
 from trainer.config.errors import ConfigError
+from trainer.config.schema import CheckpointConfig
 
 # Words in metric names that say which way is better, for metrics that do not say it
 # themselves (a Keras metric's `_direction`).
@@ -74,3 +76,34 @@ def sweep_mode(metric: str, declared: str | None) -> str:
                           f"as it improves, but the sweeper's direction is {declared}; set "
                           f"hydra.sweeper.direction={fix}")
     return wanted or found or "max"
+
+
+def checkpoint_monitor(monitor: str, validated: bool) -> str:
+    """`checkpoint.monitor`, or for a run without a validation set its training form:
+    `loss` for the default `val_accuracy`, `mae` for `val_mae`.
+
+    Args:
+        monitor: `checkpoint.monitor`.
+        validated: whether the run has validation examples.
+    """
+    if validated:
+        return monitor
+    if monitor == CheckpointConfig.monitor:
+        return "loss"
+    return monitor.removeprefix("val_")
+
+
+def default_monitor(monitor: str, metrics: tuple[str, ...], validated: bool) -> str:
+    """The default `checkpoint.monitor` (`val_accuracy`) where the run validates but logs no
+    accuracy (a regression, a model compiled with other metrics): `val_loss`, as Keras's
+    `ModelCheckpoint` defaults to; any other monitor as it is (one not logged is refused in
+    one line later).
+
+    Args:
+        monitor: `checkpoint.monitor` (as `checkpoint_monitor` made it).
+        metrics: the names of the metrics the compiled model logs.
+        validated: whether the run validates.
+    """
+    if validated and monitor == CheckpointConfig.monitor and "accuracy" not in metrics:
+        return "val_loss"
+    return monitor

@@ -188,11 +188,26 @@ class KerasAppConfig:
     min_image_size: int | None = 32
 
 
+@dataclass(frozen=True)
+class DataService:
+    """`dataset.service` read: `kind` `local` with `where` K (services started beside the
+    run) or `grpc` with `where` `HOST:PORT` (a running dispatcher); `value` as written."""
+
+    kind: str
+    where: int | str
+    value: str
+
+
 @dataclass
 class PipelineOptions:
-    """The pipeline's keys every dataset node has (`trainer.data.wiring.PIPELINE_KEYS`): how
-    its examples are cached, shuffled, shared among workers and served, never passed to the
-    source's builder. Each source's schema adds its own keys after them."""
+    """The pipeline's keys every dataset node has (`keys()`): how its examples are cached,
+    shuffled, shared among workers and served, never passed to the source's builder. Each
+    source's schema adds its own keys after them.
+
+    As a run's record (`Spec.pipeline`), it is what `trainer.config.validate.read_pipeline`
+    read from the dataset node, once: `cache` one of `memory`, `disk`, `none`, and
+    `served` the parsed `service` (not a config key: OmegaConf leaves it out).
+    """
 
     _target_: str = MISSING
     cache: str = "memory"
@@ -202,6 +217,19 @@ class PipelineOptions:
     memory_limit_mb: int | None = None
     lanes: int = 1
     service: str | None = None
+    served: DataService | None = field(default=None, metadata={"omegaconf_ignore": True})
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """The dataset node's keys that are the pipeline's (its builder never sees them)."""
+        return tuple(f.name for f in fields(PipelineOptions)
+                     if f.name != "_target_" and not f.metadata.get("omegaconf_ignore"))
+
+    @property
+    def buffer(self) -> int:
+        """The training order's shuffle buffer: `shuffle_buffer`, 0 with `shuffle=false`
+        (the source's order, every epoch, as Keras's `fit(shuffle=False)`)."""
+        return self.shuffle_buffer if self.shuffle else 0
 
 
 @dataclass

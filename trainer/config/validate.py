@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -27,7 +27,9 @@ from trainer.config.schema import (
     STRATEGIES,
     TUNERS,
     Config,
+    DataService,
     LrPlan,
+    PipelineOptions,
 )
 from trainer.config.strategies import is_own
 
@@ -280,10 +282,12 @@ class Parsed:
     Attributes:
         devices: `devices` as `parse_devices` returns it.
         export: `export` as `export_formats` returns it.
+        pipeline: the dataset node's pipeline options as `read_pipeline` returns them.
     """
 
     devices: str | int | tuple[int, ...]
     export: tuple[str, ...]
+    pipeline: PipelineOptions = field(default_factory=PipelineOptions)
 
 
 def _validate_batch(batch: Any) -> None:
@@ -314,7 +318,8 @@ def validate(cfg: DictConfig) -> Parsed:
         cfg: the composed config.
 
     Returns:
-        The values parsed on the way (`devices`, `export`), for the run's `Spec`.
+        The values parsed on the way (`devices`, `export`, the pipeline's options), for
+        the run's `Spec`.
 
     Raises:
         ConfigError: naming the bad value and what would be valid.
@@ -352,9 +357,9 @@ def validate(cfg: DictConfig) -> Parsed:
         node = cfg.get(group)
         _require(isinstance(node, DictConfig) and "_target_" in node,
                  f"{group} must name a builder with _target_; received: {node!r}")
-    _validate_builders(cfg.model, cfg.dataset)
+    pipeline = _validate_builders(cfg.model, cfg.dataset)
     check_image_size(cfg)
-    return Parsed(devices, export)
+    return Parsed(devices, export, pipeline)
 
 
 def _validate_strategy(strategy: DictConfig) -> None:
@@ -449,20 +454,41 @@ def service_of(value: Any) -> tuple[str, Any] | None:
                       f"running tf.data dispatcher) or null (no service); received: {value!r}")
 
 
-def _validate_builders(model: DictConfig, dataset: DictConfig) -> None:
-    """Ranges of the arguments the built-in models and datasets share, by name."""
+def read_pipeline(dataset: Any) -> PipelineOptions:
+    """The dataset node's pipeline options (`PipelineOptions.keys()`), read once for the
+    run: `cache` as its mode (`cache_mode`), `service` parsed (`served`), the defaults
+    where a node (a user's own, with no schema) leaves a key out.
+
+    Args:
+        dataset: the dataset node (a `DictConfig` or a mapping), its ranges checked.
+
+    Raises:
+        ConfigError: a bad `cache` or `service`, or `dataset.cache=disk` beside a
+            dispatcher's service (the files would go to another machine's workers).
+    """
+    served = service_of(dataset.get("service"))
+    options = PipelineOptions(
+        _target_=str(dataset.get("_target_")), cache=cache_mode(dataset.get("cache", True)),
+        shuffle=dataset.get("shuffle") is not False,
+        shuffle_buffer=int(dataset.get("shuffle_buffer") or 2048),
+        memory_limit_mb=dataset.get("memory_limit_mb"), lanes=int(dataset.get("lanes") or 1),
+        service=None if served is None else str(dataset.get("service")),
+        served=None if served is None else DataService(*served, str(dataset.get("service"))))
+    _require(served is None or served[0] != "grpc" or options.cache != "disk",
+             "dataset.cache=disk writes its files where the preprocessing runs, which with "
+             f"dataset.service={options.service} is another machine's tf.data workers; use "
+             "dataset.cache=memory (kept by those workers) or none")
+    return options
+
+
+def _validate_builders(model: DictConfig, dataset: DictConfig) -> PipelineOptions:
+    """Ranges of the arguments the built-in models and datasets share, by name; returns
+    the pipeline's options, read (`read_pipeline`)."""
     for key in ("image_size", "channels", "train_examples", "validation_examples",
                 "shuffle_buffer", "memory_limit_mb", "lanes"):
         if dataset.get(key) is not None:
             _positive_int(f"dataset.{key}", dataset[key])
-    if dataset.get("cache") is not None:
-        cache_mode(dataset.cache)
-    service = service_of(dataset.get("service"))
-    if service is not None and service[0] == "grpc" and dataset.get("cache") is not None:
-        _require(cache_mode(dataset.cache) != "disk", "dataset.cache=disk writes its files "
-                 "where the preprocessing runs, which with dataset.service="
-                 f"{dataset.service} is another machine's tf.data workers; use "
-                 "dataset.cache=memory (kept by those workers) or none")
+    pipeline = read_pipeline(dataset)
     for key in ("input_size", "min_image_size"):
         if model.get(key) is not None:
             _positive_int(f"model.{key}", model[key])
@@ -489,6 +515,7 @@ def _validate_builders(model: DictConfig, dataset: DictConfig) -> None:
     if dropout is not None:
         _require(isinstance(dropout, (int, float)) and 0 <= dropout < 1,
                  f"model.dropout must be in [0, 1); received: {dropout!r}")
+    return pipeline
 
 
 def _validate_optimizer(opt: Any) -> None:

@@ -20,7 +20,6 @@ from typing import Any
 import tensorflow as tf
 
 from trainer.config.errors import ConfigError
-from trainer.config.validate import cache_mode
 
 # The share of the machine's memory a run may cache by default (the rest: the model, the
 # shuffle buffers, TensorFlow, the other processes).
@@ -104,12 +103,12 @@ def worker_memory_limit_mb(configured: int | None, local_workers: int = 1) -> in
     return None if total is None else int(total * MEMORY_SHARE / max(1, local_workers))
 
 
-def check_memory(mode: Any, shares: dict[str, tuple[int, int | None]],
+def check_memory(mode: str, shares: dict[str, tuple[int, int | None]],
                  limit_mb: int | None) -> None:
     """Refuses `cache=memory` where a worker's share would not fit its memory limit.
 
     Args:
-        mode: `dataset.cache`.
+        mode: `dataset.cache` as the run read it: `memory`, `disk` or `none`.
         shares: per cached split, `(examples this worker caches, bytes of one)`; an
             unknown size (None) is not counted.
         limit_mb: the limit (None: none).
@@ -117,7 +116,7 @@ def check_memory(mode: Any, shares: dict[str, tuple[int, int | None]],
     Raises:
         ConfigError: one line naming the share's size, the limit and the other choices.
     """
-    if cache_mode(mode) != "memory" or limit_mb is None:
+    if mode != "memory" or limit_mb is None:
         return
     needed = sum(count * size for count, size in shares.values() if size is not None)
     if needed <= limit_mb * 2**20:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from trainer.config.errors import ConfigError
-from trainer.config.validate import cache_mode
+from trainer.config.validate import CACHE_MODES
 from trainer.data.augment import PRESETS, listed
 from trainer.data.augment import mixers as mixer_names
 from trainer.data.augmenters import batch_layers, batch_mixer, element_augmenter
@@ -266,62 +266,123 @@ def data_failure(source: Source, error: BaseException) -> DataError | None:
     return DataError(message) if message else None
 
 
-def build_pipeline(dataset: tf.data.Dataset, global_batch: int, *, training: bool,
-                   preprocess: Callable | None = None, scale: float | None = None,
-                   seed: int | None = None, cache: Any = True, shuffle_buffer: int = 2048,
-                   drop_remainder: bool = False, replicas: int = 1,
-                   examples: int | None = None, place: Place | None = None,
-                   cache_file: Path | None = None, role: str | None = None) -> tf.data.Dataset:
+@dataclass(frozen=True)
+class Batches:
+    """How a split's examples become global batches.
+
+    Attributes:
+        global_batch: examples per step over all replicas; the strategy splits each batch.
+        replicas: what the batches are split over (replicas, or their micro-batches).
+        examples: examples in the split, to keep every replica's share of the last batch
+            non-empty (`trainer.plan.scaling.balanced_batch_sizes`); None: not known.
+        drop_remainder: drop a last partial training batch (evaluation never drops one).
+    """
+
+    global_batch: int
+    replicas: int = 1
+    examples: int | None = None
+    drop_remainder: bool = False
+
+
+@dataclass(frozen=True)
+class Prep:
+    """How a split's elements are made ready before they are batched: preprocessed,
+    checked finite, cached, scaled.
+
+    Attributes:
+        preprocess: per-element function, mapped in parallel before the cache; or None.
+        scale: factor that brings the inputs to [0, 1], applied per batch after the cache
+            (vectorised); None leaves them as they are.
+        cache: where preprocessed elements stay after the first pass: `memory`, `disk` (in
+            the files `cache_file` names) or `none`, as the run read `dataset.cache`.
+        cache_file: `lane -> prefix` of a disk cache's files (lane None where one set of
+            files holds the split); None: no files.
+        role: the split's role (`train`, `validation`, `test`): its values are checked
+            finite as they are read (`finite_checked`); None checks nothing.
+        shard: the source's own reader of a worker's share of the training split
+            (`Source.shard`), or None.
+    """
+
+    preprocess: Callable | None = None
+    scale: float | None = None
+    cache: str = "memory"
+    cache_file: Callable[[int | None], Path] | None = None
+    role: str | None = None
+    shard: Callable | None = None
+
+    def __post_init__(self) -> None:
+        if self.cache not in CACHE_MODES:  # a bug of the caller's: the run read the mode
+            raise ValueError(f"Prep(cache=...) takes one of {', '.join(CACHE_MODES)}; "
+                             f"received: {self.cache!r}")
+
+    def file(self, lane: int | None = None) -> Path | None:
+        """The prefix of `lane`'s disk cache files; None without a disk cache's files."""
+        return None if self.cache_file is None else self.cache_file(lane)
+
+
+@dataclass(frozen=True)
+class Order:
+    """The training order: shuffled with `seed` (also augmentation's; None: not
+    deterministic) in a buffer of `shuffle_buffer` examples (0: the source's order), dealt
+    from `lanes` (`trainer.data.shares`)."""
+
+    seed: int | None = None
+    shuffle_buffer: int = 2048
+    lanes: int = 1
+
+
+@dataclass(frozen=True)
+class Epochs:
+    """Training epochs `first`..`end - 1` as one dataset, the first `skip_steps` steps of
+    epoch `first` skipped (those a resumed run already did)."""
+
+    first: int
+    end: int
+    skip_steps: int = 0
+
+
+def build_pipeline(dataset: tf.data.Dataset, batches: Batches, *, training: bool,
+                   prep: Prep = Prep(), order: Order = Order(),
+                   place: Place | None = None) -> tf.data.Dataset:
     """Turns unbatched examples into one pass of global batches, ready for a strategy.
 
     Args:
         dataset: unbatched `(image, label)` elements.
-        global_batch: examples per step over all replicas; the strategy splits each batch.
+        batches: the global batch, what it is split over, the examples.
         training: shuffle (and maybe drop a last partial batch); evaluation never drops one
             and keeps the input order, seed or not.
-        preprocess: per-element function, mapped in parallel.
-        scale: factor that brings the inputs to [0, 1], applied per batch (vectorised);
-            None leaves them as they are.
-        seed: shuffle seed; with a seed the order is deterministic, without one training
-            batches may come in the order parallel preprocessing finishes them.
-        cache: where preprocessed elements stay after the first pass: `memory`, `disk`
-            (in the files starting with `cache_file`) or `none` (True and False: memory
-            and none).
-        shuffle_buffer: examples in the shuffle buffer.
-        drop_remainder: drop a last partial training batch.
-        replicas: replicas the batches are split over.
-        examples: examples in `dataset`, to keep every replica's share of the last batch
-            non-empty (see `trainer.plan.scaling.balanced_batch_sizes`).
+        prep: preprocessing, cache, scale and the role checked finite.
+        order: the shuffle's seed and buffer; with a seed the order is deterministic,
+            without one training batches may come in the order parallel preprocessing
+            finishes them.
         place: evaluation on one worker of several: its positions of every global batch
             alone are read, preprocessed and cached, as its replicas' batches in turn
-            (`trainer.data.shares`); needs `examples`.
-        cache_file: where a disk cache's files go.
-        role: the split's role (`train`, `validation`, `test`): its values are checked
-            finite as they are read (`finite_checked`); None checks nothing.
+            (`trainer.data.shares`); needs `batches.examples`.
 
     Returns:
         A batched, prefetching `tf.data.Dataset`.
     """
-    mode = cache_mode(cache)
+    examples = batches.examples
     if place is not None and place.several:
         if training or examples is None:
             raise ValueError("build_pipeline shares evaluation batches among workers, given "
                              "the examples; training goes through build_training_epochs")
         positioned = positions_of(place, dataset.enumerate(), None)
-        share = prepare(positioned.map(lambda _, element: element), preprocess, mode, scale,
-                        cache_file, role)
-        batched = replica_batches(share, place, global_batch_sizes(examples, global_batch,
-                                                                   replicas))
-        if scale is not None:
-            batched = batched.map(_scaler(scale), num_parallel_calls=tf.data.AUTOTUNE)
+        share = prepare(positioned.map(lambda _, element: element), prep, prep.file())
+        batched = replica_batches(share, place, global_batch_sizes(
+            examples, batches.global_batch, batches.replicas))
+        if prep.scale is not None:
+            batched = batched.map(_scaler(prep.scale), num_parallel_calls=tf.data.AUTOTUNE)
         return batched.prefetch(tf.data.AUTOTUNE).with_options(
-            _options(seed, ordered=True, per_worker=True))
-    prepared = prepare(dataset, preprocess, mode, scale, cache_file, role)
-    batched = _batches(prepared, global_batch, training, scale, seed, shuffle_buffer,
-                       drop_remainder, replicas, examples)
+            _options(order.seed, ordered=True, per_worker=True))
+    prepared = prepare(dataset, prep, prep.file())
+    batched = _batches(prepared, replace(batches, drop_remainder=training
+                                         and batches.drop_remainder),
+                       prep.scale, order if training else None)
     # Evaluation and prediction keep the input order: predictions are written beside their
     # inputs, and a padded last batch is cut off by position.
-    return batched.prefetch(tf.data.AUTOTUNE).with_options(_options(seed, ordered=not training))
+    return batched.prefetch(tf.data.AUTOTUNE).with_options(_options(order.seed,
+                                                                    ordered=not training))
 
 
 @dataclass(frozen=True)
@@ -347,97 +408,89 @@ class _Augmentation:
         return tf.cast(self.base, tf.int64) * 7919 + epoch + offset
 
 
-def build_training_epochs(dataset: tf.data.Dataset, global_batch: int, *, first_epoch: int,
-                          epochs: int, skip_steps: int = 0, preprocess: Callable | None = None,
-                          scale: float | None = None, seed: int | None = None, cache: Any = True,
-                          shuffle_buffer: int = 2048, drop_remainder: bool = False,
-                          replicas: int = 1, examples: int | None = None,
-                          augment: Any = None,
-                          class_weight: dict[int, float] | None = None, lanes: int = 1,
-                          place: Place | None = None,
-                          cache_file: Callable[[int], Path] | None = None,
-                          shard: Callable | None = None,
-                          role: str | None = None, service: Any = None) -> tf.data.Dataset:
-    """The training batches of epochs `first_epoch`..`epochs - 1` as one dataset.
+def build_training_epochs(dataset: tf.data.Dataset, batches: Batches, epochs: Epochs, *,
+                          prep: Prep = Prep(), order: Order = Order(),
+                          place: Place | None = None, augment: Any = None,
+                          class_weight: dict[int, float] | None = None,
+                          service: Any = None) -> tf.data.Dataset:
+    """The training batches of epochs `epochs.first`..`epochs.end - 1` as one dataset.
 
     Each epoch's order comes from the seed and the epoch's number alone, not from how many
     passes the process made before, so a run resumed at epoch e, step k sees exactly the
-    batches the interrupted run would have seen (`skip_steps` skips the k done ones).
+    batches the interrupted run would have seen (`epochs.skip_steps` skips the k done ones).
     `augment` (the config's list, `trainer.data.augment`) transforms the training images after
     the cache, each with a seed from (seed, epoch, position). `class_weight` gives each
     training example its class's weight as a sample weight, as Keras's `fit` does.
 
-    The order is dealt from `lanes` (`trainer.data.shares`). On one worker of several
+    The order is dealt from `order.lanes` (`trainer.data.shares`). On one worker of several
     (`place`), the dataset holds this worker's replicas' batches in turn: its positions of
     every global batch, read, preprocessed, cached and augmented here alone (a batch mixer
-    mixes each replica's batch). `cache_file(lane)` names a disk cache's files (lane None
-    where there is one); `shard` is the source's own reader of a worker's share
+    mixes each replica's batch). `prep.cache_file(lane)` names a disk cache's files (lane
+    None where there is one); `prep.shard` is the source's own reader of a worker's share
     (`Source.shard`); `service` reads the elements on a tf.data service (`_served_epochs`).
-    `role` and the other arguments as `build_pipeline`'s.
+    The other arguments as `build_pipeline`'s.
     """
     place = place or Place()
-    if place.several and examples is None:
+    if place.several and batches.examples is None:
         raise ValueError("build_training_epochs shares batches among workers given the examples")
-    extra = _Augmentation.of(augment, seed)
-    reading = _Reading(preprocess, cache_mode(cache), scale, seed, shuffle_buffer, lanes,
-                       cache_file, shard, role, extra)
+    extra = _Augmentation.of(augment, order.seed)
+    reading = _Reading(prep, order, extra)
     weigh = class_weight_map_fn(class_weight) if class_weight else None  # Keras's rule
-    batches = None if examples is None else global_batch_sizes(examples, global_batch,
-                                                               replicas, drop_remainder)
-    steps = skip_steps * (place.replicas if place.several else 1)
+    sizes = None if batches.examples is None else global_batch_sizes(
+        batches.examples, batches.global_batch, batches.replicas, batches.drop_remainder)
+    steps = epochs.skip_steps * (place.replicas if place.several else 1)
     if service is not None:
-        served = _served_epochs(dataset, service, reading, place, batches, drop_remainder,
-                                (first_epoch, epochs), weigh)
+        served = _served_epochs(dataset, service, reading, place, sizes,
+                                batches.drop_remainder, (epochs.first, epochs.end), weigh)
         return served.skip(steps).prefetch(tf.data.AUTOTUNE).with_options(
-            _options(seed, per_worker=place.several))
+            _options(order.seed, per_worker=place.several))
     streams = reading.streams(dataset, place)  # each lane preprocessed (and cached) apart
-    end = sum(batches) if place.several and drop_remainder else None
+    end = sum(sizes) if place.several and batches.drop_remainder else None
 
     @tf.autograph.experimental.do_not_convert  # trainer's own code: see `_converted`
     def one_epoch(epoch):
         elements = reading.epoch(streams, place, epoch, end)
         if place.several:
-            batched = replica_batches(elements, place, batches)
-            if scale is not None:
-                batched = batched.map(_scaler(scale), num_parallel_calls=tf.data.AUTOTUNE)
-        else:
-            batched = _batches(elements, global_batch, True, scale, None, 0, drop_remainder,
-                               replicas, examples)
+            batched = replica_batches(elements, place, sizes)
+            if prep.scale is not None:
+                batched = batched.map(_scaler(prep.scale), num_parallel_calls=tf.data.AUTOTUNE)
+        else:  # shuffled already, as the lanes were dealt
+            batched = _batches(elements, batches, prep.scale)
         return _batch_extras(batched, extra, epoch, weigh, place)
 
-    epochs_ds = tf.data.Dataset.range(first_epoch, epochs).flat_map(one_epoch)
+    epochs_ds = tf.data.Dataset.range(epochs.first, epochs.end).flat_map(one_epoch)
     return epochs_ds.skip(steps).prefetch(tf.data.AUTOTUNE).with_options(
-        _options(seed, per_worker=place.several))
+        _options(order.seed, per_worker=place.several))
 
 
-def build_stream_epochs(dataset: tf.data.Dataset, global_batch: int, *, steps_per_epoch: int,
-                        first_epoch: int, epochs: int, skip_steps: int = 0,
-                        preprocess: Callable | None = None, scale: float | None = None,
-                        seed: int | None = None, shuffle_buffer: int = 2048,
-                        class_weight: dict[int, float] | None = None,
-                        role: str = "train") -> tf.data.Dataset:
-    """The training batches of epochs `first_epoch`..`epochs - 1` of a split that repeats
-    for ever, as Keras's `fit` reads one with `steps_per_epoch`: one stream across epochs,
-    epoch `e` its global batches `e * steps_per_epoch` .. `(e + 1) * steps_per_epoch - 1`.
+def build_stream_epochs(dataset: tf.data.Dataset, global_batch: int, epochs: Epochs, *,
+                        steps_per_epoch: int, prep: Prep = Prep(role="train"),
+                        order: Order = Order(),
+                        class_weight: dict[int, float] | None = None) -> tf.data.Dataset:
+    """The training batches of epochs `epochs.first`..`epochs.end - 1` of a split that
+    repeats for ever, as Keras's `fit` reads one with `steps_per_epoch`: one stream across
+    epochs, epoch `e` its global batches `e * steps_per_epoch` .. `(e + 1) * steps_per_epoch
+    - 1`.
 
-    Elements are preprocessed, checked finite, shuffled in a buffer of `shuffle_buffer`
-    with `seed` (0: the dataset's own order) and batched to full global batches; nothing is
-    cached (a stream has no end to cache up to). A resumed run builds the stream afresh and
-    skips the batches the epochs before it read (`skip_steps` more within its first): the
-    batches it trains on are those the interrupted run would have read wherever the dataset
-    yields the same elements from a fresh iterator (its own shuffles seeded) and `seed` is
-    set. Skipping reads those batches again, so a resume late in a long run takes a while.
-    On several workers the strategy shards each global batch by element (tf.data's `DATA`
+    Elements are preprocessed, checked finite, shuffled in a buffer of
+    `order.shuffle_buffer` with `order.seed` (0: the dataset's own order) and batched to
+    full global batches; nothing is cached, whatever `prep.cache` says (a stream has no end
+    to cache up to). A resumed run builds the stream afresh and skips the batches the
+    epochs before it read (`epochs.skip_steps` more within its first): the batches it
+    trains on are those the interrupted run would have read wherever the dataset yields the
+    same elements from a fresh iterator (its own shuffles seeded) and `order.seed` is set.
+    Skipping reads those batches again, so a resume late in a long run takes a while. On
+    several workers the strategy shards each global batch by element (tf.data's `DATA`
     policy): every worker reads the whole stream and keeps its share.
     """
-    batches = _batches(prepare(dataset, preprocess, "none", role=role), global_batch, True,
-                       scale, seed, shuffle_buffer, True, 1, None)
+    batches = _batches(prepare(dataset, replace(prep, cache="none")),
+                       Batches(global_batch, drop_remainder=True), prep.scale, order)
     if class_weight:
         batches = batches.map(class_weight_map_fn(class_weight),
                               num_parallel_calls=tf.data.AUTOTUNE)
-    first = first_epoch * steps_per_epoch + skip_steps
-    return batches.skip(first).take(epochs * steps_per_epoch - first).prefetch(
-        tf.data.AUTOTUNE).with_options(_options(seed))
+    first = epochs.first * steps_per_epoch + epochs.skip_steps
+    return batches.skip(first).take(epochs.end * steps_per_epoch - first).prefetch(
+        tf.data.AUTOTUNE).with_options(_options(order.seed))
 
 
 @dataclass(frozen=True)
@@ -445,36 +498,31 @@ class _Reading:
     """How an epoch's elements are read, preprocessed, cached, dealt and augmented: the
     part a tf.data service runs where `dataset.service` names one."""
 
-    preprocess: Callable | None
-    mode: str
-    scale: float | None
-    seed: int | None
-    shuffle_buffer: int
-    lanes: int
-    cache_file: Callable | None
-    shard: Callable | None
-    role: str | None
+    prep: Prep
+    order: Order
     extra: _Augmentation
 
     def streams(self, dataset: tf.data.Dataset, place: Place,
                 suffix: str = "") -> list[tuple[int, tf.data.Dataset]]:
         """`(lane, elements)` of the lanes `place` reads, preprocessed and cached (a disk
         cache's files named with `suffix` too)."""
-        file = self.cache_file
-        if file is not None and suffix:
-            def file(lane, named=self.cache_file):
+        prep, lanes = self.prep, self.order.lanes
+        if prep.cache_file is not None and suffix:
+            def file(lane, named=prep.cache_file):
                 return named(lane).with_name(named(lane).name + suffix)
-        return _cached(_lanes(dataset, self.lanes, place, self.shard), self.lanes,
-                       self.preprocess, self.mode, self.scale, file, self.role)
+
+            prep = replace(prep, cache_file=file)
+        return _cached(_lanes(dataset, lanes, place, prep.shard), lanes, prep)
 
     def epoch(self, streams: list[tuple[int, tf.data.Dataset]], place: Place, epoch: Any,
               end: int | None, keep_position: bool = False) -> tf.data.Dataset:
         """One epoch's elements of `place` (`(position, element)` with `keep_position`)."""
-        epoch_seed = None if self.seed is None else self.seed * 7919 + epoch
-        positioned = positions_of(place, dealt(streams, self.lanes, epoch_seed,
-                                               self.shuffle_buffer), self.lanes, end)
-        return _augmented(positioned, self.preprocess if self.mode == "none" else None,
-                          self.extra, epoch, keep_position)
+        seed, lanes = self.order.seed, self.order.lanes
+        epoch_seed = None if seed is None else seed * 7919 + epoch
+        positioned = positions_of(place, dealt(streams, lanes, epoch_seed,
+                                               self.order.shuffle_buffer), lanes, end)
+        return _augmented(positioned, self.prep.preprocess if self.prep.cache == "none"
+                          else None, self.extra, epoch, keep_position)
 
 
 def _served_epochs(dataset: tf.data.Dataset, service: Any, reading: _Reading, place: Place,
@@ -498,7 +546,7 @@ def _served_epochs(dataset: tf.data.Dataset, service: Any, reading: _Reading, pl
 
         stream = tf.data.Dataset.range(first_epoch, epochs).flat_map(epoch_of)
         stream = stream.batch(SERVICE_CHUNK).prefetch(tf.data.AUTOTUNE).with_options(
-            _options(reading.seed, ordered=True, per_worker=True))
+            _options(reading.order.seed, ordered=True, per_worker=True))
         produced.append(service.distributed(stream, k).unbatch())
     choice = tf.data.Dataset.range(per_epoch).map(lambda m: m % count).repeat(
         epochs - first_epoch)
@@ -506,8 +554,8 @@ def _served_epochs(dataset: tf.data.Dataset, service: Any, reading: _Reading, pl
     sizes = place.batch_sizes(batches) if place.several else batches
     batched = _in_order(merged, place, per_epoch).batch(max(sizes)).rebatch(
         tf.constant(sizes, tf.int64))
-    if reading.scale is not None:
-        batched = batched.map(_scaler(reading.scale), num_parallel_calls=tf.data.AUTOTUNE)
+    if reading.prep.scale is not None:
+        batched = batched.map(_scaler(reading.prep.scale), num_parallel_calls=tf.data.AUTOTUNE)
     keyed = batched.enumerate().map(lambda b, batch: (first_epoch + b // len(sizes),
                                                       b % len(sizes), batch))
     return _extras(keyed, reading.extra, weigh, place)
@@ -551,20 +599,15 @@ def _lanes(dataset: tf.data.Dataset, lanes: int, place: Place,
     return [(index, lane(share, lanes // place.workers, k)) for k, index in enumerate(read)]
 
 
-def _cached(streams: list[tuple[int, tf.data.Dataset]], lanes: int, preprocess: Callable | None,
-            mode: str, scale: float | None, cache_file: Callable | None,
-            role: str | None = None) -> list[tuple[int, tf.data.Dataset]]:
+def _cached(streams: list[tuple[int, tf.data.Dataset]], lanes: int,
+            prep: Prep) -> list[tuple[int, tf.data.Dataset]]:
     """Each lane preprocessed and cached (its disk files named by its lane; one lane's
-    by none), checked finite as `role` says; without a cache, only checked (preprocessing
-    then runs in every epoch)."""
-    if mode == "none":
-        return streams if role is None else [(index, finite_checked(elements, role))
-                                             for index, elements in streams]
-
-    def file(index: int) -> Path | None:
-        return None if cache_file is None else cache_file(None if lanes == 1 else index)
-
-    return [(index, prepare(elements, preprocess, mode, scale, file(index), role))
+    by none), checked finite as `prep.role` says; without a cache, only checked
+    (preprocessing then runs in every epoch)."""
+    if prep.cache == "none":
+        return streams if prep.role is None else [
+            (index, finite_checked(elements, prep.role)) for index, elements in streams]
+    return [(index, prepare(elements, prep, prep.file(None if lanes == 1 else index)))
             for index, elements in streams]
 
 
@@ -654,39 +697,35 @@ def _keyed_map(positioned: tf.data.Dataset, fn: Callable, key: Any,
     return positioned.map(apply, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def prepare(dataset: tf.data.Dataset, preprocess: Callable | None, cache: Any,
-            scale: float | None = None, cache_file: Path | None = None,
-            role: str | None = None) -> tf.data.Dataset:
+def prepare(dataset: tf.data.Dataset, prep: Prep, file: Path | None = None) -> tf.data.Dataset:
     """Preprocesses elements in parallel, checks them finite and caches them (the part every
     pass shares).
 
-    The check (`finite_checked`, where `role` names the split) runs before the cache, so a
-    cached epoch pays nothing for it. Images in the byte range (`scale` 1/255) that
-    preprocessing turned into float32 (a resize does) are cached as uint8: a quarter of the
-    memory (cats_vs_dogs at 224: 3.5 GB instead of 14 GB). Without a cache they stay
+    The check (`finite_checked`, where `prep.role` names the split) runs before the cache,
+    so a cached epoch pays nothing for it. Images in the byte range (`prep.scale` 1/255)
+    that preprocessing turned into float32 (a resize does) are cached as uint8: a quarter
+    of the memory (cats_vs_dogs at 224: 3.5 GB instead of 14 GB). Without a cache they stay
     float32: rounding every pixel costs more (`scripts/bench_input.py`: about 10-30%) than
     the smaller batch copies save.
 
     Args:
         dataset: unbatched elements.
-        preprocess: per-element function, or None.
-        cache: `memory`, `disk` or `none` (True and False: memory and none).
-        scale: the source's scale (1/255: images in the byte range).
-        cache_file: where a disk cache's files go.
-        role: the split's role, its values checked finite (None: not checked).
+        prep: the preprocessing, the cache's mode, the source's scale (1/255: images in the
+            byte range), the split's role (None: not checked).
+        file: where a disk cache's files go.
     """
-    mode = cache_mode(cache)
-    if preprocess is not None:
-        dataset = dataset.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
-    if role is not None:
-        dataset = finite_checked(dataset, role)
-    if mode == "none":
+    if prep.preprocess is not None:
+        dataset = dataset.map(prep.preprocess, num_parallel_calls=tf.data.AUTOTUNE)
+    if prep.role is not None:
+        dataset = finite_checked(dataset, prep.role)
+    if prep.cache == "none":
         return dataset
+    scale = prep.scale
     byte_range = scale is not None and abs(scale - 1 / 255) < 1e-12
     features = dataset.element_spec[0]
     if byte_range and isinstance(features, tf.TensorSpec) and features.dtype == tf.float32:
         dataset = dataset.map(_to_bytes, num_parallel_calls=tf.data.AUTOTUNE)
-    return cached(dataset, mode, cache_file)
+    return cached(dataset, prep.cache, file)
 
 
 # What a non-finite value found as a split is read raises (inside tf.data: an
@@ -750,14 +789,18 @@ def _to_bytes(images, *rest):
     return (tf.saturate_cast(tf.round(images), tf.uint8), *rest)
 
 
-def _batches(dataset, global_batch, training, scale, seed, shuffle_buffer, drop_remainder,
-             replicas, examples, reshuffle=True) -> tf.data.Dataset:
-    if training and shuffle_buffer:
-        dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=reshuffle)
-    drop = training and drop_remainder
-    dataset = dataset.batch(global_batch, drop_remainder=drop)
-    sizes = None if drop or examples is None else balanced_batch_sizes(examples, global_batch,
-                                                                       replicas)
+def _batches(dataset: tf.data.Dataset, batches: Batches, scale: float | None,
+             shuffle: Order | None = None) -> tf.data.Dataset:
+    """`dataset` in global batches (each replica's share of a last partial one non-empty,
+    where the examples are known and it is kept), shuffled first as `shuffle` says (None:
+    in its order), then scaled."""
+    if shuffle is not None and shuffle.shuffle_buffer:
+        dataset = dataset.shuffle(shuffle.shuffle_buffer, seed=shuffle.seed,
+                                  reshuffle_each_iteration=True)
+    drop = batches.drop_remainder
+    dataset = dataset.batch(batches.global_batch, drop_remainder=drop)
+    sizes = None if drop or batches.examples is None else balanced_batch_sizes(
+        batches.examples, batches.global_batch, batches.replicas)
     if sizes is not None:
         dataset = dataset.rebatch(tf.constant(sizes, tf.int64))
     if scale is None:

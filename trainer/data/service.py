@@ -28,7 +28,7 @@ from typing import Any
 import tensorflow as tf
 
 from trainer.config.errors import ConfigError
-from trainer.config.validate import service_of
+from trainer.config.schema import DataService
 from trainer.data.pipeline import out_of_order_found
 
 _SERVICE = tf.data.experimental.service
@@ -59,22 +59,22 @@ class Service:
     local: bool
 
     @classmethod
-    def of(cls, value: Any) -> Service | None:
-        """The service `dataset.service` names, its servers started (`local:K`) or its
-        dispatcher checked reachable (`grpc://`); None without one."""
-        parsed = service_of(value)
-        if parsed is None:
+    def of(cls, served: DataService | None) -> Service | None:
+        """The service `dataset.service` names (as the run read it: `Spec.pipeline.served`),
+        its servers started (`local:K`) or its dispatcher checked reachable (`grpc://`);
+        None without one."""
+        if served is None:
             return None
-        kind, where = parsed
+        kind, where, value = served.kind, served.where, served.value
         if kind == "local":
             targets = start_local(where)
             print(f"dataset.service={value}: tf.data dispatchers at "
                   f"{', '.join(t.partition('://')[2] for t in targets)}, one worker each "
                   f"(ports {', '.join(map(str, local_ports()))}), in this process until the "
                   "run ends", flush=True)
-            return cls(str(value), targets, True)
+            return cls(str(value), targets, local=True)
         check_reachable(where, str(value))
-        return cls(str(value), (f"grpc://{where}",), False)
+        return cls(str(value), (f"grpc://{where}",), local=False)
 
     def distributed(self, dataset: tf.data.Dataset, stream: int) -> tf.data.Dataset:
         """`dataset` produced by the service of stream `stream`, one copy in order."""
@@ -83,13 +83,12 @@ class Service:
             compression=None if self.local else "AUTO"))
 
 
-def service_report(value: Any) -> dict[str, Any] | None:
+def service_report(served: DataService | None) -> dict[str, Any] | None:
     """What the summary says about `dataset.service` (None without one): where the training
     split's preprocessing ran, TensorFlow's mode and whether the batches are exact."""
-    parsed = service_of(value)
-    if parsed is None:
+    if served is None:
         return None
-    kind, where = parsed
+    kind, where, value = served.kind, served.where, served.value
     streams = where if kind == "local" else 1
     place = (f"{streams} tf.data service{'s' if streams > 1 else ''} of one worker each, "
              "started in this process" if kind == "local"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +19,16 @@ import tensorflow as tf
 
 from trainer.config.build import build_object, options_for
 from trainer.config.errors import ConfigError
-from trainer.config.given import flag as given_flag
-from trainer.config.schema import CheckpointConfig
-from trainer.config.validate import cache_mode
+from trainer.config.schema import DataService, PipelineOptions
 from trainer.data.augment import check_inputs, listed, mixers
 from trainer.data.caching import check_memory, element_bytes, worker_memory_limit_mb
 from trainer.data.given import as_source
 from trainer.data.pipeline import (
+    Batches,
     DataError,
+    Epochs,
+    Order,
+    Prep,
     Source,
     build_pipeline,
     build_stream_epochs,
@@ -38,9 +40,6 @@ from trainer.data.shares import Place
 from trainer.distribute.inputs import read_per_worker
 from trainer.plan.scaling import check_micro_batches, steps_per_epoch
 from trainer.rundir.layout import RunDir
-
-# Dataset options that are the pipeline's, not the source builder's.
-PIPELINE_KEYS = ("cache", "shuffle", "shuffle_buffer", "memory_limit_mb", "lanes", "service")
 
 
 @dataclass(frozen=True)
@@ -82,35 +81,32 @@ class Batching:
     steps_per_epoch: int | None = None  # `steps_per_epoch`: None, one pass over the data
 
 
-def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = None,
-               augment: Any = None, class_weight: dict[int, float] | None = None,
-               defaults: tuple[str, ...] = (), run_dir: Path | None = None,
-               source: Source | None = None) -> Data:
-    """Loads the dataset a config node names, with its training epochs and evaluation
-    batches.
+def build_data(source: Source, options: PipelineOptions, batching: Batching, *,
+               seed: int | None = None, augment: Any = None,
+               class_weight: dict[int, float] | None = None, run_dir: Path | None = None,
+               cache_from_data: bool = False) -> Data:
+    """A loaded source's training epochs and evaluation batches, its data checked.
 
     Args:
-        dataset: the `dataset` node (`_target_` and its options, pipeline keys included).
+        source: the source `load_source` loaded (and `bounded` bounded).
+        options: the dataset node's pipeline options, as the run read them
+            (`Spec.pipeline`).
         batching: the batch sizes and this worker's place.
         seed: the run's runtime seed (shuffling, augmentation).
         augment: the `augment` presets and nodes (training only).
         class_weight: per-class weights of the training examples.
-        defaults: the default group's keys a replaced `_target_` left, passed to its loader
-            only where it takes them (`trainer.config.build.group_defaults`).
         run_dir: where this process writes: `dataset.cache=disk` keeps its files there
             (`RunDir.input_cache`); None: nowhere (disk reads once, uncached).
-        source: the source `load_source` loaded already; None: loaded here.
+        cache_from_data: the run's data was given to `trainer.fit` and no `dataset.cache`
+            set (`Spec.cache_from_data`): a given dataset is read anew every epoch.
     """
-    options = dict(dataset)
-    pipeline = {key: options.pop(key) for key in PIPELINE_KEYS if key in options}
-    if source is None:
-        source = load_source(dataset, seed, defaults)
+    target = options._target_
     if source.check is not None:  # the workers check their shares: the data once
         source.check(batching.workers, batching.worker)
-    check_inputs(augment, source.input_shape, options["_target_"])
-    source = checked_sizes(source, options["_target_"])
-    source = finite_explained(source, options["_target_"])
-    source = served_explained(source, pipeline.get("service"))
+    check_inputs(augment, source.input_shape, target)
+    source = checked_sizes(source, target)
+    source = finite_explained(source, target)
+    source = served_explained(source, options.served)
     source = one_hot_if_mixing(augment, source)
     check_class_weight(class_weight, source)
     check_no_missing_inputs(source, max(batching.shards, batching.replicas))
@@ -118,27 +114,26 @@ def build_data(dataset: dict[str, Any], batching: Batching, seed: int | None = N
         check_micro_batches(source.train_size, batching.replicas,
                             batching.shards // batching.replicas)
     if "train" in source.endless:
-        _check_stream(augment, pipeline, options["_target_"])
-        pipeline["cache"] = "none"  # a stream has no end to cache up to
-    elif given_flag("cache_from_data") and source.fingerprint is None:
+        _check_stream(augment, options)
+        options = replace(options, cache="none")  # a stream has no end to cache up to
+    elif cache_from_data and source.fingerprint is None:
         # a given dataset (not arrays) may draw anew each pass (random augmentation in its
         # map): read anew every epoch, as Keras's fit reads it, unless dataset.cache is set
-        pipeline["cache"] = "none"
-    reading = Reading.of(pipeline, batching, run_dir)
+        options = replace(options, cache="none")
+    reading = Reading.of(options, batching, run_dir)
     reading.check_memory(source)
-    common = dict(preprocess=source.preprocess, scale=source.scale, seed=seed,
-                  cache=reading.cache, shuffle_buffer=shuffle_buffer(pipeline))
+    order = Order(seed, options.buffer, reading.lanes)
     if "train" in source.endless:
-        make_train = _stream_maker(source, batching, common, class_weight)
+        make_train = _stream_maker(source, batching, order, class_weight)
     else:
-        make_train = _epochs_maker(source, batching, reading, common, augment, class_weight)
-    validation, test, probe = _evaluations(source, batching, reading, common)
+        make_train = _epochs_maker(source, batching, reading, order, augment, class_weight)
+    validation, test, probe = _evaluations(source, batching, reading, order)
     return Data(source=source, make_train=make_train, validation=validation, test=test,
                 reading=reading.report(source), probe=probe)
 
 
-def _epochs_maker(source: Source, batching: Batching, reading: Reading,
-                  common: dict[str, Any], augment: Any,
+def _epochs_maker(source: Source, batching: Batching, reading: Reading, order: Order,
+                  augment: Any,
                   class_weight: dict[int, float] | None) -> Callable[[int, int, int], Any]:
     """`make_train` of a finite training split: epochs of one pass each; with
     `steps_per_epoch`, epochs of that many steps read one after another from the passes
@@ -146,73 +141,75 @@ def _epochs_maker(source: Source, batching: Batching, reading: Reading,
     finite dataset with `steps_per_epoch`."""
     steps = batching.steps_per_epoch
     per_pass = steps_per_epoch(source.train_size, batching.global_batch, batching.drop_remainder)
+    prep = reading.prep(source, "train", shard=source.shard)
+    batches = Batches(batching.global_batch, batching.shards, source.train_size,
+                      batching.drop_remainder)
 
     def make_train(first_epoch: int, epochs: int, skip_steps: int):
         first, last = (first_epoch * steps + skip_steps, epochs * steps) if steps else (
             first_epoch * per_pass + skip_steps, epochs * per_pass)
 
         def build(place: Place) -> Any:
-            batches = build_training_epochs(
-                source.train, batching.global_batch, first_epoch=first // per_pass,
-                epochs=-(-last // per_pass), skip_steps=first % per_pass,
-                drop_remainder=batching.drop_remainder,
-                examples=source.train_size, replicas=batching.shards, augment=augment,
-                class_weight=class_weight, lanes=reading.lanes, place=place,
-                cache_file=reading.file("train"), shard=source.shard, role="train",
-                service=reading.service(), **common)
+            found = build_training_epochs(
+                source.train, batches, Epochs(first // per_pass, -(-last // per_pass),
+                                              first % per_pass),
+                prep=prep, order=order, place=place, augment=augment,
+                class_weight=class_weight, service=reading.service())
             if not steps:
-                return batches
-            return batches.take((last - first) * (place.replicas if place.several else 1))
+                return found
+            return found.take((last - first) * (place.replicas if place.several else 1))
 
         return reading.shared(build)
 
     return make_train
 
 
-def _stream_maker(source: Source, batching: Batching, common: dict[str, Any],
+def _stream_maker(source: Source, batching: Batching, order: Order,
                   class_weight: dict[int, float] | None) -> Callable[[int, int, int], Any]:
     """`make_train` of a training split that repeats for ever (`build_stream_epochs`); on
     several workers the strategy shards its global batches by element."""
+    prep = Prep(source.preprocess, source.scale, "none", role="train")
+
     def make_train(first_epoch: int, epochs: int, skip_steps: int):
         return build_stream_epochs(
-            source.train, batching.global_batch, steps_per_epoch=batching.steps_per_epoch,
-            first_epoch=first_epoch, epochs=epochs, skip_steps=skip_steps,
-            preprocess=common["preprocess"], scale=common["scale"], seed=common["seed"],
-            shuffle_buffer=common["shuffle_buffer"], class_weight=class_weight)
+            source.train, batching.global_batch, Epochs(first_epoch, epochs, skip_steps),
+            steps_per_epoch=batching.steps_per_epoch, prep=prep, order=order,
+            class_weight=class_weight)
 
     return make_train
 
 
-def _check_stream(augment: Any, pipeline: dict[str, Any], target: str) -> None:
+def _check_stream(augment: Any, options: PipelineOptions) -> None:
     """Refuses what a training split that repeats for ever cannot have: augmentation (its
     seeds come from each example's place in an epoch) and a tf.data service."""
+    target = options._target_
     if listed(augment):
         raise DataError(f"dataset {target}: its training split repeats for ever, and augment "
                         f"seeds each example by its place in an epoch; received augment="
                         f"{list(augment)}: augment in the dataset's own map, or give it "
                         "without repeat()")
-    if service_report(pipeline.get("service")) is not None:
+    if options.served is not None:
         raise DataError(f"dataset {target}: its training split repeats for ever; "
-                        f"dataset.service={pipeline['service']} serves finite splits: set "
+                        f"dataset.service={options.service} serves finite splits: set "
                         "dataset.service=null, or give it without repeat()")
 
 
 def _evaluations(source: Source, batching: Batching, reading: Reading,
-                 common: dict[str, Any]) -> tuple[Any, Any, Any]:
+                 order: Order) -> tuple[Any, Any, Any]:
     """(validation, test, probe) batches: None for a split the source does not have; the
     probe is the validation batches, or without them the first training examples."""
     # The test split is read once, at the end: no cache holding it through the run.
-    test = (_evaluation(source.test, source.test_size, "test", batching, reading,
-                        {**common, "cache": "none"})
+    test = (_evaluation(source.test, source.test_size, batching, reading.shared,
+                        reading.prep(source, "test", cache="none"), order)
             if source.test is not None and source.test_size > 0 else None)
-    validation = (_evaluation(source.validation, source.validation_size, "validation",
-                              batching, reading, common)
+    validation = (_evaluation(source.validation, source.validation_size, batching,
+                              reading.shared, reading.prep(source, "validation"), order)
                   if source.validation is not None and source.validation_size > 0 else None)
     probe = validation
     if probe is None:
         first = min(source.train_size, batching.eval_batch or batching.global_batch)
-        probe = _evaluation(source.train.take(first), first, "train", batching, reading,
-                            {**common, "cache": "none"})
+        probe = _evaluation(source.train.take(first), first, batching, reading.shared,
+                            reading.prep(source, "train", cache="none"), order)
     return validation, test, probe
 
 
@@ -224,7 +221,8 @@ def load_source(dataset: dict[str, Any], seed: int | None = None,
     turned into one (`trainer.data.given.as_source`), with the last `validation_split` of
     its training examples held out for validation where set (`held_out`); `streams` are the
     roles the run gives steps (`trainer.data.given.as_source`)."""
-    options = options_for({k: v for k, v in dataset.items() if k not in PIPELINE_KEYS},
+    pipeline = PipelineOptions.keys()
+    options = options_for({k: v for k, v in dataset.items() if k not in pipeline},
                           (*defaults, "seed"))
     # `seed` for a loader that takes it (a function returning arrays may take nothing)
     seeded = {"seed": seed} if taken_by_target(options, "seed") else {}
@@ -313,50 +311,6 @@ def taken_by_target(node: dict[str, Any], key: str) -> bool:
     return key in options_for({**node, key: None}, (key,))
 
 
-# Keras's `fit(x, y)` batch where it is given none (`batch_size=None`).
-KERAS_BATCH = 32
-
-
-def batch_of_data(batch: Any, lr: Any, source: Source, replicas: int) -> tuple[Any, Any]:
-    """The batch config and learning-rate plan, where `trainer.fit(data=...)` was given data
-    and its overrides set no batch: Keras's `fit` batch as the global batch, a batched
-    dataset's own batch (`fit(dataset)`), else Keras's 32 (`fit(x, y)`); `reference_batch:
-    auto` follows it, so the model's rate is its rate at that batch on any device count.
-
-    Keras's strategies split a batch unevenly over the replicas (32 over 3: 11, 11, 10);
-    trainer splits evenly, so a batch nobody chose that does not divide rounds up to the
-    next multiple of `replicas` (33 on 3), and the rate scales with it as with any batch.
-    A batch the user sets is never changed (`batch.global_size` that does not divide is
-    refused, naming both numbers)."""
-    if not given_flag("batch_from_data"):
-        return batch, lr
-    size = source.given_batch or KERAS_BATCH
-    if lr.reference_auto:
-        lr = dataclasses.replace(lr, reference_batch=size)
-    even = -(-size // replicas) * replicas
-    return dataclasses.replace(batch, per_replica=None, global_size=even), lr
-
-
-def checkpoint_monitor(monitor: str, source: Source) -> str:
-    """`checkpoint.monitor`, or without a validation set its training form: `loss` for the
-    default `val_accuracy`, `mae` for `val_mae`."""
-    if source.validation is not None and source.validation_size:
-        return monitor
-    if monitor == CheckpointConfig.monitor:
-        return "loss"
-    return monitor.removeprefix("val_")
-
-
-def default_monitor(monitor: str, metrics: tuple[str, ...], validated: bool) -> str:
-    """The default `checkpoint.monitor` (`val_accuracy`) where the run validates but logs no
-    accuracy (a regression, a model compiled with other metrics): `val_loss`, as Keras's
-    `ModelCheckpoint` defaults to; any other monitor as it is (one not logged is refused in
-    one line later)."""
-    if validated and monitor == CheckpointConfig.monitor and "accuracy" not in metrics:
-        return "val_loss"
-    return monitor
-
-
 def data_notes(source: Source, global_batch: int, per_replica: int, monitor: str,
                replaced: bool = False, steps: tuple[int | None, int | None] = (None, None)
                ) -> tuple[str, ...]:
@@ -387,34 +341,25 @@ def data_notes(source: Source, global_batch: int, per_replica: int, monitor: str
     return tuple(notes)
 
 
-def shuffle_buffer(pipeline: dict[str, Any]) -> int:
-    """The training order's shuffle buffer: `dataset.shuffle_buffer` (2048 unless set), 0
-    with `dataset.shuffle=false` (the source's order, every epoch, as Keras's
-    `fit(shuffle=False)`)."""
-    if pipeline.get("shuffle") is False:
-        return 0
-    return int(pipeline.get("shuffle_buffer") or 2048)
-
-
 def stop_services() -> None:
     """Stops the tf.data servers `dataset.service=local:K` started in this process (the
     run's end; idempotent)."""
     stop_local()
 
 
-def _evaluation(split: Any, examples: int, name: str, batching: Batching, reading: Reading,
-                options: dict[str, Any]) -> Any:
-    """A split's evaluation batches (this worker's share of each, on several)."""
+def _evaluation(split: Any, examples: int, batching: Batching,
+                shared: Callable[[Callable[[Place], Any]], Any], prep: Prep,
+                order: Order) -> Any:
+    """A split's evaluation batches (this worker's share of each, on several, as `shared`
+    hands them to the strategy), made ready as `prep` says."""
     replicas = batching.shards if batching.eval_batch is None else batching.replicas
-    file = reading.file(name)
+    batches = Batches(batching.eval_batch or batching.global_batch, replicas, examples)
 
     def build(place: Place) -> Any:
-        return build_pipeline(split, batching.eval_batch or batching.global_batch,
-                              training=False, examples=examples, replicas=replicas,
-                              place=place, cache_file=None if file is None else file(None),
-                              role=name, **options)
+        return build_pipeline(split, batches, training=False, prep=prep, order=order,
+                              place=place)
 
-    return reading.shared(build)
+    return shared(build)
 
 
 @dataclass(frozen=True)
@@ -427,27 +372,33 @@ class Reading:
     place: Place
     memory_limit_mb: int | None
     run_dir: Path | None = None
-    service_value: Any = None
+    served: DataService | None = None
     _service: list = dataclasses.field(default_factory=list, compare=False)
 
     @classmethod
-    def of(cls, pipeline: dict[str, Any], batching: Batching, run_dir: Path | None) -> Reading:
+    def of(cls, options: PipelineOptions, batching: Batching, run_dir: Path | None) -> Reading:
         workers = batching.workers
         place = Place(workers, batching.worker, max(1, batching.replicas // workers))
-        mode = cache_mode(pipeline.get("cache", True))
+        mode = options.cache
         if mode == "disk" and run_dir is None:  # a finished run evaluated: read once
             mode = "none"
-        return cls(mode, int(pipeline.get("lanes") or 1),
-                   place, worker_memory_limit_mb(pipeline.get("memory_limit_mb"),
-                                                 batching.local_workers), run_dir,
-                   pipeline.get("service"))
+        return cls(mode, options.lanes, place,
+                   worker_memory_limit_mb(options.memory_limit_mb, batching.local_workers),
+                   run_dir, options.served)
+
+    def prep(self, source: Source, role: str, cache: str | None = None,
+             shard: Callable | None = None) -> Prep:
+        """How a split of `source` in `role` is made ready: this worker's cache (or
+        `cache`) and its files, the source's preprocessing and scale."""
+        return Prep(source.preprocess, source.scale, cache or self.cache, self.file(role),
+                    role, shard)
 
     def service(self) -> Service | None:
         """The tf.data service the training split is read on (`dataset.service`), started
         or checked the first time training asks for it (evaluation never does); None
         without one."""
         if not self._service:
-            self._service.append(Service.of(self.service_value))
+            self._service.append(Service.of(self.served))
         return self._service[0]
 
     def file(self, split: str) -> Callable[[int | None], Path] | None:
@@ -501,7 +452,7 @@ class Reading:
                      "of every global batch")
         return {"cache": self.cache, "lanes": self.lanes, "workers": place.workers,
                 "reads": reads, "memory_limit_mb": self.memory_limit_mb, "notes": notes,
-                "service": service_report(self.service_value)}
+                "service": service_report(self.served)}
 
 
 def _cached_spec(source: Source) -> Any:
@@ -579,15 +530,15 @@ def finite_explained(source: Source, target: str) -> Source:
     return dataclasses.replace(source, explain=explained)
 
 
-def served_explained(source: Source, value: Any) -> Source:
+def served_explained(source: Source, served: DataService | None) -> Source:
     """The source, an example a tf.data service sent out of place (`dataset.service`)
     explained in one line naming the service and the remedy."""
-    if service_report(value) is None:
+    if served is None:
         return source
     explain = source.explain
 
     def explained(error: BaseException) -> str | None:
-        message = out_of_order_message(error, str(value))
+        message = out_of_order_message(error, served.value)
         if message is None and explain is not None:
             return explain(error)
         return message

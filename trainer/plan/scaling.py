@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from trainer.config.errors import ConfigError
 
@@ -26,6 +28,40 @@ class BatchPlan:
     def shards(self) -> int:
         """Micro-batches one global batch is cut into: replicas x accumulate."""
         return self.replicas * self.accumulate
+
+
+# Keras's `fit(x, y)` batch where it is given none (`batch_size=None`).
+KERAS_BATCH = 32
+
+
+def batch_of_data(batch: Any, lr: Any, given_batch: int | None, replicas: int) -> tuple[Any, Any]:
+    """The batch config and learning-rate plan of a run given data by `trainer.fit(data=...)`
+    whose overrides set no batch (`Spec.batch_from_data`): Keras's `fit` batch as the
+    global batch, a batched dataset's own batch (`given_batch`: `fit(dataset)`), else
+    Keras's 32 (`fit(x, y)`); `reference_batch: auto` follows it, so the model's rate is
+    its rate at that batch on any device count.
+
+    Keras's strategies split a batch unevenly over the replicas (32 over 3: 11, 11, 10);
+    trainer splits evenly, so a batch nobody chose that does not divide rounds up to the
+    next multiple of `replicas` (33 on 3), and the rate scales with it as with any batch.
+    A batch the user sets is never changed (`batch.global_size` that does not divide is
+    refused, naming both numbers).
+
+    Args:
+        batch: the `batch` node's record (`BatchConfig`).
+        lr: the learning-rate plan (`LrPlan`), `reference_auto` saying whether
+            `reference_batch` was `auto`.
+        given_batch: the batch the given dataset came in, or None.
+        replicas: the replicas in sync.
+
+    Returns:
+        `(batch, lr)`, the global batch set.
+    """
+    size = given_batch or KERAS_BATCH
+    if lr.reference_auto:
+        lr = dataclasses.replace(lr, reference_batch=size)
+    even = -(-size // replicas) * replicas
+    return dataclasses.replace(batch, per_replica=None, global_size=even), lr
 
 
 def _multiples_near(value: int, step: int) -> str:

@@ -20,16 +20,13 @@ from typing import Any
 import keras
 
 from trainer.config.errors import ConfigError
-from trainer.config.metrics import monitor_mode
+from trainer.config.metrics import checkpoint_monitor, default_monitor, monitor_mode
 from trainer.data.wiring import (
     Batching,
     Data,
-    batch_of_data,
     bounded,
     build_data,
-    checkpoint_monitor,
     data_notes,
-    default_monitor,
     load_source,
     stop_services,
 )
@@ -43,7 +40,7 @@ from trainer.distribute.runtime import (
     synchronize_batch_norm,
 )
 from trainer.distribute.strategy import choose_cross_device_ops, choose_strategy, strategy_kind
-from trainer.plan.scaling import BatchPlan, plan_batch, steps_per_epoch
+from trainer.plan.scaling import BatchPlan, batch_of_data, plan_batch, steps_per_epoch
 from trainer.plan.schedule import LearningRate
 from trainer.plan.speed import SpeedPlan, choose_speed
 from trainer.run.compiled import adapt_apart, compiled_model
@@ -165,11 +162,12 @@ def _built(spec: Spec, plan: Any, cluster: Cluster | None, run_dir: Path | None)
     if spec.runtime_seed is not None:
         keras.utils.set_random_seed(spec.runtime_seed)
     with strategy.scope():
-        data = build_data(spec.dataset, Batching(
+        data = build_data(source, spec.pipeline, Batching(
             batch.global_size, batch.shards, batch.per_replica * batch.replicas,
             batch.replicas, spec.batch.drop_remainder, *_place(cluster),
-            spec.steps_per_epoch), spec.runtime_seed,
-            spec.augment, spec.class_weight, spec.dataset_defaults, run_dir, source)
+            spec.steps_per_epoch), seed=spec.runtime_seed, augment=spec.augment,
+            class_weight=spec.class_weight, run_dir=run_dir,
+            cache_from_data=spec.cache_from_data)
         agree_on_data(strategy, cluster, data.source)  # before the model's collectives
         steps = spec.steps_per_epoch or steps_per_epoch(
             data.source.train_size, batch.global_size, spec.batch.drop_remainder)
@@ -206,18 +204,20 @@ def _source_and_batch(spec: Spec, strategy: Any) -> tuple[Spec, Any, BatchPlan]:
     with strategy.scope():
         source = load_source(spec.dataset, spec.runtime_seed, spec.dataset_defaults,
                              spec.validation_split, streams)
-    batching, lr = batch_of_data(spec.batch, spec.lr, source,
-                                 strategy.num_replicas_in_sync)
-    spec = replace(spec, batch=batching, lr=lr)
+    if spec.batch_from_data:  # trainer.fit(data=...) with no batch set: Keras's fit batch
+        batching, lr = batch_of_data(spec.batch, spec.lr, source.given_batch,
+                                     strategy.num_replicas_in_sync)
+        spec = replace(spec, batch=batching, lr=lr)
     batch = plan_batch(spec.batch.per_replica, spec.batch.global_size,
                        strategy.num_replicas_in_sync, spec.batch.accumulate,
                        spec.batch.max_per_replica)
     with strategy.scope():
-        source = bounded(source, str(spec.dataset["_target_"]), batch.global_size,
+        source = bounded(source, spec.pipeline._target_, batch.global_size,
                          batch.per_replica * batch.replicas, spec.steps_per_epoch,
                          spec.validation_steps, spec.batch.drop_remainder)
+    validated = source.validation is not None and bool(source.validation_size)
     spec = replace(spec, checkpoint=replace(
-        spec.checkpoint, monitor=checkpoint_monitor(spec.checkpoint.monitor, source)))
+        spec.checkpoint, monitor=checkpoint_monitor(spec.checkpoint.monitor, validated)))
     return spec, source, batch
 
 

@@ -5,10 +5,11 @@
 evaluation) reads the `Spec`. Its sections are the schema's own dataclasses (Hydra's
 `OmegaConf.to_object`), plus what is derived from them once: `devices` and `export` as the
 config's check parsed them (`trainer.config.validate.Parsed`), the runtime seed and the
-learning-rate plan. The open nodes (`model`, `dataset`, `optimizer`,
-`callbacks`, `logger`), whose keys are their builders' arguments, are plain dicts. A worker
-with an evaluator beside it (`with_evaluator`) is refused what needs validation while it
-trains, and leaves `best.keras` to the evaluator.
+learning-rate plan, the dataset's pipeline options (`pipeline`, read once by the check) and
+what a `trainer.fit` call said of the data it was given. The open nodes (`model`,
+`dataset`, `optimizer`, `callbacks`, `logger`), whose keys are their builders' arguments,
+are plain dicts. A worker with an evaluator beside it (`with_evaluator`) is refused what
+needs validation while it trains, and leaves `best.keras` to the evaluator.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from trainer.config.build import group_defaults
 from trainer.config.errors import ConfigError
+from trainer.config.given import flag as given_flag
 from trainer.config.image_size import image_size_choice
 from trainer.config.schema import (
     BatchConfig,
@@ -27,6 +29,7 @@ from trainer.config.schema import (
     ClusterConfig,
     FinetuneConfig,
     LrPlan,
+    PipelineOptions,
     RecoverConfig,
     StrategyConfig,
     TunerConfig,
@@ -61,6 +64,13 @@ class Spec:
             `_target_`'s module instead.
         image_size: the dataset's image side, its own and the model's minimum
             (`trainer.config.image_size.image_size_choice`), for the summary; None: none.
+        pipeline: the dataset node's pipeline options, read once
+            (`trainer.config.validate.read_pipeline`); `dataset` keeps the whole node for
+            the source's builder, which never sees them.
+        batch_from_data: the global batch is the given data's own (`trainer.fit(data=...)`
+            with no batch set; `trainer.plan.scaling.batch_of_data`).
+        cache_from_data: a given dataset is read anew every epoch, uncached
+            (`trainer.fit(data=...)` with no `dataset.cache` set).
     """
 
     record: dict[str, Any]
@@ -106,6 +116,9 @@ class Spec:
     validation_split: float | None = None
     steps_per_epoch: int | None = None
     validation_steps: int | None = None
+    pipeline: PipelineOptions = field(default_factory=PipelineOptions)
+    batch_from_data: bool = False
+    cache_from_data: bool = False
 
 
 # The config groups whose choice names the run in its summary.
@@ -146,8 +159,9 @@ def resolve(cfg: DictConfig, choices: dict[str, str] | None = None,
         cfg: the composed config, already through `trainer.run.preflight.check_config`.
         choices: the config groups' choices where no Hydra job runs (`trainer.fit`
             composes without one); None reads the running job's.
-        parsed: what the config's check parsed (`devices`, `export`): each value is parsed
-            once, there; None checks the config here (a config no check has seen).
+        parsed: what the config's check parsed (`devices`, `export`, the pipeline's
+            options): each value is parsed once, there; None checks the config here (a
+            config no check has seen).
 
     Returns:
         The run's `Spec`.
@@ -178,15 +192,10 @@ def resolve(cfg: DictConfig, choices: dict[str, str] | None = None,
         callbacks=dict(record["callbacks"] or {}),
         loggers=dict(node("logger") or {}),
         augment=listed(node("augment")),
-        loop=cfg.loop,
-        precision=cfg.precision,
-        jit_compile=cfg.jit_compile,
-        steps_per_execution=cfg.steps_per_execution,
-        epochs=cfg.epochs,
-        seed=cfg.seed,
-        runtime_seed=runtime_seed(cfg.seed),
-        deterministic=cfg.deterministic,
-        verbose=cfg.verbose,
+        loop=cfg.loop, precision=cfg.precision,
+        jit_compile=cfg.jit_compile, steps_per_execution=cfg.steps_per_execution,
+        epochs=cfg.epochs, seed=cfg.seed, runtime_seed=runtime_seed(cfg.seed),
+        deterministic=cfg.deterministic, verbose=cfg.verbose,
         export=parsed.export,
         resume=cfg.get("resume"),
         profile=tuple(record["profile"]) if node("profile") is not None else None,
@@ -197,6 +206,9 @@ def resolve(cfg: DictConfig, choices: dict[str, str] | None = None,
         image_size=image_size_choice(cfg),
         sync_batchnorm=bool(node("sync_batchnorm")), validation_split=node("validation_split"),
         steps_per_epoch=node("steps_per_epoch"), validation_steps=node("validation_steps"),
+        pipeline=parsed.pipeline,  # and what the API's call holds (`trainer.config.given`):
+        batch_from_data=given_flag("batch_from_data"),
+        cache_from_data=given_flag("cache_from_data"),
     )
 
 

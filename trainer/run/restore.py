@@ -23,7 +23,7 @@ from trainer.config.errors import ConfigError
 from trainer.config.messages import one_line
 from trainer.data.fingerprint import check_same_data, of_source
 from trainer.data.image_folder import undecodable
-from trainer.data.pipeline import build_pipeline
+from trainer.data.pipeline import Batches, Prep, build_pipeline
 from trainer.distribute.devices import open_devices
 from trainer.run.assemble import Run, assemble
 from trainer.run.load import load_checkpoint  # noqa: F401 - restore's public name too
@@ -122,9 +122,8 @@ def predict_outputs(run: Any, inputs: Any, examples: int) -> Any:
     padded = -(-examples // global_batch) * global_batch
     if padded > examples:
         elements = elements.concatenate(elements.take(1).repeat(padded - examples))
-    batches = build_pipeline(elements, global_batch, training=False,
-                             preprocess=source.preprocess, scale=source.scale, cache=False,
-                             replicas=replicas, examples=padded)
+    batches = build_pipeline(elements, Batches(global_batch, replicas, padded), training=False,
+                             prep=Prep(source.preprocess, source.scale, cache="none"))
     only_inputs = batches.map(lambda x, *rest: x)
     try:
         found = run.model.predict(only_inputs, verbose=0)
