@@ -200,8 +200,8 @@ def test_a_users_preprocess_with_python_control_flow_over_tensors_runs_in_every_
         return image, label
 
     data = tf.data.Dataset.from_tensor_slices((IMAGES, LABELS))
-    batches = build_training_epochs(data, 16, first_epoch=0, epochs=2, scale=1 / 255, seed=7,
-                                    shuffle_buffer=48, examples=48, preprocess=preprocess,
-                                    cache="none")
+    batches = build_training_epochs(data, Batches(16, examples=48), Epochs(0, 2),
+                                    prep=Prep(preprocess, scale=1 / 255, cache="none"),
+                                    order=Order(7, 48))
     labels = sorted(int(y) for _, ys in batches for y in ys.numpy())
     assert labels == sorted(list(range(2, 50)) * 2)
