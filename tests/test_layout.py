@@ -138,8 +138,8 @@ def test_the_entry_points_import_without_tensorflow():
     code = ("import sys; sys.modules['tensorflow'] = sys.modules['keras'] = None; "
             "sys.modules['matplotlib'] = None; "
             "import trainer.__main__, trainer.evaluate, trainer.predict, trainer.launch, "
-            "trainer.run.preflight, trainer.data.tfrecords.__main__, "
-            "trainer.run.resolve")
+            "trainer.run.prepare.preflight, trainer.data.tfrecords.__main__, "
+            "trainer.run.prepare.resolve")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, cwd=PACKAGE.parent)
     assert out.returncode == 0, out.stderr.strip().splitlines()[-1:]
@@ -210,11 +210,11 @@ def test_decide_modules_import_no_tensorflow_at_any_level():
                      if m.split(".")[0] in TENSORFLOW]
         crossing += [f"{name} -> {m}" for m in graph[name] if m in build]
     assert crossing == []
-    assert {"trainer.run.preflight", "trainer.run.resolve", "trainer.run.startup",
-            "trainer.run.owner", "trainer.config.validate",
+    assert {"trainer.run.prepare.preflight", "trainer.run.prepare.resolve",
+            "trainer.run.prepare.startup", "trainer.run.prepare.owner", "trainer.config.validate",
             "trainer.distribute.strategy", "trainer.distribute.device_plan",
             "trainer.data.augment", "trainer.models.formats", "trainer.task.finetune",
-            "trainer.run.inputs", "trainer.run.reopen",
+            "trainer.run.prepare.inputs", "trainer.run.prepare.reopen",
             "trainer.plan.speed", "trainer.internals",
             "trainer.internals.hydra_app"}.isdisjoint(build)
 
@@ -264,7 +264,7 @@ def test_the_entry_points_go_through_the_run():
     """The entry points parse, dispatch and print one line: no run directory or tracker
     internals (`rundir.layout`, the public map of a run directory, aside, but not for the
     command line, whose run reports what it wrote itself); evaluation and
-    prediction restore the run through `trainer.run.restore`, not from its parts."""
+    prediction restore the run through `trainer.run.assembly.restore`, not from its parts."""
     graph = _graph()
     for entry in ("trainer.__main__", "trainer.api", "trainer.evaluate", "trainer.predict"):
         assert [t for t in _under(graph[entry], "rundir", "track")

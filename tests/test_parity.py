@@ -20,7 +20,7 @@ from tests.test_loop import strategy_for
 from trainer.config.errors import ConfigError
 from trainer.data.pipeline import DataError, Source, build_training_epochs
 from trainer.internals.keras_step import build_from_one_replica
-from trainer.run.step import exact_train_step
+from trainer.run.assembly.step import exact_train_step
 from trainer.run.train import train
 
 RTOL = 1e-5
