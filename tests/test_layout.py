@@ -130,6 +130,62 @@ def test_every_subpackage_says_what_it_holds_and_may_import():
         assert doc and "import" in doc, name
 
 
+# run/'s rooms by phase, bottom first; the modules at run/'s top (the recipe `train`, its
+# session and guards, `tune`, the process's owner) sit above them all. Each room's
+# `__init__.py` says what it holds and may import, as a subpackage's does.
+ROOMS = {"prepare": 0, "assembly": 1, "fit": 2, "end": 3}
+RUN_TOP = len(ROOMS)
+
+
+def _room(module: str) -> int | None:
+    """The floor of a module among run/'s rooms; None for a module outside run/."""
+    parts = module.split(".")
+    if parts[:2] != ["trainer", "run"]:
+        return None
+    return ROOMS[parts[2]] if len(parts) > 2 and parts[2] in ROOMS else RUN_TOP
+
+
+def _upward_in_run(graph: dict[str, set[str]]) -> list[str]:
+    return [f"{a} -> {b}" for a, targets in graph.items() for b in targets
+            if _room(a) is not None and _room(b) is not None and _room(b) > _room(a)]
+
+
+def test_run_rooms_import_downward():
+    """A room of run/ imports only the rooms before it, never the modules at run/'s top."""
+    assert _upward_in_run(_graph()) == []
+
+
+def test_the_rooms_check_sees_an_upward_import():
+    graph = _graph()
+    graph["trainer.run.prepare.resolve"] = (graph["trainer.run.prepare.resolve"]
+                                            | {"trainer.run.assembly.step"})
+    graph["trainer.run.end.summary"] = graph["trainer.run.end.summary"] | {"trainer.run.train"}
+    assert sorted(_upward_in_run(graph)) == [
+        "trainer.run.end.summary -> trainer.run.train",
+        "trainer.run.prepare.resolve -> trainer.run.assembly.step"]
+
+
+def test_every_room_of_run_has_a_floor_and_says_what_it_holds_and_may_import():
+    run = PACKAGE / "run"
+    assert {p.name for p in run.iterdir() if (p / "__init__.py").exists()} == set(ROOMS)
+    for room in ROOMS:
+        doc = ast.get_docstring(ast.parse((run / room / "__init__.py").read_text()))
+        assert doc and "import" in doc, room
+
+
+def test_the_prepare_room_holds_decide_modules_only():
+    """Its docstring's promise: the pre-flight's room imports no TensorFlow, at any level."""
+    assert sorted(m for m in _build_modules() if m.startswith("trainer.run.prepare")) == []
+
+
+def test_no_folder_holds_more_than_15_modules():
+    """A folder a newcomer can read: at most 15 `.py` files directly in it, `__init__` too."""
+    crowded = {str(folder.relative_to(PACKAGE.parent)): count for folder in
+               [PACKAGE, *(p for p in PACKAGE.rglob("*") if p.is_dir())]
+               if (count := len(list(folder.glob("*.py")))) > 15}
+    assert crowded == {}
+
+
 def test_the_entry_points_import_without_tensorflow():
     """TensorFlow starts only once the devices are chosen (and its start-up lines quieted)."""
     import subprocess
