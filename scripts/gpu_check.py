@@ -368,7 +368,7 @@ def refuse_nccl(replicas: int) -> None:
     NCCL cannot all-reduce between them (it aborts or hangs); the row then fails at once,
     saying what trainer chose, instead of at its timeout.
     """
-    import trainer.run.assemble as assemble_module
+    import trainer.run.assembly.assemble as assemble_module
 
     decide = assemble_module.choose_cross_device_ops
     if getattr(decide, "refuses_nccl", False):
@@ -763,7 +763,7 @@ def cifar10_work(ctx: Context) -> dict[str, Any]:
 
 def record_data() -> list:
     """Keeps every `Data` trainer builds in this process (its input pipelines), in a list."""
-    import trainer.run.assemble as assemble_module
+    import trainer.run.assembly.assemble as assemble_module
 
     built, build = [], assemble_module.build_data
 

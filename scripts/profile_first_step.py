@@ -42,7 +42,7 @@ def worker(args) -> None:
 
     sys.path.insert(0, str(HERE.parent))
     from trainer.models import cnn, mobilenet
-    from trainer.run.loop import CustomLoop
+    from trainer.run.fit.loop import CustomLoop
 
     devices = [f"/cpu:{i}" for i in range(n)]
     strategy = (tf.distribute.MirroredStrategy(devices) if n > 1

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import trainer.run.accumulate as accumulate_module
+import trainer.run.assembly.accumulate as accumulate_module
 from tests.test_loop import INITIAL, assert_same, build, make_data, strategy_for
-from trainer.run.accumulate import accumulating_train_step
-from trainer.run.loop import CustomLoop
-from trainer.run.step import exact_train_step
+from trainer.run.assembly.accumulate import accumulating_train_step
+from trainer.run.assembly.step import exact_train_step
+from trainer.run.fit.loop import CustomLoop
 
 GLOBAL = 128
 # 2 full steps and a last one of 40: 10 examples on every micro-batch of every split
@@ -215,7 +215,7 @@ def test_a_configured_run_on_any_split_ends_with_the_same_weights(tiny_config, t
 
 @pytest.mark.long  # the default run stays under 8 minutes on 2 cores
 def test_accumulate_auto_fits_the_cap_and_the_summary_says_so(tiny_config, tmp_path):
-    from trainer.run.summary import format_summary
+    from trainer.run.end.summary import format_summary
     from trainer.run.train import train
 
     summary = train(tiny_config(*CONFIG, "epochs=1", "devices=2", "batch.accumulate=auto",

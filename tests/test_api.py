@@ -116,7 +116,7 @@ def test_predictions_on_1_and_3_replicas_agree_in_order_and_equal_plain_keras(
     # (Keras's global state) must not decide the reference.
     script = (
         "import json, sys, numpy as np, tensorflow as tf\n"
-        "from trainer.run.restore import load_checkpoint\n"  # keras.models.load_model
+        "from trainer.run.assembly.restore import load_checkpoint\n"  # keras.models.load_model
         "files = json.loads(sys.argv[2])\n"  # with trainer's custom objects registered
         "model = load_checkpoint(sys.argv[1])\n"
         "images = np.stack([tf.image.resize(tf.io.decode_image(tf.io.read_file(f), channels=3,"

@@ -23,9 +23,9 @@ from tests.conftest import make_config
 from tests.test_resume import SigtermAt
 from trainer.config.errors import ConfigError, Interrupted
 from trainer.evaluate import evaluate_run, load_checkpoint
-from trainer.run.preflight import check_config
-from trainer.run.reopen import checkpoint_of
-from trainer.run.summary import format_summary
+from trainer.run.end.summary import format_summary
+from trainer.run.prepare.preflight import check_config
+from trainer.run.prepare.reopen import checkpoint_of
 from trainer.run.train import train
 from trainer.rundir.checkpoint import KeptBest
 from trainer.rundir.checksum import sha256

@@ -14,7 +14,7 @@ from tests.conftest import make_config
 from trainer.config.build import group_defaults, taken_by
 from trainer.config.errors import ConfigError
 from trainer.config.schema import CnnConfig, DigitsConfig
-from trainer.run.resolve import resolve
+from trainer.run.prepare.resolve import resolve
 from trainer.run.train import train
 
 STRICT = """

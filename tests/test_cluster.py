@@ -189,7 +189,7 @@ def test_multi_worker_config_composes(tiny_config):
 
 
 def test_bad_timeout_is_refused(tiny_config):
-    from trainer.run.preflight import check_config as validate
+    from trainer.run.prepare.preflight import check_config as validate
 
     with pytest.raises(ConfigError, match="strategy.timeout_s must be a positive number"):
         validate(tiny_config("strategy=multi_worker", "strategy.timeout_s=0"))
@@ -234,7 +234,7 @@ def test_multi_worker_strategy_gets_the_communication_options(tmp_path):
 def test_step_watchdog_fires_when_progress_stops():
     import time
 
-    from trainer.run.callbacks import StepWatchdog
+    from trainer.run.assembly.callbacks import StepWatchdog
 
     fired = []
     dog = StepWatchdog(0.3, fired.append)

@@ -13,7 +13,7 @@ from tests.conftest import REPO, make_config
 from trainer.config.errors import ConfigError
 from trainer.config.metrics import monitor_mode
 from trainer.config.validate import parse_devices
-from trainer.run.preflight import check_config as validate
+from trainer.run.prepare.preflight import check_config as validate
 
 
 def test_default_config_composes_and_validates():
@@ -82,7 +82,7 @@ def test_wrong_type_or_unknown_key_fails_at_compose_time(override):
 def test_compose_and_validate_do_not_import_tensorflow():
     code = ("import sys; from hydra import compose, initialize_config_dir;"
             "from trainer.config.schema import config_dir, register_configs;"
-            "from trainer.run.preflight import check_config as validate;"
+            "from trainer.run.prepare.preflight import check_config as validate;"
             "from trainer.config.errors import ConfigError;"
             "register_configs();"
             "ctx = initialize_config_dir(str(config_dir()), version_base='1.3'); ctx.__enter__();"

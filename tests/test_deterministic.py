@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import make_config, run_cli
-from trainer.run.preflight import ONEDNN, exact_kernels, preflight
-from trainer.run.summary import exactness, random_layers
+from trainer.run.end.summary import exactness, random_layers
+from trainer.run.prepare.preflight import ONEDNN, exact_kernels, preflight
 
 
 def test_deterministic_switches_onednn_off_unless_the_user_chose():

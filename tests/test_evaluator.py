@@ -15,8 +15,8 @@ from tests import test_multiworker as multiworker
 from trainer.config.errors import ConfigError
 from trainer.distribute.cluster import evaluator_task, from_tf_config, resolve_cluster
 from trainer.distribute.launch import Launcher, tf_configs, worker_commands
-from trainer.run.resolve import check_with_evaluator, resolve, without_validation
-from trainer.run.sidecar import (
+from trainer.run.prepare.resolve import check_with_evaluator, resolve, without_validation
+from trainer.run.prepare.sidecar import (
     EvaluatorDir,
     await_result,
     best_record,
@@ -321,7 +321,7 @@ def test_the_hand_off_gives_the_evaluator_an_epoch_whose_end_was_backed_up_befor
     epoch whose end no backup holds (a stop mid-epoch) is not."""
     from types import SimpleNamespace
 
-    from trainer.run.callbacks import HandOff
+    from trainer.run.assembly.callbacks import HandOff
     from trainer.rundir.backup import WEIGHTS, BackupStore
 
     store = BackupStore(tmp_path / "backup")
@@ -341,7 +341,7 @@ def test_a_dataset_with_no_validation_split_is_refused_with_an_evaluator_before_
     as they assemble the run (the monitor's check is the launched test's above)."""
     from types import SimpleNamespace
 
-    from trainer.run.assemble import Run
+    from trainer.run.assembly.assemble import Run
 
     saving = SimpleNamespace(monitor="val_accuracy", mode="auto")
     unvalidated = SimpleNamespace(data=SimpleNamespace(validation=None))

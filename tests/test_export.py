@@ -17,7 +17,7 @@ import trainer.models.formats as formats
 from tests.conftest import error_lines, run_main
 from trainer.config.errors import ConfigError
 from trainer.config.validate import export_formats
-from trainer.run.restore import load_checkpoint
+from trainer.run.assembly.restore import load_checkpoint
 from trainer.run.train import train
 from trainer.rundir.backup import tidy
 from trainer.rundir.layout import RunDir

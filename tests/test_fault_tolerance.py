@@ -288,7 +288,7 @@ def test_leftovers_are_cleaned_and_a_finished_run_keeps_one_backup(tmp_path, tin
 
 
 def test_progress_of_a_resumed_run_counts_in_the_whole_run(capsys):
-    from trainer.run.callbacks import RunProgress
+    from trainer.run.assembly.callbacks import RunProgress
 
     progress = RunProgress(epochs=3, steps=23, start=(1, 5))
     # The rest of epoch 2 as its own fit call: Keras passes that call's epochs and steps.
@@ -435,7 +435,7 @@ def test_a_resumed_run_keeps_the_best_value_so_far(tmp_path):
     # Without it, the first epoch after a resume would replace a better best.keras.
     import json
 
-    from trainer.run.callbacks import AtomicModelCheckpoint
+    from trainer.run.assembly.callbacks import AtomicModelCheckpoint
 
     path = tmp_path / "best.keras"
     (tmp_path / "best.keras.best.json").write_text(

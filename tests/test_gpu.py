@@ -89,7 +89,7 @@ from trainer.distribute.runtime import (
     nccl_available,
 )
 from trainer.distribute.strategy import choose_cross_device_ops
-from trainer.run.loop import CustomLoop
+from trainer.run.fit.loop import CustomLoop
 
 loop = sys.argv[1]
 gpu = tf.config.list_physical_devices("GPU")[0]

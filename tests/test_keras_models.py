@@ -251,7 +251,7 @@ def test_losses_a_model_adds_in_its_forward_pass_are_named_on_several_replicas(t
                                                                                tmp_path):
     """Each replica's forward-pass losses are of its share of the batch, taken as Keras
     takes them under a strategy: the summary says so where it matters (several replicas)."""
-    from trainer.run.summary import format_summary
+    from trainer.run.end.summary import format_summary
 
     model = ["model._target_=parity_task.activity_model",
              "dataset._target_=parity_task.dict_inputs"]

@@ -130,6 +130,62 @@ def test_every_subpackage_says_what_it_holds_and_may_import():
         assert doc and "import" in doc, name
 
 
+# run/'s rooms by phase, bottom first; the modules at run/'s top (the recipe `train`, its
+# session and guards, `tune`, the process's owner) sit above them all. Each room's
+# `__init__.py` says what it holds and may import, as a subpackage's does.
+ROOMS = {"prepare": 0, "assembly": 1, "fit": 2, "end": 3}
+RUN_TOP = len(ROOMS)
+
+
+def _room(module: str) -> int | None:
+    """The floor of a module among run/'s rooms; None for a module outside run/."""
+    parts = module.split(".")
+    if parts[:2] != ["trainer", "run"]:
+        return None
+    return ROOMS[parts[2]] if len(parts) > 2 and parts[2] in ROOMS else RUN_TOP
+
+
+def _upward_in_run(graph: dict[str, set[str]]) -> list[str]:
+    return [f"{a} -> {b}" for a, targets in graph.items() for b in targets
+            if _room(a) is not None and _room(b) is not None and _room(b) > _room(a)]
+
+
+def test_run_rooms_import_downward():
+    """A room of run/ imports only the rooms before it, never the modules at run/'s top."""
+    assert _upward_in_run(_graph()) == []
+
+
+def test_the_rooms_check_sees_an_upward_import():
+    graph = _graph()
+    graph["trainer.run.prepare.resolve"] = (graph["trainer.run.prepare.resolve"]
+                                            | {"trainer.run.assembly.step"})
+    graph["trainer.run.end.summary"] = graph["trainer.run.end.summary"] | {"trainer.run.train"}
+    assert sorted(_upward_in_run(graph)) == [
+        "trainer.run.end.summary -> trainer.run.train",
+        "trainer.run.prepare.resolve -> trainer.run.assembly.step"]
+
+
+def test_every_room_of_run_has_a_floor_and_says_what_it_holds_and_may_import():
+    run = PACKAGE / "run"
+    assert {p.name for p in run.iterdir() if (p / "__init__.py").exists()} == set(ROOMS)
+    for room in ROOMS:
+        doc = ast.get_docstring(ast.parse((run / room / "__init__.py").read_text()))
+        assert doc and "import" in doc, room
+
+
+def test_the_prepare_room_holds_decide_modules_only():
+    """Its docstring's promise: the pre-flight's room imports no TensorFlow, at any level."""
+    assert sorted(m for m in _build_modules() if m.startswith("trainer.run.prepare")) == []
+
+
+def test_no_folder_holds_more_than_15_modules():
+    """A folder a newcomer can read: at most 15 `.py` files directly in it, `__init__` too."""
+    crowded = {str(folder.relative_to(PACKAGE.parent)): count for folder in
+               [PACKAGE, *(p for p in PACKAGE.rglob("*") if p.is_dir())]
+               if (count := len(list(folder.glob("*.py")))) > 15}
+    assert crowded == {}
+
+
 def test_the_entry_points_import_without_tensorflow():
     """TensorFlow starts only once the devices are chosen (and its start-up lines quieted)."""
     import subprocess
@@ -138,8 +194,8 @@ def test_the_entry_points_import_without_tensorflow():
     code = ("import sys; sys.modules['tensorflow'] = sys.modules['keras'] = None; "
             "sys.modules['matplotlib'] = None; "
             "import trainer.__main__, trainer.evaluate, trainer.predict, trainer.launch, "
-            "trainer.run.preflight, trainer.data.tfrecords.__main__, "
-            "trainer.run.resolve")
+            "trainer.run.prepare.preflight, trainer.data.tfrecords.__main__, "
+            "trainer.run.prepare.resolve")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, cwd=PACKAGE.parent)
     assert out.returncode == 0, out.stderr.strip().splitlines()[-1:]
@@ -210,11 +266,11 @@ def test_decide_modules_import_no_tensorflow_at_any_level():
                      if m.split(".")[0] in TENSORFLOW]
         crossing += [f"{name} -> {m}" for m in graph[name] if m in build]
     assert crossing == []
-    assert {"trainer.run.preflight", "trainer.run.resolve", "trainer.run.startup",
-            "trainer.run.owner", "trainer.config.validate",
+    assert {"trainer.run.prepare.preflight", "trainer.run.prepare.resolve",
+            "trainer.run.prepare.startup", "trainer.run.prepare.owner", "trainer.config.validate",
             "trainer.distribute.strategy", "trainer.distribute.device_plan",
             "trainer.data.augment", "trainer.models.formats", "trainer.task.finetune",
-            "trainer.run.inputs", "trainer.run.reopen",
+            "trainer.run.prepare.inputs", "trainer.run.prepare.reopen",
             "trainer.plan.speed", "trainer.internals",
             "trainer.internals.hydra_app"}.isdisjoint(build)
 
@@ -311,7 +367,7 @@ def test_the_entry_points_go_through_the_run():
     """The entry points parse, dispatch and print one line: no run directory or tracker
     internals (`rundir.layout`, the public map of a run directory, aside, but not for the
     command line, whose run reports what it wrote itself); evaluation and
-    prediction restore the run through `trainer.run.restore`, not from its parts."""
+    prediction restore the run through `trainer.run.assembly.restore`, not from its parts."""
     graph = _graph()
     for entry in ("trainer.__main__", "trainer.api", "trainer.evaluate", "trainer.predict"):
         assert [t for t in _under(graph[entry], "rundir", "track")

@@ -152,7 +152,7 @@ def test_a_bad_profile_range_is_one_line(tmp_path, value):
 
 
 def test_csv_logger_and_the_csv_callback_on_one_file_are_refused(make_run):
-    from trainer.run.preflight import check_config as validate
+    from trainer.run.prepare.preflight import check_config as validate
 
     with pytest.raises(ConfigError, match="logger=\\[csv\\] and callbacks.csv_logger would both "
                                           "append to metrics.csv"):

@@ -14,9 +14,9 @@ import tensorflow as tf
 
 from trainer.distribute.runtime import build_strategy
 from trainer.internals.keras_step import build_from_one_replica
-from trainer.run.accumulate import accumulating_train_step
-from trainer.run.loop import CustomLoop
-from trainer.run.step import exact_test_step, exact_train_step
+from trainer.run.assembly.accumulate import accumulating_train_step
+from trainer.run.assembly.step import exact_test_step, exact_train_step
+from trainer.run.fit.loop import CustomLoop
 
 GLOBAL_BATCH, EXAMPLES, FEATURES, CLASSES = 16, 64, 12, 5
 RTOL = 1e-5

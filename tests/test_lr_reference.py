@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import make_config
 from trainer.config.schema import LrPlan
-from trainer.run.resolve import resolve
+from trainer.run.prepare.resolve import resolve
 from trainer.run.train import train
 from trainer.rundir.resume import check_resume
 

@@ -324,7 +324,7 @@ def test_the_command_line_registers_the_sweeper_where_hydras_scan_misses_it(monk
     from hydra.core.plugins import Plugins
 
     from hydra_plugins.trainer_optuna_sweeper.sweeper import TrainerOptunaSweeper
-    from trainer.run.jobs import register_sweeper
+    from trainer.run.prepare.jobs import register_sweeper
 
     registered = []
     monkeypatch.setattr(Plugins, "instance",

@@ -27,7 +27,7 @@ from trainer.data.pipeline import (
     build_training_epochs,
 )
 from trainer.internals.keras_step import build_from_one_replica
-from trainer.run.step import exact_train_step
+from trainer.run.assembly.step import exact_train_step
 from trainer.run.train import train
 
 RTOL = 1e-5

@@ -115,7 +115,7 @@ def test_nan_or_inf_in_the_inputs_or_the_outputs_is_one_line_naming_the_rows(
                     capsys) == (f"input={tmp_path / 'nan.npy'} has NaN or Inf in rows 2, 5 (2 of "
                                 "9); the model's outputs for them would be NaN: fix or drop "
                                 "those rows")
-    import trainer.run.restore as restore
+    import trainer.run.assembly.restore as restore
 
     honest = restore.predict_outputs
 

@@ -588,7 +588,7 @@ def _write(root: Path, backup: str, content: bytes) -> None:
 
 
 def test_only_the_chief_of_a_cluster_takes_the_url():
-    from trainer.run.at_url import is_chief
+    from trainer.run.prepare.at_url import is_chief
 
     def tf_config(kind: str, index: int, chief: bool = False) -> dict[str, str]:
         cluster = {"worker": ["a:1", "b:1"], **({"chief": ["c:1"]} if chief else {})}
@@ -717,7 +717,7 @@ def test_an_evaluator_beside_workers_at_a_url_is_one_line():
     """The evaluator reads the chief's files on a shared file system: a run directory at a
     URL with one is refused before any lease or download."""
     from trainer.config.errors import ConfigError
-    from trainer.run.at_url import at_url, with_evaluator
+    from trainer.run.prepare.at_url import at_url, with_evaluator
 
     described = {"cluster": {"worker": ["127.0.0.1:1"], "evaluator": ["127.0.0.1:2"]},
                  "task": {"type": "worker", "index": 0}}

@@ -196,7 +196,7 @@ def test_the_launcher_does_not_start_again_after_another_bad_config(tmp_path):
                                                       "or null .*"),
     ("inf", "a finite number; ")])
 def test_a_start_timeout_that_is_not_a_positive_number_is_refused(tiny_config, value, refusal):
-    from trainer.run.preflight import check_config
+    from trainer.run.prepare.preflight import check_config
 
     assert tiny_config("strategy=multi_worker").strategy.start_timeout_s == 300
     check_config(tiny_config("strategy=multi_worker", "strategy.start_timeout_s=null"))

@@ -187,7 +187,7 @@ def test_a_start_refused_by_the_lock_removes_nothing_it_did_not_create(tmp_path,
     another creates it and locks it before this one locks."""
     import fcntl
 
-    import trainer.run.preflight as entry
+    import trainer.run.prepare.preflight as entry
 
     run_dir = tmp_path / "run"
     held = []

@@ -255,7 +255,7 @@ def failing_tracker(run_dir, params, chief):
 
 
 def test_the_runs_owner_releases_its_lock_exactly_once(tmp_path, monkeypatch):
-    """One stack of guards (`trainer.run.owner`): a command-line run, a `trainer.fit` run
+    """One stack of guards (`trainer.run.prepare.owner`): a command-line run, a `trainer.fit` run
     and a command-line run failing once TensorFlow runs each release their lock once (the
     command line released it twice: in the run and again at its end), and the failed one
     leaves no directory and one line."""

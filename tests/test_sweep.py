@@ -186,7 +186,7 @@ def test_a_sweeper_direction_against_the_metric_is_one_line_before_any_job(tmp_p
 
 
 def test_a_sweep_whose_shared_overrides_do_not_compose_alone_is_left_to_its_jobs():
-    from trainer.run.jobs import check_sweep_direction as _check_sweep_direction
+    from trainer.run.prepare.jobs import check_sweep_direction as _check_sweep_direction
 
     # optimizer.momentum exists only in the swept optimizers: each job composes it.
     _check_sweep_direction(["-m", "optimizer=sgd,rmsprop", "optimizer.momentum=0.9",

@@ -227,7 +227,7 @@ def test_early_stopping_ends_the_run_and_the_summary_says_when(tmp_path, loop):
     assert len(rows) == 1 + 2 and "val_loss" in rows[0]  # inside the run directory
     model = keras.models.load_model(tmp_path / "checkpoints" / "last.keras")
     assert int(model.optimizer.iterations) == 2 * summary["steps_per_epoch"]
-    from trainer.run.summary import format_summary
+    from trainer.run.end.summary import format_summary
 
     assert "stopped early after epoch 2 of 10" in format_summary(summary)
 
@@ -376,8 +376,8 @@ def test_a_hydra_job_names_its_model_and_dataset_by_their_config_choices(project
     from hydra.core.hydra_config import HydraConfig
 
     from trainer.config.schema import config_dir
-    from trainer.run.resolve import resolve
-    from trainer.run.summary import format_summary
+    from trainer.run.end.summary import format_summary
+    from trainer.run.prepare.resolve import resolve
 
     overrides = ("experiment=diabetes", "accelerator=cpu", "devices=1", "epochs=1")
     assert resolve(own_config(project, *overrides)).choices == {}
@@ -400,7 +400,7 @@ def test_a_hydra_job_names_its_model_and_dataset_by_their_config_choices(project
 
 
 def test_frozen_parameters_are_every_weight_not_trained():
-    from trainer.run.summary import _parameters
+    from trainer.run.end.summary import _parameters
 
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8),
                               keras.layers.BatchNormalization(), keras.layers.Dense(1)])

@@ -1,8 +1,8 @@
-"""Fits in threads of one process: each builds its run alone (`trainer.run.assemble`'s lock:
-the seeds it sets are process-wide), so three `trainer.fit` calls at once each end with the
-history and weights of the same run alone (`trainer.tune` builds through the same lock).
-They differed (loss 2.2845 / 2.2833 / 2.2872 for one config) where two runs drew each
-other's seeds."""
+"""Fits in threads of one process: each builds its run alone
+(`trainer.run.assembly.assemble`'s lock: the seeds it sets are process-wide), so three
+`trainer.fit` calls at once each end with the history and weights of the same run alone
+(`trainer.tune` builds through the same lock). They differed (loss 2.2845 / 2.2833 / 2.2872
+for one config) where two runs drew each other's seeds."""
 
 from __future__ import annotations
 

@@ -140,7 +140,7 @@ TRACEBACK = """Traceback (most recent call last):
     return TensorFlowTrainer.make_train_function(model)
   File "{repo}/trainer/internals/keras_step.py", line 9, in _wrapped
     helper()
-  File "{repo}/trainer/run/step.py", line 3, in helper
+  File "{repo}/trainer/run/assembly/step.py", line 3, in helper
     raise AttributeError("gone")
   File "/venv/lib/python3.11/site-packages/keras/src/trainers/trainer.py", line 1, in f
     pass
@@ -150,10 +150,10 @@ AttributeError: 'Model' object has no attribute '_compile_metrics'
 
 def test_a_failure_is_named_by_the_deepest_internals_function_it_came_through():
     text = TRACEBACK.format(repo=REPO)
-    # deeper trainer frames (run.step.helper) lose to the deepest internals one
+    # deeper trainer frames (run.assembly.step.helper) lose to the deepest internals one
     assert cv.trainer_function(text, REPO / "trainer") == "internals.keras_step._wrapped"
-    without = text.replace("trainer/internals/keras_step.py", "trainer/run/loop.py")
-    assert cv.trainer_function(without, REPO / "trainer") == "run.step.helper"
+    without = text.replace("trainer/internals/keras_step.py", "trainer/run/fit/loop.py")
+    assert cv.trainer_function(without, REPO / "trainer") == "run.assembly.step.helper"
     # an installed trainer, a relative path, a chained exception's later block
     installed = text.replace(f"{REPO}/trainer/", "/v/lib/python3.11/site-packages/trainer/")
     assert cv.trainer_function(installed, REPO / "trainer") == "internals.keras_step._wrapped"

@@ -16,7 +16,7 @@ import trainer
 from tests.conftest import run_main
 from trainer.distribute.device_plan import DevicePlan
 from trainer.evaluate import load_checkpoint
-from trainer.run.summary import device_notes, format_summary, named
+from trainer.run.end.summary import device_notes, format_summary, named
 
 MODULE = '''
 import keras

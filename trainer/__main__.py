@@ -1,7 +1,7 @@
 """`python -m trainer [overrides...]`: compose the config with Hydra, check it, then train.
 
-The pre-flight (`trainer.run.preflight`) runs before Hydra writes anything into the run
-directory; the Hydra job then launches the run it checked (`trainer.run.startup`, the
+The pre-flight (`trainer.run.prepare.preflight`) runs before Hydra writes anything into the run
+directory; the Hydra job then launches the run it checked (`trainer.run.prepare.startup`, the
 start-up sequence `trainer.fit` and `train(cfg)` share). Known errors (a bad config, a missing
 device) become one line on stderr and their exit code (`trainer.run.process`);
 `HYDRA_FULL_ERROR=1` shows the whole traceback instead.
@@ -25,16 +25,16 @@ from trainer.config.schema import config_dir, register_configs
 from trainer.distribute.cluster import evaluator_task
 from trainer.internals.hydra_app import args_parser
 from trainer.run import process
-from trainer.run.at_url import check_configured, evaluator_refused, run_at_url
-from trainer.run.jobs import (
+from trainer.run.prepare.at_url import check_configured, evaluator_refused, run_at_url
+from trainer.run.prepare.jobs import (
     check_sweep_direction,
     dispatches_jobs,
     is_sweep_job,
     register_sweeper,
     run_sweep_job,
 )
-from trainer.run.preflight import Checked, preflight
-from trainer.run.startup import Finished, begin, launch
+from trainer.run.prepare.preflight import Checked, preflight
+from trainer.run.prepare.startup import Finished, begin, launch
 
 process.quiet_logs()
 register_configs()
@@ -128,7 +128,7 @@ def _precheck(args: list[str]) -> bool:
 
 def _evaluate_beside(args: list[str]) -> int:
     """`TF_CONFIG`'s `evaluator` task: validates the chief's run (its `hydra.run.dir`) beside
-    the workers (`trainer.run.evaluator`); Hydra's job never starts, so it writes nothing
+    the workers (`trainer.run.end.evaluator`); Hydra's job never starts, so it writes nothing
     of its own there. Returns the exit code."""
     run = composed(args)
     if run is None or not run.logs:
@@ -143,7 +143,7 @@ def _evaluate_beside(args: list[str]) -> int:
 
     def work() -> int:
         # an entry point: the evaluator's build module imports TensorFlow, started by now
-        from trainer.run.evaluator import run_evaluator
+        from trainer.run.end.evaluator import run_evaluator
 
         return run_evaluator(run.logs, timeout)
 

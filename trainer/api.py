@@ -3,7 +3,7 @@
 `fit(overrides)` is the command line in one call: the config is composed by Hydra's compose
 API from the same schema and search path (`config_dir` in front, as `--config-dir`), the same
 pre-flight checks run (the directory's lock taken first), the same start-up sequence follows
-(`trainer.run.startup`: the run's owner and its guards, TensorFlow started as quietly), and
+(`trainer.run.prepare.startup`: the run's owner and its guards, TensorFlow started as quietly), and
 the run writes the same run directory (`.hydra/config.yaml` too, so `trainer.evaluate` and
 `trainer.predict` work on it). Every failure raises `TrainerError`, whose message is the
 line the command line prints after `error: `, and whose `exit_code` is the command line's.
@@ -39,8 +39,8 @@ from trainer.config.outcome import as_overrides, one_error
 from trainer.config.schema import register_configs
 from trainer.distribute.cluster import cluster_of_config
 from trainer.run import process
-from trainer.run.at_url import check_configured, checkpoints_at, is_url, run_at_url
-from trainer.run.startup import Finished, begin
+from trainer.run.prepare.at_url import check_configured, checkpoints_at, is_url, run_at_url
+from trainer.run.prepare.startup import Finished, begin
 from trainer.rundir.layout import RunDir
 
 
@@ -142,7 +142,8 @@ def _builder_not_model(model: Any) -> None:
 
 def _callbacks(callbacks: Any) -> tuple:
     """`fit`'s `callbacks` as a tuple; anything but a list or tuple of them is one line
-    (each is checked to be a Keras callback once Keras is imported: `trainer.run.wiring`)."""
+    (each is checked to be a Keras callback once Keras is imported:
+    `trainer.run.assembly.wiring`)."""
     if isinstance(callbacks, (list, tuple)):
         return tuple(callbacks)
     raise ConfigError("trainer.fit takes callbacks as a list of Keras callbacks, as "

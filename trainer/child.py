@@ -53,7 +53,7 @@ from trainer.config.validate import parse_devices
 from trainer.distribute.cluster import Cluster, cluster_of_config, slurm_devices
 from trainer.distribute.device_plan import DevicePlan, memory_option, plan_devices
 from trainer.distribute.launch import describe_exit
-from trainer.run.preflight import ONEDNN, exact_kernels
+from trainer.run.prepare.preflight import ONEDNN, exact_kernels
 
 # Set in the child's environment: it runs the call itself, never in another child.
 CHILD = "TRAINER_FIT_CHILD"

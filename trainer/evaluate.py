@@ -1,6 +1,6 @@
 """`python -m trainer.evaluate RUN_DIR [overrides]`: evaluate a finished run's checkpoint.
 
-The run is restored through `trainer.run.restore` (its saved config composed again by Hydra
+The run is restored through `trainer.run.assembly.restore` (its saved config composed again by Hydra
 over the schema with the overrides, e.g. `accelerator=cpu devices=2`, `checkpoint=last`, or
 `split=test`; its strategy, data and model built as training built them; the checkpoint
 loaded, checked against its hash), then every example of the validation split (or, with
@@ -21,8 +21,8 @@ from trainer.config.errors import ConfigError
 from trainer.config.given import holding
 from trainer.config.outcome import as_overrides, one_error
 from trainer.run import process
-from trainer.run.at_url import reading, shown
-from trainer.run.reopen import SPLITS, take_choice
+from trainer.run.prepare.at_url import reading, shown
+from trainer.run.prepare.reopen import SPLITS, take_choice
 
 process.quiet_logs()
 
@@ -40,8 +40,8 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
     """
     split, rest = take_choice("split", SPLITS, list(overrides))
     # an entry point: the run's build modules import TensorFlow, started quietly by now
-    from trainer.run.finish import evaluate_split
-    from trainer.run.restore import restore_run
+    from trainer.run.assembly.restore import restore_run
+    from trainer.run.end.finish import evaluate_split
 
     with reading(run_dir) as local:  # a URL: a local copy of its run, removed after
         restored = restore_run(local, rest)
@@ -63,7 +63,7 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
 def load_checkpoint(path: str | Path) -> Any:
     """A run's checkpoint as a Keras model (its hash checked, trainer's objects registered)."""
     # an entry point's public name: it imports Keras on first use
-    from trainer.run.restore import load_checkpoint as load
+    from trainer.run.assembly.restore import load_checkpoint as load
 
     return load(path)
 

@@ -8,7 +8,7 @@ and every input example goes through the run's own preprocessing (decode and res
 image folder's files, the source's resize and scale of arrays) once, in input order.
 
 What the model takes and its classes' names come from `RUN_DIR/model_inputs.json`, written by
-the run (`trainer.run.inputs`): the classes are named as training knew them, whatever became
+the run (`trainer.run.prepare.inputs`): the classes are named as training knew them, whatever became
 of the training folder since, and arrays are checked against one example's shape and dtype
 before TensorFlow starts (flat rows, a CSV's, reshaped to it where the sizes match; values
 cast to its dtype where none changes). A run from before that file uses its source built
@@ -58,9 +58,9 @@ from trainer.config.given import holding
 from trainer.config.messages import one_line
 from trainer.config.outcome import as_overrides, kind_of, one_error
 from trainer.run import process
-from trainer.run.at_url import deliver, is_url, output_at, reading, shown, written
-from trainer.run.inputs import conform, describe, non_finite, rows
-from trainer.run.reopen import Reopened, reopen, take_option, unfinished
+from trainer.run.prepare.at_url import deliver, is_url, output_at, reading, shown, written
+from trainer.run.prepare.inputs import conform, describe, non_finite, rows
+from trainer.run.prepare.reopen import Reopened, reopen, take_option, unfinished
 
 process.quiet_logs()
 IMAGES = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
@@ -118,7 +118,7 @@ def _predict(run_dir: Path, input: Any, output: Path, rest: list[str],
         print(f"warning: {note}", file=sys.stderr, flush=True)
     process.start_tensorflow()
     # an entry point: the run's build modules import TensorFlow, started quietly by now
-    from trainer.run.restore import predict_outputs, restore_run
+    from trainer.run.assembly.restore import predict_outputs, restore_run
 
     restored = restore_run(opened, same_data=opened.inputs is None)
     source = restored.run.data.source

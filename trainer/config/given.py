@@ -69,7 +69,7 @@ def lookup(role: str, given: Any = None) -> Any:
 def flag(name: str) -> bool:
     """A flag this call holds (`batch_from_data`: a batched dataset's own batch is the
     global batch; `cache_from_data`: a given dataset is not cached); False outside a call
-    that set it. Read once a run, into its `Spec` (`trainer.run.resolve`)."""
+    that set it. Read once a run, into its `Spec` (`trainer.run.prepare.resolve`)."""
     return bool((_OBJECTS.get() or {}).get(name, False))
 
 

@@ -2,7 +2,7 @@
 
 The checks that belong to one part of a run (a tracker's package, an augmentation preset,
 fine-tuning options) live with that part and are run beside these by the pre-flight
-(`trainer.run.preflight`).
+(`trainer.run.prepare.preflight`).
 """
 
 from __future__ import annotations
@@ -277,7 +277,7 @@ def _validate_tune(cfg: DictConfig) -> None:
 @dataclass(frozen=True)
 class Parsed:
     """The values `validate` parses on its way, each once: the run's `Spec`
-    (`trainer.run.resolve`) takes them from here, and later code reads the `Spec`.
+    (`trainer.run.prepare.resolve`) takes them from here, and later code reads the `Spec`.
 
     Attributes:
         devices: `devices` as `parse_devices` returns it.

@@ -11,7 +11,8 @@ in that epoch's order): the same seed gives the same augmented batches on any ru
 run sees exactly the images the interrupted one would have, and two epochs differ.
 
 `mixup` and `cutmix` mix each batch with a seeded permutation of itself (images and labels
-in one proportion); with them every split's labels are one-hot (see `trainer.run.assemble`).
+in one proportion); with them every split's labels are one-hot (see
+`trainer.run.assembly.assemble`).
 
 `randaugment` (Keras's RandAugment) and a node with `_target_` (a Keras preprocessing
 layer, e.g. `{_target_: keras.layers.RandomBrightness, factor: 0.2, value_range: [0, 1]}`)

@@ -18,7 +18,7 @@ given); the others run in a temporary directory removed at the end. Launching ag
 same `hydra.run.dir` resumes from the chief's backup.
 
 `--evaluator` starts one more process, `TF_CONFIG`'s `evaluator` task (outside the workers'
-collective), which validates each epoch beside them (`trainer.run.evaluator`); its lines come
+collective), which validates each epoch beside them (`trainer.run.end.evaluator`); its lines come
 prefixed with `[evaluator]`. The workers never wait for it while they train, and it failing
 does not stop them (the summary says validation was incomplete); once the workers have
 ended it gets `--grace` seconds to end by itself, and it is stopped with them on a failure

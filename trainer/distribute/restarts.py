@@ -10,7 +10,7 @@ SIGTERM to the launcher (130), a preemption notice the launcher itself received 
 is going away: the scheduler starts it again), and a run that fails again from the same
 backup it failed from before (the same step failing twice: no restart will get past it).
 
-Passed to every worker under `--max-restarts`, for the chief's summary (`trainer.run.summary`
+Passed to every worker under `--max-restarts`, for the chief's summary (`trainer.run.end.summary`
 reads them by these names): `RESTARTS` (how many
 restarts so far) and `STEPS_AGAIN` (the training steps done twice: between each failure's
 last backup and the step the chief had reached, where it said so). A chief that fails under

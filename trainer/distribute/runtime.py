@@ -111,7 +111,7 @@ def _multi_worker(tf: Any, devices: tuple[str, ...], cluster: Cluster | None,
 
     It must be created before any other TensorFlow op in the process: it starts this
     worker's server and the collective runtime. No per-collective timeout: TensorFlow starts
-    a thread for every collective that has one (see `trainer.run.callbacks.StepWatchdog`).
+    a thread for every collective that has one (see `trainer.run.assembly.callbacks.StepWatchdog`).
     """
     implementation = getattr(tf.distribute.experimental.CommunicationImplementation,
                              communication.upper())

@@ -1,6 +1,6 @@
 """The training and test step's contacts with Keras 3.15's TensorFlow trainer.
 
-trainer's exact step (`trainer.run.step`) is Keras's `train_step` with other sample
+trainer's exact step (`trainer.run.assembly.step`) is Keras's `train_step` with other sample
 weights; it calls the same private pieces Keras's own step calls (`_compute_loss`, the loss
 tracker, `_call_has_training_arg`), and replaces a few of Keras's methods where they fail
 under a strategy (`_maybe_symbolic_build`, `make_train_function`, `evaluate`) or weigh

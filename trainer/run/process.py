@@ -132,7 +132,7 @@ def start_tensorflow() -> None:
 
 
 def start_run(checked: Any, callbacks: Sequence[Any] = ()) -> Any:
-    """Starts a checked run from an entry point (`trainer.run.startup`'s `start`):
+    """Starts a checked run from an entry point (`trainer.run.prepare.startup`'s `start`):
     TensorFlow first, quietly, then the run (`trainer.run.train.start`).
 
     Returns:

@@ -3,7 +3,7 @@
 `trainer.run.train.run` reads as the recipe (open the devices, assemble, restore, fit,
 evaluate, export, finish); this class holds what the phases hand each other (the device
 plan, the callbacks, the stop request). Its guards are the first of the run's one stack
-(`trainer.run.owner.Owner`, which calls `close` when the run ends): the watchdog stopped,
+(`trainer.run.prepare.owner.Owner`, which calls `close` when the run ends): the watchdog stopped,
 the trackers finished, a failure turned into the error a user reads (a lost worker, a full
 disk, an image that does not decode). Another worker of a cluster saves what the chief
 saves (some reads of distributed variables are collectives every worker must join) into a
@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from trainer.distribute.devices import open_devices, set_determinism
-from trainer.run.assemble import Run, assemble, release
-from trainer.run.drive import Trained, prepare_finetune, train_epochs
-from trainer.run.finish import (
+from trainer.run.assembly.assemble import Run, assemble, release
+from trainer.run.assembly.resume import Start, restore_backup
+from trainer.run.assembly.wiring import Callbacks, build_callbacks
+from trainer.run.end.finish import (
     Outcome,
     check_export,
     export,
@@ -32,12 +33,11 @@ from trainer.run.finish import (
     stop_if_asked,
     stopped,
 )
+from trainer.run.end.summary import build_summary, process_seconds, write_summary
+from trainer.run.fit.drive import Trained, prepare_finetune, train_epochs
 from trainer.run.guards import check_space, say_progress, translate
-from trainer.run.inputs import record as record_inputs
-from trainer.run.preflight import Checked
-from trainer.run.resume import Start, restore_backup
-from trainer.run.summary import build_summary, process_seconds, write_summary
-from trainer.run.wiring import Callbacks, build_callbacks
+from trainer.run.prepare.inputs import record as record_inputs
+from trainer.run.prepare.preflight import Checked
 from trainer.rundir.backup import StopRequest, stop_on_signals
 from trainer.track.trackers import finish_trackers, logged_to
 
@@ -61,7 +61,7 @@ class Session:
         self._needed = 0
         self._scratch = False
         self._trackers_done = False
-        # an evaluator validates beside the workers (trainer.run.sidecar): none here
+        # an evaluator validates beside the workers (trainer.run.prepare.sidecar): none here
         self.evaluator = self.cluster is not None and self.cluster.evaluator is not None
         checked.owner.adopt(self)  # its guards: the first of the run's one stack
         if self.run_dir is None:

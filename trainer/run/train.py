@@ -1,5 +1,5 @@
 """A run in the order it happens: `run(checked)` is the recipe, `train(cfg)` checks a config
-and runs it (`trainer.run.startup`, the start-up sequence of every entry point). Each
+and runs it (`trainer.run.prepare.startup`, the start-up sequence of every entry point). Each
 phase's owner is a method of `trainer.run.session.Session`."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from trainer.run.preflight import Checked
+from trainer.run.prepare.preflight import Checked
+from trainer.run.prepare.startup import Finished, begin
 from trainer.run.session import Session
-from trainer.run.startup import Finished, begin
 from trainer.run.tune import tune
 from trainer.rundir.layout import RunDir
 
@@ -22,8 +22,8 @@ def run(checked: Checked, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     """Trains, evaluates and reports a checked run; writes everything into its directory.
 
     Args:
-        checked: what the pre-flight returned (`trainer.run.preflight.preflight`), its
-            owner held (`trainer.run.startup.launch`), which unwinds the session's guards.
+        checked: what the pre-flight returned (`trainer.run.prepare.preflight.preflight`), its
+            owner held (`trainer.run.prepare.startup.launch`), which unwinds the session's guards.
         callbacks: extra Keras callbacks, after the built-in and the configured ones.
 
     Returns:
@@ -54,8 +54,8 @@ def start(checked: Checked, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
 def train(cfg: DictConfig, run_dir: str | Path | None = None,
           callbacks: Sequence[Any] = (), choices: dict[str, str] | None = None
           ) -> dict[str, Any]:
-    """Checks a composed config (`trainer.run.preflight`), then runs it under its owner
-    (`trainer.run.startup.begin`).
+    """Checks a composed config (`trainer.run.prepare.preflight`), then runs it under its owner
+    (`trainer.run.prepare.startup.begin`).
 
     Args:
         cfg: a composed config (see `conf/config.yaml`).

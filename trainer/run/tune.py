@@ -37,7 +37,7 @@ from trainer.plan.tuning import (
     smoothed,
     suggest_rate,
 )
-from trainer.run.preflight import Checked, preflight
+from trainer.run.prepare.preflight import Checked, preflight
 from trainer.run.session import Session
 from trainer.rundir.atomic import write_json
 from trainer.track.tune_plots import draw_batch_find, draw_lr_find
@@ -88,7 +88,7 @@ def find_lr(checked: Checked) -> dict[str, Any]:
     (exponentially), on a fresh copy of the run's model; the suggestion at the reference
     batch."""
     tuner, checked = checked.spec.tuner, _tuning_spec(checked)
-    session = Session(checked)  # closed by the run's owner (`trainer.run.owner`)
+    session = Session(checked)  # closed by the run's owner (`trainer.run.prepare.owner`)
     session.open_devices()
     run = session.assemble()
     steps = tuner.steps

@@ -1,7 +1,7 @@
 """A run directory this start created is removed again if the run fails before it holds a
 run: a bad config, a tracker that cannot start, a Ctrl-C at start-up leave nothing behind.
 
-The run's owner (`trainer.run.owner.Owner`, the command line's and the Python API's alike)
+The run's owner (`trainer.run.prepare.owner.Owner`, the command line's and the Python API's alike)
 calls `remove_fresh` when a run fails. A directory that holds a run
 (a backup, checkpoints or a summary) is never touched, and neither is one another process
 created (two starts at once: only the start whose `mkdir` created it lists it).

@@ -16,12 +16,12 @@ RUN_DIR/
   model.tflite          export=[tflite] (TFLite / LiteRT)
   model.onnx            export=[onnx]
   curves.png            loss and metrics per epoch (each epoch's end, and the run's end)
-  model_inputs.json     what the model takes and its classes' names (trainer.run.inputs)
+  model_inputs.json     what the model takes and its classes' names (trainer.run.prepare.inputs)
   input_cache/          dataset.cache=disk: worker-W/SPLIT[-lane-L].* (tf.data's files)
   summary.json          written last: the run finished
   trial.json            a sweep job's outcome
   evaluator/            an evaluator beside the workers: what the chief and it hand each
-                        other (`EvaluatorDir`; `trainer.run.sidecar`)
+                        other (`EvaluatorDir`; `trainer.run.prepare.sidecar`)
   lease.json            at a URL only: the one writer's lease (`trainer.rundir.lease`)
 ```
 
@@ -107,7 +107,7 @@ class RunDir:
 
     @property
     def inputs(self) -> Path:
-        """One example's shape and dtype, and the classes' names (`trainer.run.inputs`)."""
+        """One example's shape and dtype, and the classes' names (`trainer.run.prepare.inputs`)."""
         return self.root / "model_inputs.json"
 
     def input_cache(self, worker: int, split: str, lane: int | None = None) -> Path:

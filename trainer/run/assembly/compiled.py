@@ -1,7 +1,7 @@
 """The model built and compiled in the strategy's scope: the builder called with what the
 data says (on several workers, adapting once: `trainer.distribute.adapt`), Keras's loss,
 metrics and optimizer state built from symbolic batches, the run's learning rate and what
-it logs. `trainer.run.assemble` calls it.
+it logs. `trainer.run.assembly.assemble` calls it.
 
 A build module: TensorFlow (through Keras) is imported at the top.
 """
@@ -20,7 +20,7 @@ from trainer.distribute.cluster import Cluster
 from trainer.internals.keras_compile import compile_arguments
 from trainer.plan.schedule import LearningRate, learning_rate
 from trainer.plan.speed import SpeedPlan, with_compiled_jit
-from trainer.run.resolve import Spec
+from trainer.run.prepare.resolve import Spec
 from trainer.task.build import (
     build_compiled,
     build_model,

@@ -1,5 +1,5 @@
-"""The exact training step both loops run (`trainer.run.step`, or the micro-batch step of
-`trainer.run.accumulate`), or the model's own step where its class defines one."""
+"""The exact training step both loops run (`trainer.run.assembly.step`, or the micro-batch step of
+`trainer.run.assembly.accumulate`), or the model's own step where its class defines one."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 from trainer.config.errors import ConfigError
 from trainer.internals.keras_step import build_from_one_replica, evaluate_one_step_per_call
-from trainer.run.accumulate import accumulating_train_step
-from trainer.run.step import (
+from trainer.run.assembly.accumulate import accumulating_train_step
+from trainer.run.assembly.step import (
     as_keras_passes,
     exact_test_step,
     exact_train_step,
@@ -19,7 +19,7 @@ from trainer.run.step import (
 
 def install_step(model: Any, loop: str, accumulate: int,
                  steps_per_execution: int) -> tuple[tuple, bool]:
-    """Installs the exact training and test steps (`trainer.run.step`) that `fit` and the
+    """Installs the exact training and test steps (`trainer.run.assembly.step`) that `fit` and the
     custom loop both run per replica (a model's own `compute_loss` is called by them); a
     model whose class defines its own `train_step` keeps it (its author decided what a step
     is), unless micro-batches would replace it (refused).

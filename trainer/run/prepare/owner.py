@@ -1,7 +1,7 @@
 """The owner of a checked run: the one stack of guards, unwound once when the run ends.
 
-The pre-flight (`trainer.run.preflight`) takes the run directory's lock and hands the run
-over as a `Checked` value with its `Owner`; the start-up sequence (`trainer.run.startup`:
+The pre-flight (`trainer.run.prepare.preflight`) takes the run directory's lock and hands the run
+over as a `Checked` value with its `Owner`; the start-up sequence (`trainer.run.prepare.startup`:
 the command line, `trainer.fit` and `train(cfg)` alike) holds the owner around the run, and
 the run's session (`trainer.run.session.Session`, once TensorFlow runs) gives it its own
 guards. When the run ends, well or not, the owner unwinds them all, once, in this order:
@@ -65,7 +65,7 @@ class Owner:
         """
         if not self._held or self._ended:
             raise RuntimeError("a run's session runs inside its owner: "
-                               "`with checked.owned(): ...` (trainer.run.startup.launch)")
+                               "`with checked.owned(): ...` (trainer.run.prepare.startup.launch)")
         self.session = session
 
     def end(self, error: BaseException | None = None) -> None:

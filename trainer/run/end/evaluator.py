@@ -1,9 +1,10 @@
 """The evaluator beside the workers: validates each epoch's weights the chief hands it
-(`trainer.run.sidecar`), keeps `best.keras` by `checkpoint.monitor`, and runs the final test.
+(`trainer.run.prepare.sidecar`), keeps `best.keras` by `checkpoint.monitor`, and runs the
+final test.
 
 It builds the run as `trainer.evaluate` does (`RUN_DIR/.hydra/config.yaml` composed again
-for this machine's devices, `trainer.run.reopen`; the strategy, data and model built by
-`trainer.run.assemble`), so each epoch's validation metrics are the numbers
+for this machine's devices, `trainer.run.prepare.reopen`; the strategy, data and model built by
+`trainer.run.assembly.assemble`), so each epoch's validation metrics are the numbers
 `python -m trainer.evaluate` gives for that epoch's weights. It needs the run directory the
 chief writes (a shared file system on several machines). It never joins the workers'
 collectives, and they never wait for it while they train; it ends once the chief says
@@ -29,12 +30,12 @@ import tensorflow as tf
 from trainer.config.errors import ConfigError
 from trainer.config.messages import one_line
 from trainer.distribute.devices import open_devices
-from trainer.run.assemble import Run, assemble
-from trainer.run.finish import evaluate_split
-from trainer.run.preflight import check_config
-from trainer.run.reopen import compose_run_config
-from trainer.run.resolve import Spec, resolve
-from trainer.run.sidecar import (
+from trainer.run.assembly.assemble import Run, assemble
+from trainer.run.end.finish import evaluate_split
+from trainer.run.prepare.preflight import check_config
+from trainer.run.prepare.reopen import compose_run_config
+from trainer.run.prepare.resolve import Spec, resolve
+from trainer.run.prepare.sidecar import (
     BEAT_S,
     EvaluatorDir,
     best_record,

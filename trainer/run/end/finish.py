@@ -25,10 +25,10 @@ from trainer.config.messages import one_line
 from trainer.distribute.multiworker import backup_place, hold_first_replicas_weights
 from trainer.internals.keras_optimizer import ema_momentum, swap_in_ema, uses_ema
 from trainer.models.export import check_exportable, export_model
-from trainer.run.assemble import Run
-from trainer.run.drive import Trained
-from trainer.run.loop import CustomLoop
-from trainer.run.wiring import Callbacks
+from trainer.run.assembly.assemble import Run
+from trainer.run.assembly.wiring import Callbacks
+from trainer.run.fit.drive import Trained
+from trainer.run.fit.loop import CustomLoop
 from trainer.rundir.backup import StopRequest
 from trainer.rundir.checkpoint import intact, save_checkpoint
 from trainer.rundir.layout import RunDir
@@ -221,7 +221,7 @@ def test_metrics(run: Run, loop: Any = None) -> dict[str, float]:
 def evaluate_split(run: Run, dataset: Any, loop: Any = None) -> dict[str, float]:
     """Loss and metrics over every example of a split, once: Keras's `evaluate` under
     `fit` (its symbolic build reads no batch once the model is built, see
-    `trainer.run.step`), the custom loop's evaluation under `loop=custom`."""
+    `trainer.run.assembly.step`), the custom loop's evaluation under `loop=custom`."""
     if run.loop == "fit":
         found = run.model.evaluate(dataset, return_dict=True, verbose=0)
     else:

@@ -1,5 +1,5 @@
 """Who drives the epochs: Keras's `fit` (`loop=fit`) or trainer's own loop (`loop=custom`,
-`trainer.run.loop`), over the run's segments of epochs.
+`trainer.run.fit.loop`), over the run's segments of epochs.
 
 A run resumed mid-epoch first finishes that epoch's remaining steps, then trains whole
 epochs; a fine-tuning phase change starts a new segment, whose step is compiled anew. The
@@ -18,11 +18,11 @@ import tensorflow as tf
 
 from trainer.internals.keras_optimizer import raw_weights_kept
 from trainer.internals.keras_step import forget_train_function
-from trainer.run.assemble import Run
-from trainer.run.callbacks import RunProgress
-from trainer.run.loop import CustomLoop
-from trainer.run.resolve import Spec
-from trainer.run.wiring import Callbacks
+from trainer.run.assembly.assemble import Run
+from trainer.run.assembly.callbacks import RunProgress
+from trainer.run.assembly.wiring import Callbacks
+from trainer.run.fit.loop import CustomLoop
+from trainer.run.prepare.resolve import Spec
 from trainer.rundir.backup import StopNow
 from trainer.task.finetune import boundaries, phase_at
 from trainer.task.freeze import apply_phase, phase_report, scale_backbone_gradients

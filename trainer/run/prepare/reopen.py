@@ -19,9 +19,9 @@ from trainer.config.compose import compose_in
 from trainer.config.errors import ConfigError
 from trainer.config.schema import register_configs
 from trainer.distribute.strategy import KINDS
-from trainer.run.inputs import kept as kept_inputs
-from trainer.run.preflight import check_config
-from trainer.run.resolve import Spec, resolve
+from trainer.run.prepare.inputs import kept as kept_inputs
+from trainer.run.prepare.preflight import check_config
+from trainer.run.prepare.resolve import Spec, resolve
 from trainer.rundir.layout import RunDir
 from trainer.rundir.resume import latest_state
 
@@ -37,7 +37,8 @@ class Reopened:
     spec: Spec
     checkpoint: Path
     which: str
-    inputs: dict | None = None  # what its model takes (`trainer.run.inputs`); None: older run
+    # what its model takes (`trainer.run.prepare.inputs`); None: older run
+    inputs: dict | None = None
 
     @property
     def images(self) -> bool:

@@ -15,7 +15,7 @@ import keras
 import numpy as np
 
 from trainer.internals.keras_callbacks import CheckpointHooks, ProgbarAt
-from trainer.run.sidecar import EvaluatorDir, await_result, clear_result, merged
+from trainer.run.prepare.sidecar import EvaluatorDir, await_result, clear_result, merged
 from trainer.rundir.atomic import commit, copy, temporary, write_json, written
 from trainer.rundir.checkpoint import KeptBest
 from trainer.rundir.checksum import read_beside
@@ -301,7 +301,7 @@ class KeepBestCheckpoints(keras.callbacks.Callback):
 
 
 class HandOff(keras.callbacks.Callback):
-    """Puts every epoch's backup in an evaluator's inbox (`trainer.run.sidecar`), after
+    """Puts every epoch's backup in an evaluator's inbox (`trainer.run.prepare.sidecar`), after
     `Backup`; never waits for the evaluator while the workers train.
 
     The weights are copied from the backup the epoch's end just wrote (a file of their

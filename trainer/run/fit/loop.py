@@ -1,7 +1,7 @@
 """`loop=custom`: trainer's own epoch loop around the same step `fit` runs.
 
 Each replica runs the model's `train_step` inside `strategy.run`: the exact step
-`trainer.run.install_step` installs for both loops (every example weighs `1 / N` of its
+`trainer.run.assembly.install_step` installs for both loops (every example weighs `1 / N` of its
 global step, an uneven last batch included; gradient accumulation; a loss per output, loss
 weights, per-output sample weights, metrics and their trackers, as Keras's `fit` computes
 them), or the model's own `train_step` / `compute_loss` where its class defines one. The two

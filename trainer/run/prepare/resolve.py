@@ -156,7 +156,7 @@ def resolve(cfg: DictConfig, choices: dict[str, str] | None = None,
     """Turns a composed, checked config into a `Spec`.
 
     Args:
-        cfg: the composed config, already through `trainer.run.preflight.check_config`.
+        cfg: the composed config, already through `trainer.run.prepare.preflight.check_config`.
         choices: the config groups' choices where no Hydra job runs (`trainer.fit`
             composes without one); None reads the running job's.
         parsed: what the config's check parsed (`devices`, `export`, the pipeline's

@@ -10,8 +10,8 @@ from pathlib import Path
 from trainer.data.fingerprint import check_same_data, of_source
 from trainer.distribute.multiworker import share_from_chief
 from trainer.distribute.strategy import strategy_kind
-from trainer.run.assemble import Run
-from trainer.run.preflight import Checked
+from trainer.run.assembly.assemble import Run
+from trainer.run.prepare.preflight import Checked
 from trainer.rundir.backup import BackupStore, tidy
 from trainer.rundir.layout import RunDir
 from trainer.rundir.resume import check_global_batch

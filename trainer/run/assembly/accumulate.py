@@ -26,7 +26,7 @@ from trainer.internals.keras_step import (
     unpack,
     unscaled_losses,
 )
-from trainer.run.step import (
+from trainer.run.assembly.step import (
     batch_size,
     count_output_losses,
     exact_weights,
@@ -85,7 +85,7 @@ def accumulate(n: int, data: Any, gradients_of: Callable[[Any, tf.Tensor], list]
 def accumulating_train_step(model: Any, n: int) -> Callable[[Any], dict]:
     """A `train_step` for `fit` that accumulates `n` micro-batches per optimizer step.
 
-    It is the exact step of `trainer.run.step` with the forward and backward pass in the
+    It is the exact step of `trainer.run.assembly.step` with the forward and backward pass in the
     loop of `accumulate`: Keras's loss (mean over the micro-batch, divided by the replicas)
     on the exact sample weights, weighted by the micro-batch's share of the replica's batch,
     sums to the loss of the whole global step, each example weighing `1 / N`; the loss

@@ -6,7 +6,7 @@ format's converter) and those of the run directory (its name, its lock, a finish
 `resume=` target, removed backups, a changed config) run here in that order, each once.
 What they found (the resolved `Spec`, the run directory, the cluster, the newest backup's
 state and the config changes a resume accepted) is a `Checked`, whose `Owner` holds the
-directory's lock (`trainer.run.owner`): the run takes one, so a run cannot start unchecked
+directory's lock (`trainer.run.prepare.owner`): the run takes one, so a run cannot start unchecked
 and nothing after this module checks the config again.
 
 This is a decide module: no TensorFlow or Keras import, so the command line runs it before
@@ -28,8 +28,8 @@ from trainer.config.validate import Parsed, validate
 from trainer.data.augment import check as check_augment
 from trainer.distribute.cluster import Cluster, resolve_cluster
 from trainer.models.formats import check_converters
-from trainer.run.owner import Owner
-from trainer.run.resolve import Spec, resolve, with_evaluator
+from trainer.run.prepare.owner import Owner
+from trainer.run.prepare.resolve import Spec, resolve, with_evaluator
 from trainer.rundir.lock import acquire, check_writable
 from trainer.rundir.names import check_name
 from trainer.rundir.resume import (
@@ -57,7 +57,7 @@ class Checked:
         cluster: the multi-worker cluster, or None on one machine.
         state: the newest backup's `state.json` (None: a new run).
         changes: the config keys a resume changed and the resume accepts, `{key: [old, new]}`.
-        owner: the run's one stack of guards (`trainer.run.owner.Owner`): its lock, the
+        owner: the run's one stack of guards (`trainer.run.prepare.owner.Owner`): its lock, the
             directories this start created, and the session's guards once it has one.
         record: writes the run's `.hydra/` (its config, as Hydra would) once the run passed
             the checks that need its data too (a resume's data fingerprint): a rerun that
@@ -85,7 +85,7 @@ class Checked:
 
     def owned(self) -> Owner:
         """The run's owner, to hold while it runs (`with checked.owned(): ...`): at its end,
-        the one stack of guards unwinds once (`trainer.run.owner`)."""
+        the one stack of guards unwinds once (`trainer.run.prepare.owner`)."""
         return self.owner
 
 
@@ -116,7 +116,7 @@ def check_config(cfg: DictConfig, reach: bool = False) -> Parsed | None:
 
 def _cluster_of(spec: Spec, environ: Any) -> tuple[Spec, Cluster | None]:
     """The run's cluster, and its spec for it: with an evaluator, validation is the
-    evaluator's (`trainer.run.sidecar.with_evaluator`)."""
+    evaluator's (`trainer.run.prepare.sidecar.with_evaluator`)."""
     given = spec.cluster
     cluster = resolve_cluster(list(given.workers), given.task_index, environ.get("TF_CONFIG"),
                               environ, given.port_base, given.evaluator)

@@ -17,7 +17,7 @@ from trainer.config.schema import config_dir
 from trainer.data.augment import describe
 from trainer.data.fingerprint import of_source
 from trainer.internals.tf_runtime import onednn_enabled
-from trainer.run.step import has_forward_losses
+from trainer.run.assembly.step import has_forward_losses
 from trainer.rundir.backup import write_finished
 from trainer.task.build import optimizer_settings
 from trainer.task.freeze import parameter_counts
@@ -113,12 +113,12 @@ def build_summary(spec: Any, run: Any, plan: Any, run_dir: Path, outcome: Any, c
     """Everything a finished run reports, as a JSON-ready dict.
 
     Args:
-        spec: the run's resolved config (`trainer.run.resolve.Spec`).
-        run: the assembled `trainer.run.assemble.Run`.
+        spec: the run's resolved config (`trainer.run.prepare.resolve.Spec`).
+        run: the assembled `trainer.run.assembly.assemble.Run`.
         plan: the `DevicePlan`.
         run_dir: the run directory.
-        outcome: what training did (`trainer.run.finish.Outcome`).
-        callbacks: the run's `trainer.run.wiring.Callbacks`.
+        outcome: what training did (`trainer.run.end.finish.Outcome`).
+        callbacks: the run's `trainer.run.assembly.wiring.Callbacks`.
         started: `time.perf_counter()` at the start.
         start: (epoch, step) the run resumed from.
         changes: config keys a resume changed, `{key: [old, new]}`.

@@ -1,12 +1,12 @@
 """Restoring a finished or interrupted run on this machine's devices, for evaluation and
-prediction (a training run resumes from its backup in `trainer.run.resume`).
+prediction (a training run resumes from its backup in `trainer.run.assembly.resume`).
 
 `restore_run` is what `trainer.evaluate`, `trainer.predict` and the Python API go through:
-the run's config composed again (`trainer.run.reopen`), its strategy, data and model built
-as training built them (`trainer.run.assemble`) on the devices the overrides ask for, the
+the run's config composed again (`trainer.run.prepare.reopen`), its strategy, data and model built
+as training built them (`trainer.run.assembly.assemble`) on the devices the overrides ask for, the
 data checked against the fingerprint the run kept, and the chosen checkpoint loaded
 (checked against its hash). A checkpoint as a Keras model of its own is
-`trainer.run.load.load_checkpoint`, kept here under its old name.
+`trainer.run.assembly.load.load_checkpoint`, kept here under its old name.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from trainer.data.fingerprint import check_same_data, of_source
 from trainer.data.image_folder import undecodable
 from trainer.data.pipeline import Batches, Prep, build_pipeline
 from trainer.distribute.devices import open_devices
-from trainer.run.assemble import Run, assemble
-from trainer.run.load import load_checkpoint  # noqa: F401 - restore's public name too
-from trainer.run.reopen import Reopened, reopen, trained_on
-from trainer.run.resolve import Spec
+from trainer.run.assembly.assemble import Run, assemble
+from trainer.run.assembly.load import load_checkpoint  # noqa: F401 - restore's public name too
+from trainer.run.prepare.reopen import Reopened, reopen, trained_on
+from trainer.run.prepare.resolve import Spec
 from trainer.rundir.checkpoint import verified
 
 

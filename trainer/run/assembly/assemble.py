@@ -1,9 +1,9 @@
 """Everything a run builds before it trains, returned as a typed `Run`.
 
-`assemble` turns a run's `Spec` (the config resolved once, `trainer.run.resolve`) and the
+`assemble` turns a run's `Spec` (the config resolved once, `trainer.run.prepare.resolve`) and the
 chosen devices into a strategy, the data (`trainer.data.wiring`), a compiled model with its
 optimizer, the learning-rate plan and the speed options. Training (`trainer.run.train`) and
-a finished run's restore (`trainer.run.restore`: evaluation, prediction) share it.
+a finished run's restore (`trainer.run.assembly.restore`: evaluation, prediction) share it.
 
 A build module: TensorFlow is imported at the top, so only what runs after the devices are
 set imports it.
@@ -43,9 +43,9 @@ from trainer.distribute.strategy import choose_cross_device_ops, choose_strategy
 from trainer.plan.scaling import BatchPlan, batch_of_data, plan_batch, steps_per_epoch
 from trainer.plan.schedule import LearningRate
 from trainer.plan.speed import SpeedPlan, choose_speed
-from trainer.run.compiled import adapt_apart, compiled_model
-from trainer.run.install_step import install_step
-from trainer.run.resolve import Spec
+from trainer.run.assembly.compiled import adapt_apart, compiled_model
+from trainer.run.assembly.install_step import install_step
+from trainer.run.prepare.resolve import Spec
 
 # Keras 3.15's fit fails under MultiWorkerMirroredStrategy (keras-team/keras#20585,
 # tensorflow/tensorflow#72388); the custom loop does the same maths with the same callbacks.

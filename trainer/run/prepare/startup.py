@@ -1,8 +1,8 @@
 """The start-up sequence, written once: the pre-flight, the run's owner, its record, its start.
 
-`begin` checks a composed config (`trainer.run.preflight.preflight`, once) and hands the
+`begin` checks a composed config (`trainer.run.prepare.preflight.preflight`, once) and hands the
 checked run to `launch`, which holds its owner (the one stack of guards:
-`trainer.run.owner`) around the rest: the run's config recorded (at once on another worker,
+`trainer.run.prepare.owner`) around the rest: the run's config recorded (at once on another worker,
 else by the run once its data is checked too: `Checked.record`), then the run started.
 
 `trainer.fit` (`trainer.api`) and `train(cfg)` (`trainer.run.train`) begin here; the command
@@ -24,7 +24,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from trainer.config.errors import NothingToDo
-from trainer.run.preflight import Checked, preflight
+from trainer.run.prepare.preflight import Checked, preflight
 from trainer.rundir.remote import shown
 
 # Starts a checked run with extra callbacks; returns its summary (or what a tuner found).

@@ -13,15 +13,15 @@ from typing import Any
 
 from trainer.data.fingerprint import of_source
 from trainer.distribute.multiworker import on_stuck, stop_agreement
-from trainer.run.assemble import Run
-from trainer.run.callbacks import (
+from trainer.run.assembly.assemble import Run
+from trainer.run.assembly.callbacks import (
     AtomicModelCheckpoint,
     HandOff,
     KeepBestCheckpoints,
     StepWatchdog,
     Throughput,
 )
-from trainer.run.resolve import Spec
+from trainer.run.prepare.resolve import Spec
 from trainer.rundir.backup import Backup, BackupStore
 from trainer.rundir.layout import RunDir
 from trainer.task.build import build_callbacks as build_user_callbacks
