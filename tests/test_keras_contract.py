@@ -5,14 +5,12 @@ by trainer and by plain Keras's `fit` on one device.
 The default suite checks the listing (every test function of the installed Keras's two files
 is a scenario or says why it does not apply, so a Keras upgrade that adds one is noticed) and
 a handful of representative scenarios on 1 replica, in this process. The full matrix (every
-scenario, `loop=fit` and `loop=custom` on 2 replicas) runs the script in a subprocess:
-`pytest -m slow tests/test_keras_contract.py`.
+scenario, `loop=fit` and `loop=custom` on 2 replicas) runs in CI's long pass, a test per
+scenario (`scripts/keras_contract.py --columns fit:2,custom:2` prints it as a table).
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 
 import pytest
@@ -136,26 +134,31 @@ def keras_contract_array(value):
     return np.full((2, 2), value, "float32")
 
 
-@pytest.mark.slow
-def test_the_full_matrix_on_two_replicas(tmp_path):
-    """Every scenario with `loop=fit` and `loop=custom` on 2 replicas: no traceback, no
-    silent difference beyond the known ones above, refusals under 10%, each saying why."""
-    out = tmp_path / "table.json"
-    done = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "keras_contract.py"), "--columns",
-         "fit:2,custom:2", "--json", str(out)],
-        capture_output=True, text=True, timeout=3000, cwd=REPO,
-        env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
-    assert done.returncode == 0, done.stderr[-3000:]
-    table = json.loads(out.read_text())
-    header, rows = table["header"], table["rows"]
-    cells = [(row[0], column, text) for row in rows
-             for column, text in zip(header[1:], row[1:], strict=True)]
-    unexpected = [c for c in cells if c[2] != "pass" and not c[2].startswith("refused: ")
-                  and (c[0], c[1]) not in KNOWN]
-    assert unexpected == []
-    refused = [c for c in cells if c[2].startswith("refused: ")]
-    # a known gap that closes is noticed too
-    assert all(text != "pass" for name, column, text in cells if (name, column) in KNOWN)
-    assert len(refused) < 0.1 * len(cells)
-    assert all(len(c[2]) > len("refused: ") + 20 for c in refused)
+# Cells refused, each naming why: Keras's own strategies cannot split such a batch either.
+REFUSED = {("optional_input_none", column): "refused: the dataset gives input o as None"
+           for column in ("fit x2", "custom x2")}
+COLUMNS = (("fit", "fit x2"), ("custom", "custom x2"))
+
+
+def test_the_matrix_refuses_under_a_tenth_of_its_cells():
+    assert len(REFUSED) < 0.1 * len(keras_scenarios.SCENARIOS) * len(COLUMNS)
+    assert set(REFUSED).isdisjoint(KNOWN)
+
+
+@pytest.mark.long  # the full matrix: every scenario, 3 trainings each (about 10 s)
+@pytest.mark.parametrize("name", sorted(keras_scenarios.SCENARIOS))
+def test_every_scenario_on_two_replicas_is_plain_keras_or_says_why(name):
+    """`loop=fit` and `loop=custom` on 2 replicas end with plain Keras's weights and logs on
+    one device; a cell that does not is a known difference (KNOWN, each what Keras itself
+    does under a strategy) or a refusal (REFUSED) saying why in its line. A known gap that
+    closes, or a refusal that starts to train, fails too: the lists stay true."""
+    reference = keras_contract.plain_keras(name)
+    for loop, column in COLUMNS:
+        text = keras_contract.cell(reference,
+                                   lambda loop=loop: keras_contract.with_trainer(name, loop, 2))
+        if (name, column) in KNOWN:
+            assert text.startswith("differs: "), (column, text)
+        elif (name, column) in REFUSED:
+            assert text.startswith(REFUSED[name, column]) and len(text) > 60, (column, text)
+        else:
+            assert text == "pass", (column, text)
