@@ -30,7 +30,10 @@ rows take minutes each; `--rows` runs some of them, `--rounds 1` shortens the co
     python scripts/gpu_check.py --out gpu_check.md
     python scripts/gpu_check.py --rows replicas_equal,vs_keras_32_2logical --rounds 1
 
-For its tests, `--cpu-dry-run` runs the rows' workers on logical CPU devices with tiny sizes.
+For its tests, `--cpu-dry-run` runs the rows' workers on logical CPU devices with tiny sizes
+and the small default network (`model=cnn`) in MobileNetV2's place: the dry run proves the
+rows' machinery (alternating pairs, ratios, the table), and MobileNetV2's graph alone costs a
+dry run's row about 30 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -88,6 +91,11 @@ class Context:
     def size(self, gpu: Any, dry: Any) -> Any:
         """The GPU size, or the dry run's."""
         return dry if self.dry else gpu
+
+    @property
+    def model(self) -> str:
+        """The throughput rows' network: MobileNetV2, or the dry run's small default one."""
+        return self.size("mobilenet", "cnn")
 
 
 @dataclass(frozen=True)
@@ -560,7 +568,7 @@ SPEED = {  # row: (key, reference, alternative)
 def bench_overrides(ctx: Context, image: int, devices: list[str]) -> list[str]:
     """MobileNetV2 on synthetic images, 64 per replica, as the throughput rows train it."""
     examples = ctx.size(4096 if image > 64 else 8192, 64)
-    return ["model=mobilenet", "dataset=synthetic", f"dataset.image_size={image}",
+    return [f"model={ctx.model}", "dataset=synthetic", f"dataset.image_size={image}",
             f"dataset.train_examples={examples}",
             f"dataset.validation_examples={ctx.size(512, 32)}", f"accelerator={ctx.kind}",
             *devices, f"epochs={ctx.size(4, 2)}",
@@ -646,7 +654,8 @@ def vs_keras_work(image: int, logical: bool) -> Callable[[Context], dict[str, An
         where = (f"{len(names)} logical {ctx.kind.upper()}s of one physical device"
                  if logical else f"1 {ctx.kind.upper()}")
         return {"ok": median >= RATIO,
-                "setting": f"MobileNetV2 {size}x{size}, {ctx.size(64, 8)} per replica, {where}; "
+                "setting": f"{ctx.size('MobileNetV2', 'cnn')} {size}x{size}, "
+                           f"{ctx.size(64, 8)} per replica, {where}; "
                            "float32; alternating pairs",
                 "measured": f"median ratio {median:.3f} over {ctx.rounds} pair(s) (each: "
                             f"{', '.join(f'{r:.3f}' for r in ratios)}); trainer "
@@ -685,7 +694,7 @@ def plain_rate(ctx: Context, names: tuple[str, ...], size: int, data: tuple) -> 
     import tensorflow as tf
     from bench_overhead import make_probe, steady_rate
 
-    from trainer.models import mobilenet
+    from trainer.models import cnn, mobilenet
 
     keras.config.set_dtype_policy("float32")
     x, y, xv, yv = data
@@ -699,7 +708,7 @@ def plain_rate(ctx: Context, names: tuple[str, ...], size: int, data: tuple) -> 
     validation = tf.data.Dataset.from_tensor_slices((xv, yv)).map(scale).batch(global_batch)
     strategy = tf.distribute.MirroredStrategy(list(names))
     with strategy.scope():
-        model = mobilenet.build((size, size, 3), 10)
+        model = (mobilenet if ctx.model == "mobilenet" else cnn).build((size, size, 3), 10)
         model.compile(optimizer=keras.optimizers.Adam(0.001),
                       loss=keras.losses.SparseCategoricalCrossentropy(), metrics=["accuracy"])
     probe = make_probe()
@@ -733,7 +742,7 @@ def default_run_work(ctx: Context) -> dict[str, Any]:
 
 def cifar10_work(ctx: Context) -> dict[str, Any]:
     """The worker of cifar10-shaped data at full speed: training beside its input pipeline."""
-    overrides = ["model=mobilenet", "dataset=synthetic", "dataset.image_size=32",
+    overrides = [f"model={ctx.model}", "dataset=synthetic", "dataset.image_size=32",
                  "dataset.channels=3", "dataset.num_classes=10",
                  f"dataset.train_examples={ctx.size(16384, 64)}",
                  f"dataset.validation_examples={ctx.size(1024, 32)}",
