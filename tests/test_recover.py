@@ -48,6 +48,18 @@ def test_a_blown_up_loss_restores_the_last_backup_skips_its_batches_and_finishes
     assert summary["epochs_done"] == 1 and math.isfinite(summary["validation_metrics"]["loss"])
 
 
+def test_a_recovery_is_still_named_after_a_stop_and_a_resume(tiny_config, tmp_path):
+    from tests.test_preemption import NoticeAt
+    from trainer.config.errors import Interrupted
+
+    config = tiny_config(*RECOVER, "checkpoint.recover.max_trials=2")
+    with pytest.raises(Interrupted):
+        train(config, run_dir=tmp_path, callbacks=[BlowUpAt(6), NoticeAt(9)])
+    summary = train(config, run_dir=tmp_path)
+    assert summary["resumed_from"]["step"] == 10  # the notice is read at the next step
+    assert [found["step"] for found in summary["recovered"]] == [7]
+
+
 def test_blow_ups_past_max_trials_stop_in_one_line_naming_the_step(tiny_config, tmp_path):
     with pytest.raises(Diverged) as stopped:
         train(tiny_config(*RECOVER, "checkpoint.recover.max_trials=1"), run_dir=tmp_path,
