@@ -3,12 +3,14 @@ that led there skipped, up to `max_trials` times; then one line naming the step.
 
 from __future__ import annotations
 
+import json
 import math
 
 import keras
 import numpy as np
 import pytest
 
+from tests.test_multiworker import COMMON, assert_same_weights, launches
 from trainer.config.errors import ConfigError, Diverged
 from trainer.config.validate import validate
 from trainer.run.train import train
@@ -94,3 +96,42 @@ def test_what_counts_as_a_blow_up():
 def test_bad_recover_settings_are_one_line(tiny_config, override, named):
     with pytest.raises(ConfigError, match=named):
         validate(tiny_config(override))
+
+
+# A worker's callback module: `BlowUpAt` from the config (`+callbacks.blowup.*`).
+BLOW_UP_MODULE = """
+from tests.test_recover import BlowUpAt
+
+
+class BlowUp(BlowUpAt):
+    def __init__(self, step):
+        super().__init__(step)
+"""
+
+
+@pytest.mark.multiworker
+def test_two_workers_recover_from_a_blow_up_together_as_one_device_does(
+        tmp_path, launches, tiny_config):
+    """Both workers see the loss blow up at one step, restore the same backup and skip the
+    same batches: the run ends with exit 0 and one device's weights (1e-5), and the chief's
+    summary names the recovery."""
+    (tmp_path / "blowup.py").write_text(BLOW_UP_MODULE)
+    batch = ["batch.per_replica=null", "batch.global_size=64", "epochs=1", "optimizer.lr=0.01",
+             "deterministic=true", "checkpoint.backup_every=4", "checkpoint.nan_check_every=1",
+             "checkpoint.recover.max_trials=2"]
+    run_dir = tmp_path / "run"
+    launch = launches(2, *COMMON, *batch, "+callbacks.blowup._target_=blowup.BlowUp",
+                      "+callbacks.blowup.step=6", f"hydra.run.dir={run_dir}")
+    assert launch.wait(timeout=300) == 0, launch.output[-3000:]
+    [found] = json.loads((run_dir / "summary.json").read_text())["recovered"]
+    assert math.isnan(found.pop("loss"))
+    assert found == {"epoch": 1, "step": 7, "restored": "ckpt-000000-000000004",
+                     "skipped": [5, 7]}
+    one = tmp_path / "one"
+    alone = train(tiny_config(*COMMON, "model=cnn", "devices=1", "loop=custom", *batch),
+                  run_dir=one, callbacks=[BlowUpAt(6)])
+    assert [r["skipped"] for r in alone["recovered"]] == [[5, 7]]
+    assert_same_weights(run_dir, one, atol=1e-5)
+
+
+__all__ = ["launches"]  # the fixture, imported for the test above
