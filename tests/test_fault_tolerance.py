@@ -257,22 +257,56 @@ def test_a_damaged_checkpoint_is_named_on_load(tmp_path, tiny_config):
 
 
 def test_a_backup_directory_removed_during_a_write_is_made_again(tmp_path, monkeypatch):
+    import trainer.rundir.backup as backup
+    from trainer.rundir.atomic import write_checksum
+
     store = BackupStore(tmp_path / "backup")
     model = small_model()
     model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0)
-    save_weights, calls = model.save_weights, []
+    original, calls = backup.copy_open, []
 
-    def removed_once(path, *args, **kwargs):
+    def removed_once(source, path):
         calls.append(path)
         if len(calls) == 1:
             import shutil
 
             shutil.rmtree(store.directory)
-        return save_weights(path, *args, **kwargs)
+        return original(source, path)
 
-    monkeypatch.setattr(model, "save_weights", removed_once)
+    monkeypatch.setattr(backup, "copy_open", removed_once)
+    best = tmp_path / "best.keras"
+    model.save(best)
+    write_checksum(best)
+    path = store.save(model, 0, 5, same_as=best)
+    assert store.backups() == [path] and len(calls) == 2
+    assert (path / "model.keras").read_bytes() == best.read_bytes()
+
+
+def test_a_backup_holds_the_state_it_was_taken_at_and_saves_as_keras_does(tmp_path, held):
+    import h5py
+
+    store = BackupStore(tmp_path / "backup")
+    model = small_model()
+    model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0)
+    taken = [w.copy() for w in model.get_weights()]
+    model.save_weights(tmp_path / "keras.weights.h5")
     path = store.save(model, 0, 5)
-    assert store.backups() == [path] and len(calls) == 2 and path.is_dir()
+    model.fit(np.ones((4, 3)), np.zeros((4, 2)), verbose=0)  # while the write waits
+    held.set()
+    restored = small_model()
+    assert store.restore(restored).step == 5
+    for a, b in zip(taken, restored.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+    def contents(file):
+        found = {}
+        file.visititems(lambda name, item: found.__setitem__(
+            name, item[()].tolist() if isinstance(item, h5py.Dataset) else dict(item.attrs)))
+        return found
+
+    with h5py.File(path / "model.weights.h5") as ours, \
+            h5py.File(tmp_path / "keras.weights.h5") as theirs:
+        assert contents(ours) == contents(theirs)  # the file save_weights wrote then
 
 
 def test_leftovers_are_cleaned_and_a_finished_run_keeps_one_backup(tmp_path, tiny_config):
@@ -524,10 +558,10 @@ def held(monkeypatch):
     gate = threading.Event()
     gate.entered = threading.Event()
 
-    def at_the_gate(self, tmp, final, state):
+    def at_the_gate(self, *args):
         gate.entered.set()
         assert gate.wait(10), "the gate was never opened"
-        return original(self, tmp, final, state)
+        return original(self, *args)
 
     monkeypatch.setattr(BackupStore, "_complete", at_the_gate)
     return gate

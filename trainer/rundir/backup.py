@@ -45,7 +45,8 @@ import keras
 import numpy as np
 
 from trainer.config.errors import ConfigError, Diverged
-from trainer.rundir.atomic import TMP, commit, copy_bytes, remove, temporary, write_json
+from trainer.internals.keras_compile import weights_taken
+from trainer.rundir.atomic import TMP, commit, copy_open, remove, temporary, write_json
 from trainer.rundir.checksum import read_beside, sha256, verify
 from trainer.rundir.inflight import InFlight
 from trainer.rundir.layout import CHECKPOINT, METRICS, RNG, STATE, WEIGHTS, RunDir
@@ -72,18 +73,29 @@ def _load_rng_states(model: keras.Model, path: Path) -> None:
         variable.assign(value)
 
 
-def _save_metrics(path: Path, variables: list) -> None:
-    """The metric variables' values (each replica's summed, as a cross-replica read gives
-    them) and their paths, which a restore checks against."""
-    np.savez(path, *[np.asarray(v.numpy()) for v in variables],
-             names=np.array([str(v.path) for v in variables], dtype=str))
-
-
 def _load_metrics(path: Path) -> tuple[tuple[str, ...], tuple[np.ndarray, ...]]:
     with np.load(path) as saved:
         names = tuple(str(n) for n in saved["names"])
         values = tuple(saved[f"arr_{i}"] for i in range(len(names)))
     return names, values
+
+
+class _CopyOf:
+    """Writes the bytes of an open file (a copy, never a link: `copy_open`); `close` closes
+    the file."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+
+    def __call__(self, path: Path) -> None:
+        copy_open(self.source, path)
+
+    def close(self) -> None:
+        self.source.close()
+
+
+def _written_as(write: Callable[[str], None]) -> Callable[[Path], None]:
+    return lambda path: write(str(path))
 
 
 @dataclass(frozen=True)
@@ -144,19 +156,14 @@ class BackupStore:
         began = time.perf_counter()
         try:
             self.flight.wait()  # at most one in flight; its failure is raised here
-            try:
-                tmp, state = self._capture(model, epoch, step, same_as)
-            except FileNotFoundError:
-                log.warning("%s vanished while a backup was written; writing it again",
-                            self.directory)
-                tmp, state = self._capture(model, epoch, step, same_as)
+            writes, state = self._capture(model, epoch, step, same_as)
             state.update(self.meta)
             if history is not None:
                 state["history"] = {k: list(v) for k, v in history.items()}
             if recovered:
                 state["recovered"] = [dict(found) for found in recovered]
             final = self.path(epoch, step)
-            self.flight.submit(lambda: self._complete(tmp, final, state))
+            self.flight.submit(lambda: self._complete(writes, final, state))
             return final
         finally:
             self.seconds += time.perf_counter() - began
@@ -180,53 +187,65 @@ class BackupStore:
         return self.directory / f"ckpt-{epoch:06d}-{step:09d}"
 
     def _capture(self, model: keras.Model, epoch: int, step: int, same_as: Path | None
-                 ) -> tuple[Path, dict]:
-        """The model's state into the backup's temporary folder; returns the folder and
-        the `state.json` begun (checksums known now: a copied checkpoint's)."""
-        tmp = temporary(self.path(epoch, step))
-        remove(tmp)
-        try:
-            tmp.mkdir(parents=True)
-            files = self._weights(model, tmp, same_as)
-            np.savez(tmp / RNG, *[v.numpy() for v in _rng_states(model)])
-            files[RNG] = None
-            if step > 0 and self.metrics is not None:
-                _save_metrics(tmp / METRICS, list(self.metrics()))
-                files[METRICS] = None
-        except BaseException:
-            remove(tmp)
-            raise
-        return tmp, {"epoch": epoch, "step": step, "sha256": files}
+                 ) -> tuple[dict[str, Callable[[Path], None]], dict]:
+        """The model's state, taken into host memory (or, for a copy of `same_as`, its file
+        opened: a checkpoint renamed over it later leaves these bytes); returns what writes
+        each of the backup's files, and the `state.json` begun (a copy's checksum is the
+        one it was written with)."""
+        writes, sums = {}, {}
+        digest = read_beside(same_as) if same_as is not None else None
+        if digest is not None:
+            source = open(same_as, "rb")  # noqa: SIM115 - closed once the backup is written
+            writes[CHECKPOINT] = _CopyOf(source)
+            sums[CHECKPOINT] = digest  # as written: a damaged source is found in the copy
+        else:
+            writes[WEIGHTS] = _written_as(weights_taken(model))
+        rng = [np.array(v.numpy(), copy=True) for v in _rng_states(model)]
+        writes[RNG] = lambda path: np.savez(path, *rng)
+        if step > 0 and self.metrics is not None:
+            variables = list(self.metrics())  # each replica's summed, as a cross-replica
+            values = [np.array(v.numpy(), copy=True) for v in variables]  # read gives it
+            names = np.array([str(v.path) for v in variables], dtype=str)
+            writes[METRICS] = lambda path: np.savez(path, *values, names=names)
+        return writes, {"epoch": epoch, "step": step, "sha256": sums}
 
-    def _complete(self, tmp: Path, final: Path, state: dict) -> None:
-        """The backup's slow part (in the background): its files' checksums and
-        `state.json`, the rename into place, the old backups pruned, then, for a run
-        directory at a URL, the upload (`committed`)."""
+    def _complete(self, writes: dict[str, Callable[[Path], None]], final: Path,
+                  state: dict) -> None:
+        """The backup's slow part (in the background): its files written under a
+        temporary name (made again, once, where `backup/` was removed meanwhile), their
+        checksums and `state.json`, the rename into place, the old backups pruned, then,
+        for a run directory at a URL, the upload (`committed`)."""
+        tmp = temporary(final)
         try:
-            sums = state["sha256"]
-            for name, digest in sums.items():
-                sums[name] = digest or sha256(tmp / name)
-            (tmp / STATE).write_text(json.dumps(state))
+            try:
+                self._write(writes, tmp, state)
+            except FileNotFoundError:
+                log.warning("%s vanished while a backup was written; writing it again",
+                            self.directory)
+                self._write(writes, tmp, state)
             commit(tmp, final)
         except BaseException:
             remove(tmp)
             raise
+        finally:
+            for write in writes.values():
+                getattr(write, "close", lambda: None)()  # a copy's source file
         for old in self._found()[self.keep:]:
             if old != final:  # never the one just written
                 shutil.rmtree(old, ignore_errors=True)
         committed(self.directory.parent)  # a run directory at a URL: it reaches it
 
     @staticmethod
-    def _weights(model: keras.Model, folder: Path, same_as: Path | None) -> dict[str, str]:
-        """The model's state into a new backup `folder`: a copy of `same_as` (a checkpoint
-        of this very state, with the checksum it was written with) where there is one, else
-        its weights saved; returns their checksums (None: not taken yet)."""
-        digest = read_beside(same_as) if same_as is not None else None
-        if digest is not None:
-            copy_bytes(same_as, folder / CHECKPOINT)  # a file of its own, never a link
-            return {CHECKPOINT: digest}  # as written: a damaged source is found in the copy
-        model.save_weights(folder / WEIGHTS)
-        return {WEIGHTS: None}  # its checksum is taken in the background
+    def _write(writes: dict[str, Callable[[Path], None]], tmp: Path, state: dict) -> None:
+        """The backup's files into the folder `tmp` (made anew), `state.json` last."""
+        remove(tmp)
+        tmp.mkdir(parents=True)
+        sums = state["sha256"]
+        for name, write in writes.items():
+            write(tmp / name)
+            if name not in sums:  # a copy's is the one it was written with
+                sums[name] = sha256(tmp / name)
+        (tmp / STATE).write_text(json.dumps(state))
 
     def prune(self, keep: int) -> None:
         """Removes all but the newest `keep` backups (the one in flight complete first)."""
