@@ -3,6 +3,7 @@ that led there skipped, up to `max_trials` times; then one line naming the step.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 
@@ -98,15 +99,12 @@ def test_bad_recover_settings_are_one_line(tiny_config, override, named):
         validate(tiny_config(override))
 
 
-# A worker's callback module: `BlowUpAt` from the config (`+callbacks.blowup.*`).
-BLOW_UP_MODULE = """
-from tests.test_recover import BlowUpAt
-
-
-class BlowUp(BlowUpAt):
-    def __init__(self, step):
-        super().__init__(step)
-"""
+def blow_up_module() -> str:
+    """A worker's callback module: `BlowUpAt`'s own source, built from the config
+    (`+callbacks.blowup.*`)."""
+    return ("import keras\nimport numpy as np\n\n\n" + inspect.getsource(BlowUpAt)
+            + "\n\nclass BlowUp(BlowUpAt):\n    def __init__(self, step):\n"
+            "        super().__init__(step)\n")
 
 
 @pytest.mark.multiworker
@@ -115,7 +113,7 @@ def test_two_workers_recover_from_a_blow_up_together_as_one_device_does(
     """Both workers see the loss blow up at one step, restore the same backup and skip the
     same batches: the run ends with exit 0 and one device's weights (1e-5), and the chief's
     summary names the recovery."""
-    (tmp_path / "blowup.py").write_text(BLOW_UP_MODULE)
+    (tmp_path / "blowup.py").write_text(blow_up_module())
     batch = ["batch.per_replica=null", "batch.global_size=64", "epochs=1", "optimizer.lr=0.01",
              "deterministic=true", "checkpoint.backup_every=4", "checkpoint.nan_check_every=1",
              "checkpoint.recover.max_trials=2"]
