@@ -8,10 +8,10 @@ and `state.json` with the epoch and the step within it. It is written under a te
 and renamed, so a directory named `ckpt-*` is always complete; the newest two are kept, and
 a latest one that does not load falls back to the one before, with a warning.
 
-Only the state is taken in the step loop: the variables written into the backup's temporary
-folder (the next step changes them). The rest runs beside training, in the run's one
-background thread (`trainer.rundir.inflight`): the checksums, `state.json`, the rename, the
-old backups pruned, and for a run directory at a URL the upload
+Only the state is taken in the step loop: the variables read into host memory (the next step
+changes them), or a copied checkpoint's file opened. The rest runs beside training, in the
+run's one background thread (`trainer.rundir.inflight`): the files written, their checksums,
+`state.json`, the rename, the old backups pruned, and for a run directory at a URL the upload
 (`trainer.rundir.remote.committed`: nothing for a local directory). A backup is complete,
 and the newest, only once all of that is done; the next backup, a stop, a recovery's
 restore and the run's end wait for it, and raise its failure (the store gone, a full disk)
@@ -127,7 +127,7 @@ class BackupStore:
         self.directory = Path(directory)
         self.keep = keep
         self.meta = dict(meta or {})
-        self.seconds = 0.0  # spent writing backups
+        self.seconds = 0.0  # the step loop's: states taken, waits for a backup in flight
         # The training metrics' variables, kept by mid-epoch backups; None: none kept.
         self.metrics: Callable[[], list] | None = None
         self.flight = InFlight()  # the backup being completed beside training
@@ -137,10 +137,11 @@ class BackupStore:
         """Backs up `model` at `epoch` (0-based) after `step` steps of it; returns where the
         backup goes once complete.
 
-        The model's state is written now, into the backup's temporary folder (the next step
-        changes it); the rest (checksums, `state.json`, the rename, the old backups pruned,
-        the upload where the run directory is at a URL) runs beside training (`InFlight`),
-        after the backup before it, which this call waits for first. `wait` waits for it.
+        The model's state is taken now, into host memory (the next step changes it); the
+        rest (the files written, their checksums, `state.json`, the rename, the old backups
+        pruned, the upload where the run directory is at a URL) runs beside training
+        (`InFlight`), after the backup before it, which this call waits for first. `wait`
+        waits for it.
 
         `same_as` is a `.keras` checkpoint of this very state (with its `.sha256` beside
         it), copied instead of saved again; None writes the weights. `history` is the
