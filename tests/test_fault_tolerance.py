@@ -414,9 +414,13 @@ def test_the_free_space_asked_for_covers_the_peak_of_a_real_run(tmp_path, tiny_c
     assert estimates[0] < 4 * peak[0], (estimates[0], peak[0])  # a bound, not a refusal
 
 
-@pytest.mark.parametrize("part", ["_capture", "_complete"])  # in the step loop, or beside it
+# the state taken in the step loop, or the rest beside it: its failure said at the next
+# backup (3 epochs) or at the run's end (2 epochs: the second backup is the last)
+@pytest.mark.parametrize(("part", "epochs"), [("_capture", 3), ("_complete", 3),
+                                              ("_complete", 2)])
 def test_a_disk_that_fills_mid_run_is_one_error_and_keeps_the_last_backup(tmp_path, tiny_config,
-                                                                           monkeypatch, part):
+                                                                           monkeypatch, part,
+                                                                           epochs):
     import errno
 
     from trainer.config.errors import ConfigError
@@ -434,7 +438,8 @@ def test_a_disk_that_fills_mid_run_is_one_error_and_keeps_the_last_backup(tmp_pa
     with pytest.raises(ConfigError, match=rf"the disk of {run_dir} filled up while the run wrote "
                                           r"a backup or checkpoint; it needs about [\d,]+ bytes "
                                           r"free; the last good backup is kept"):
-        train(tiny_config("epochs=3"), run_dir=run_dir)
+        train(tiny_config(f"epochs={epochs}"), run_dir=run_dir)
+    assert not (run_dir / "summary.json").exists()
     monkeypatch.setattr(BackupStore, part, original)
     point = BackupStore(run_dir / "backup").restore(small_model_like(run_dir))
     assert (point.epoch, point.step) == (1, 0)
