@@ -149,7 +149,9 @@ def two_backups(tmp_path: Path):
     store.save(model, 0, 10)
     first = model.get_weights()
     model.fit(np.ones((4, 3)), np.zeros((4, 2)), verbose=0)
-    return store, first, store.save(model, 0, 20)
+    latest = store.save(model, 0, 20)
+    store.wait()  # completed beside the caller
+    return store, first, latest
 
 
 def assert_restores_the_first(store: BackupStore, first) -> None:
@@ -255,22 +257,56 @@ def test_a_damaged_checkpoint_is_named_on_load(tmp_path, tiny_config):
 
 
 def test_a_backup_directory_removed_during_a_write_is_made_again(tmp_path, monkeypatch):
+    import trainer.rundir.backup as backup
+    from trainer.rundir.atomic import write_checksum
+
     store = BackupStore(tmp_path / "backup")
     model = small_model()
     model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0)
-    save_weights, calls = model.save_weights, []
+    original, calls = backup.copy_open, []
 
-    def removed_once(path, *args, **kwargs):
+    def removed_once(source, path):
         calls.append(path)
         if len(calls) == 1:
             import shutil
 
             shutil.rmtree(store.directory)
-        return save_weights(path, *args, **kwargs)
+        return original(source, path)
 
-    monkeypatch.setattr(model, "save_weights", removed_once)
+    monkeypatch.setattr(backup, "copy_open", removed_once)
+    best = tmp_path / "best.keras"
+    model.save(best)
+    write_checksum(best)
+    path = store.save(model, 0, 5, same_as=best)
+    assert store.backups() == [path] and len(calls) == 2
+    assert (path / "model.keras").read_bytes() == best.read_bytes()
+
+
+def test_a_backup_holds_the_state_it_was_taken_at_and_saves_as_keras_does(tmp_path, held):
+    import h5py
+
+    store = BackupStore(tmp_path / "backup")
+    model = small_model()
+    model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0)
+    taken = [w.copy() for w in model.get_weights()]
+    model.save_weights(tmp_path / "keras.weights.h5")
     path = store.save(model, 0, 5)
-    assert len(calls) == 2 and path.is_dir() and store.backups() == [path]
+    model.fit(np.ones((4, 3)), np.zeros((4, 2)), verbose=0)  # while the write waits
+    held.set()
+    restored = small_model()
+    assert store.restore(restored).step == 5
+    for a, b in zip(taken, restored.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+    def contents(file):
+        found = {}
+        file.visititems(lambda name, item: found.__setitem__(
+            name, item[()].tolist() if isinstance(item, h5py.Dataset) else dict(item.attrs)))
+        return found
+
+    with h5py.File(path / "model.weights.h5") as ours, \
+            h5py.File(tmp_path / "keras.weights.h5") as theirs:
+        assert contents(ours) == contents(theirs)  # the file save_weights wrote then
 
 
 def test_leftovers_are_cleaned_and_a_finished_run_keeps_one_backup(tmp_path, tiny_config):
@@ -378,27 +414,33 @@ def test_the_free_space_asked_for_covers_the_peak_of_a_real_run(tmp_path, tiny_c
     assert estimates[0] < 4 * peak[0], (estimates[0], peak[0])  # a bound, not a refusal
 
 
+# the state taken in the step loop, or the rest beside it: its failure said at the next
+# backup (3 epochs) or at the run's end (2 epochs: the second backup is the last)
+@pytest.mark.parametrize(("part", "epochs"), [("_capture", 3), ("_complete", 3),
+                                              ("_complete", 2)])
 def test_a_disk_that_fills_mid_run_is_one_error_and_keeps_the_last_backup(tmp_path, tiny_config,
-                                                                           monkeypatch):
+                                                                           monkeypatch, part,
+                                                                           epochs):
     import errno
 
     from trainer.config.errors import ConfigError
 
-    original, calls = BackupStore._save, []
+    original, calls = getattr(BackupStore, part), []
 
-    def full_at_the_second(self, model, epoch, step, same_as=None, history=None):
-        calls.append((epoch, step))
+    def full_at_the_second(self, *args):
+        calls.append(args)
         if len(calls) == 2:
             raise OSError(errno.ENOSPC, "No space left on device", str(self.directory))
-        return original(self, model, epoch, step, same_as, history)
+        return original(self, *args)
 
-    monkeypatch.setattr(BackupStore, "_save", full_at_the_second)
+    monkeypatch.setattr(BackupStore, part, full_at_the_second)
     run_dir = tmp_path / "run"
     with pytest.raises(ConfigError, match=rf"the disk of {run_dir} filled up while the run wrote "
                                           r"a backup or checkpoint; it needs about [\d,]+ bytes "
                                           r"free; the last good backup is kept"):
-        train(tiny_config("epochs=3"), run_dir=run_dir)
-    monkeypatch.setattr(BackupStore, "_save", original)
+        train(tiny_config(f"epochs={epochs}"), run_dir=run_dir)
+    assert not (run_dir / "summary.json").exists()
+    monkeypatch.setattr(BackupStore, part, original)
     point = BackupStore(run_dir / "backup").restore(small_model_like(run_dir))
     assert (point.epoch, point.step) == (1, 0)
 
@@ -416,7 +458,9 @@ def test_damaged_newer_backups_are_set_aside_so_new_ones_are_kept(tmp_path):
     model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0)
     store.save(model, 0, 10)
     for step in (20, 30):  # two newer backups, both damaged
-        _damage_the_middle(store.save(model, 0, step) / "model.weights.h5")
+        path = store.save(model, 0, step)
+        store.wait()  # completed beside the caller
+        _damage_the_middle(path / "model.weights.h5")
     assert [p.name for p in store.backups()][:1] == ["ckpt-000000-000000030"]
     point = store.restore(small_model())
     assert (point.epoch, point.step) == (0, 10)
@@ -491,7 +535,9 @@ def test_an_epoch_backup_copies_the_best_checkpoint_written_from_the_same_state(
     best = tmp_path / "best.keras"
     model.save(best)
     write_checksum(best)
-    path = BackupStore(tmp_path / "backup").save(model, 1, 0, same_as=best)
+    store = BackupStore(tmp_path / "backup")
+    path = store.save(model, 1, 0, same_as=best)
+    store.wait()  # completed beside the caller
     # the same bytes in a file of its own: damage to best.keras never reaches the backup
     assert (path / "model.keras").read_bytes() == best.read_bytes()
     assert (path / "model.keras").stat().st_ino != best.stat().st_ino
@@ -505,3 +551,69 @@ def test_an_epoch_backup_copies_the_best_checkpoint_written_from_the_same_state(
     for a, b in zip(model.get_weights(), other.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
     assert int(other.optimizer.iterations) == int(model.optimizer.iterations) == 3
+
+
+@pytest.fixture
+def held(monkeypatch):
+    """Holds each backup's slow part (checksums, rename, upload: `BackupStore._complete`) at
+    a gate until the test opens it; `held.entered` is set once one waits there."""
+    import threading
+
+    original = BackupStore._complete
+    gate = threading.Event()
+    gate.entered = threading.Event()
+
+    def at_the_gate(self, *args):
+        gate.entered.set()
+        assert gate.wait(10), "the gate was never opened"
+        return original(self, *args)
+
+    monkeypatch.setattr(BackupStore, "_complete", at_the_gate)
+    return gate
+
+
+def test_a_backup_completes_beside_the_step_loop_one_at_a_time(tmp_path, held):
+    import threading
+
+    store = BackupStore(tmp_path / "backup")
+    model = small_model()
+    first = store.save(model, 0, 5)  # back at once: its slow part waits at the gate
+    assert held.entered.wait(10) and not first.exists() and store.flight.busy
+    second = threading.Thread(target=store.save, args=(model, 0, 10))
+    second.start()
+    second.join(0.2)
+    assert second.is_alive()  # a new backup waits for the one in flight
+    held.set()
+    second.join(10)
+    assert [p.name for p in store.backups()] == ["ckpt-000000-000000010", first.name]
+    store.close()
+
+
+def test_a_stop_and_a_recovery_wait_for_the_backup_in_flight(tmp_path, held):
+    import threading
+
+    from trainer.rundir.backup import Backup, StopNow, StopRequest
+
+    store = BackupStore(tmp_path / "backup")
+    model = small_model()
+    model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0)
+    opener = threading.Timer(0.2, held.set)  # the gate opens while the caller waits
+    opener.start()
+    store.save(model, 0, 10)
+    restored = small_model()
+    point = store.restore(restored)  # a recovery restores the newest: the one in flight
+    assert point is not None and point.step == 10
+    held.clear()
+    request = StopRequest()
+    request.signal = signal.SIGTERM
+    backup = Backup(store, 0, 1, request)
+    backup.set_model(model)
+    backup.set_params({"steps": 10})
+    backup.on_epoch_begin(0)
+    threading.Timer(0.2, held.set).start()
+    with pytest.raises(StopNow):
+        backup.on_train_batch_end(2, {"loss": 1.0})
+    # out of the step loop with the stop's backup complete, not still in flight
+    assert "ckpt-000000-000000003" in [p.name for p in store._found()]
+    assert not store.flight.busy
+    store.close()

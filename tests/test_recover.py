@@ -3,12 +3,15 @@ that led there skipped, up to `max_trials` times; then one line naming the step.
 
 from __future__ import annotations
 
+import inspect
+import json
 import math
 
 import keras
 import numpy as np
 import pytest
 
+from tests.test_multiworker import COMMON, assert_same_weights, launches
 from trainer.config.errors import ConfigError, Diverged
 from trainer.config.validate import validate
 from trainer.run.train import train
@@ -48,6 +51,18 @@ def test_a_blown_up_loss_restores_the_last_backup_skips_its_batches_and_finishes
     assert summary["epochs_done"] == 1 and math.isfinite(summary["validation_metrics"]["loss"])
 
 
+def test_a_recovery_is_still_named_after_a_stop_and_a_resume(tiny_config, tmp_path):
+    from tests.test_preemption import NoticeAt
+    from trainer.config.errors import Interrupted
+
+    config = tiny_config(*RECOVER, "checkpoint.recover.max_trials=2")
+    with pytest.raises(Interrupted):
+        train(config, run_dir=tmp_path, callbacks=[BlowUpAt(6), NoticeAt(9)])
+    summary = train(config, run_dir=tmp_path)
+    assert summary["resumed_from"]["step"] == 10  # the notice is read at the next step
+    assert [found["step"] for found in summary["recovered"]] == [7]
+
+
 def test_blow_ups_past_max_trials_stop_in_one_line_naming_the_step(tiny_config, tmp_path):
     with pytest.raises(Diverged) as stopped:
         train(tiny_config(*RECOVER, "checkpoint.recover.max_trials=1"), run_dir=tmp_path,
@@ -82,3 +97,39 @@ def test_what_counts_as_a_blow_up():
 def test_bad_recover_settings_are_one_line(tiny_config, override, named):
     with pytest.raises(ConfigError, match=named):
         validate(tiny_config(override))
+
+
+def blow_up_module() -> str:
+    """A worker's callback module: `BlowUpAt`'s own source, built from the config
+    (`+callbacks.blowup.*`)."""
+    return ("import keras\nimport numpy as np\n\n\n" + inspect.getsource(BlowUpAt)
+            + "\n\nclass BlowUp(BlowUpAt):\n    def __init__(self, step):\n"
+            "        super().__init__(step)\n")
+
+
+@pytest.mark.multiworker
+def test_two_workers_recover_from_a_blow_up_together_as_one_device_does(
+        tmp_path, launches, tiny_config):
+    """Both workers see the loss blow up at one step, restore the same backup and skip the
+    same batches: the run ends with exit 0 and one device's weights (1e-5), and the chief's
+    summary names the recovery."""
+    (tmp_path / "blowup.py").write_text(blow_up_module())
+    batch = ["batch.per_replica=null", "batch.global_size=64", "epochs=1", "optimizer.lr=0.01",
+             "deterministic=true", "checkpoint.backup_every=4", "checkpoint.nan_check_every=1",
+             "checkpoint.recover.max_trials=2"]
+    run_dir = tmp_path / "run"
+    launch = launches(2, *COMMON, *batch, "+callbacks.blowup._target_=blowup.BlowUp",
+                      "+callbacks.blowup.step=6", f"hydra.run.dir={run_dir}")
+    assert launch.wait(timeout=300) == 0, launch.output[-3000:]
+    [found] = json.loads((run_dir / "summary.json").read_text())["recovered"]
+    assert math.isnan(found.pop("loss"))
+    assert found == {"epoch": 1, "step": 7, "restored": "ckpt-000000-000000004",
+                     "skipped": [5, 7]}
+    one = tmp_path / "one"
+    alone = train(tiny_config(*COMMON, "model=cnn", "devices=1", "loop=custom", *batch),
+                  run_dir=one, callbacks=[BlowUpAt(6)])
+    assert [r["skipped"] for r in alone["recovered"]] == [[5, 7]]
+    assert_same_weights(run_dir, one, atol=1e-5)
+
+
+__all__ = ["launches"]  # the fixture, imported for the test above

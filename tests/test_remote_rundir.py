@@ -581,6 +581,52 @@ def test_a_push_cut_short_anywhere_leaves_a_whole_backup_at_the_url(memory, tmp_
         assert _stored(store.fs, mirror.path) == restored
 
 
+def test_a_backup_uploads_beside_training_and_is_the_newest_only_once_uploaded(
+        memory, tmp_path):
+    """The second backup's upload is held mid-way, then fails (the store gone): meanwhile
+    the URL's newest whole backup is the first (what a restart after a crash there would
+    find), and the failure is the one line of a push that fails, at the next backup."""
+    import threading
+
+    import keras
+
+    from trainer.config.errors import Interrupted
+    from trainer.rundir.backup import BackupStore
+    from trainer.rundir.remote import register, unregister
+
+    store, root = memory
+    mirror = _mirror(store.fs, tmp_path, f"{root}/beside", root="run")
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    backups = BackupStore(mirror.root / "backup")
+    register(mirror)
+    try:
+        backups.save(model, 0, 5)
+        backups.wait()
+        held, entered, real_put = threading.Event(), threading.Event(), store.fs.put_file
+
+        def put(local, key):
+            if "ckpt-000000-000000010" in key and key.endswith("rng.npz"):
+                entered.set()
+                held.wait(10)
+                raise ConnectionError("Could not connect to the endpoint URL")
+            return real_put(local, key)
+
+        store.fs.put_file = put
+        backups.save(model, 0, 10)  # back at once, its upload held
+        assert entered.wait(10)
+        elsewhere = _mirror(store.fs, tmp_path, mirror.path, root="elsewhere")
+        assert elsewhere.pull()
+        assert [p.name for p in BackupStore(elsewhere.root / "backup").backups()] == [
+            "ckpt-000000-000000005"]
+        held.set()
+        with pytest.raises(Interrupted, match=r"cannot be reached .*the last backup that "
+                                              r"reached memory:/.* is kept"):
+            backups.save(model, 0, 15)
+    finally:
+        unregister(mirror)
+        backups.close(failed=True)
+
+
 def _write(root: Path, backup: str, content: bytes) -> None:
     for name in ("model.weights.h5", "state.json"):
         (root / backup).mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
 """Keras 3.15's compile and saving internals that trainer's task building reads: the
 wrapper `compile` puts around a loss function, the metric `compile` resolves a name to, the
 compiled loss's entries, a compiled model's own `compile` arguments, and saving a model's
-weights into a `.keras` archive of trainer's."""
+weights into a `.keras` archive of trainer's, or taking them into memory to be written later
+as the `.weights.h5` file `save_weights` writes (a backup's, beside training)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import keras
+import numpy as np
 from keras.src import backend
 from keras.src.losses import LossFunctionWrapper
 from keras.src.saving import saving_lib
@@ -75,3 +77,54 @@ def save_weights_only(model: keras.Model, path: str) -> None:
     """Writes the model's weights (and optimizer state) as a `.weights.h5` file, as a
     `.keras` archive holds them."""
     saving_lib.save_weights_only(model, path)
+
+
+class _Taken(saving_lib.H5IOStore):
+    """Keras's weights store, keeping in host memory what `save_weights` would write: each
+    entry's path and metadata, and its values (read now: the next step changes the
+    variables; Keras's read of a variable is a copy)."""
+
+    def __init__(self) -> None:  # no file: written later, by `weights_taken`'s writer
+        self.mode = "w"
+        self.entries: list[tuple[str, Any, dict[str, np.ndarray]]] = []
+
+    def __bool__(self) -> bool:
+        return True
+
+    def make(self, path, metadata=None):
+        self.entries.append((path, metadata, {}))
+        return self
+
+    def __setitem__(self, key, value):
+        self.entries[-1][2][key] = np.asarray(keras.ops.convert_to_numpy(value))
+
+    def close(self) -> None:
+        pass
+
+
+def weights_taken(model: keras.Model) -> Callable[[str], None]:
+    """The model's weights and optimizer state, taken into host memory now as
+    `model.save_weights` reads them (Keras's walk over the model and the reads: the file's
+    writing is what is left for later).
+
+    Returns:
+        A function writing them, later and in any thread, to a `.weights.h5` path: the
+        file `save_weights` would have written now, which `load_weights` reads.
+    """
+    if not model.built:
+        raise ValueError("a model that is not built has no weights to save")
+    taken = _Taken()
+    saving_lib._save_state(model, weights_store=taken, assets_store=None, inner_path="",
+                           visited_saveables=set())
+
+    def write(path: str) -> None:
+        store = saving_lib.H5IOStore(path, mode="w")
+        try:
+            for inner, metadata, values in taken.entries:  # the calls saving made, again
+                entry = store.make(inner, metadata=metadata) if metadata else store.make(inner)
+                for key, value in values.items():
+                    entry[key] = value
+        finally:
+            store.close()
+
+    return write

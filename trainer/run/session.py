@@ -86,9 +86,13 @@ class Session:
                 translate(error, self.run, self.run_dir, self._needed, self.cluster,
                                  epoch)
         finally:
-            release()
-            if self._scratch:
-                shutil.rmtree(self.run_dir, ignore_errors=True)
+            try:
+                if self.callbacks is not None:  # the backup in flight: complete, or said
+                    self.callbacks.backup.store.close(failed=error is not None)
+            finally:
+                release()
+                if self._scratch:
+                    shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def open_devices(self) -> Any:
         """Chooses this process's devices, hides the others and sets their options."""
@@ -127,6 +131,7 @@ class Session:
             self.spec, run, self.run_dir, self.started, start.at, self.request, self.extra,
             history=start.history, evaluator=self.evaluator)
         self.callbacks.backup.resumed_metrics = start.metrics  # the resumed epoch's metrics
+        self.callbacks.backup.recovery.recovered.extend(start.recovered)  # the run's, so far
         return start
 
     @contextmanager
@@ -147,7 +152,9 @@ class Session:
                                         self.startup, self.spec.checkpoint.average_best)
 
     def report(self, run: Run, outcome: Outcome) -> dict[str, Any] | None:
-        """The summary of a run that was not stopped (None for one that was)."""
+        """The summary of a run that was not stopped (None for one that was), once the last
+        backup is complete (uploaded, where the run directory is at a URL)."""
+        self.callbacks.backup.store.wait()  # its failure is the run's
         if self.callbacks.backup.interrupted:
             return None
         return build_summary(self.spec, run, self.plan, self.run_dir, outcome,

@@ -3,5 +3,6 @@ recovery from a loss blow-up (`recover`), the checks that a rerun may resume, an
 verification; a run directory at a URL
 (`remote`: its local mirror kept in step; `lease`: one writer at a time there).
 
-May import `config/` only.
+May import `config/`, and `internals/` for one thing: a backup's weights taken into memory as
+`save_weights` reads them (`internals.keras_compile.weights_taken`).
 """

@@ -22,7 +22,7 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from trainer.rundir.checksum import SUFFIX, sha256
 
@@ -141,7 +141,16 @@ def copy_bytes(source: Path, target: Path) -> None:
     """`target` a new file with `source`'s bytes: `os.copy_file_range`, which a file system
     with reflinks (btrfs, XFS, APFS's clones aside) serves without copying, then
     `shutil.copyfile` where the call is missing or refused (another file system)."""
-    with open(source, "rb") as src, open(target, "wb") as dst:
+    with open(source, "rb") as src:
+        copy_open(src, target)
+
+
+def copy_open(src: BinaryIO, target: Path) -> None:
+    """`target` a new file with the bytes of `src`, a file open for reading (from its
+    start: a file renamed over its name since it was opened leaves these bytes as they
+    were), as `copy_bytes` copies them."""
+    src.seek(0)
+    with open(target, "wb") as dst:
         left = os.fstat(src.fileno()).st_size
         try:
             while left > 0:
@@ -153,4 +162,7 @@ def copy_bytes(source: Path, target: Path) -> None:
                 return
         except (AttributeError, OSError):
             pass
-    shutil.copyfile(source, target)
+        src.seek(0)
+        dst.seek(0)
+        dst.truncate()
+        shutil.copyfileobj(src, dst, 1 << 20)

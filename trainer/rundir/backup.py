@@ -8,9 +8,16 @@ and `state.json` with the epoch and the step within it. It is written under a te
 and renamed, so a directory named `ckpt-*` is always complete; the newest two are kept, and
 a latest one that does not load falls back to the one before, with a warning.
 
-A backup is committed once renamed into place; then, for a run directory at a URL, the
-URL is brought in step (`trainer.rundir.remote.committed`: nothing for a local directory),
-and the upload's time counts as the backup's.
+Only the state is taken in the step loop: the variables read into host memory (the next step
+changes them), or a copied checkpoint's file opened. The rest runs beside training, in the
+run's one background thread (`trainer.rundir.inflight`): the files written, their checksums,
+`state.json`, the rename, the old backups pruned, and for a run directory at a URL the upload
+(`trainer.rundir.remote.committed`: nothing for a local directory). A backup is complete,
+and the newest, only once all of that is done; the next backup, a stop, a recovery's
+restore and the run's end wait for it, and raise its failure (the store gone, a full disk)
+as the step loop raised it before. A crash in the middle leaves the backup before it as
+the newest. `BackupStore.seconds` counts the time the step loop spent: the state taken
+and the waits.
 
 At the end of an epoch whose best checkpoint was just written (the same state), the backup
 holds a copy of that `best.keras` (`model.keras`, with the checksum it was written with)
@@ -38,8 +45,10 @@ import keras
 import numpy as np
 
 from trainer.config.errors import ConfigError, Diverged
-from trainer.rundir.atomic import TMP, copy_bytes, write_json, written
+from trainer.internals.keras_compile import weights_taken
+from trainer.rundir.atomic import TMP, commit, copy_open, remove, temporary, write_json
 from trainer.rundir.checksum import read_beside, sha256, verify
+from trainer.rundir.inflight import InFlight
 from trainer.rundir.layout import CHECKPOINT, METRICS, RNG, STATE, WEIGHTS, RunDir
 from trainer.rundir.recover import Recovery
 from trainer.rundir.remote import by_url, committed
@@ -64,18 +73,29 @@ def _load_rng_states(model: keras.Model, path: Path) -> None:
         variable.assign(value)
 
 
-def _save_metrics(path: Path, variables: list) -> None:
-    """The metric variables' values (each replica's summed, as a cross-replica read gives
-    them) and their paths, which a restore checks against."""
-    np.savez(path, *[np.asarray(v.numpy()) for v in variables],
-             names=np.array([str(v.path) for v in variables], dtype=str))
-
-
 def _load_metrics(path: Path) -> tuple[tuple[str, ...], tuple[np.ndarray, ...]]:
     with np.load(path) as saved:
         names = tuple(str(n) for n in saved["names"])
         values = tuple(saved[f"arr_{i}"] for i in range(len(names)))
     return names, values
+
+
+class _CopyOf:
+    """Writes the bytes of an open file (a copy, never a link: `copy_open`); `close` closes
+    the file."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+
+    def __call__(self, path: Path) -> None:
+        copy_open(self.source, path)
+
+    def close(self) -> None:
+        self.source.close()
+
+
+def _written_as(write: Callable[[str], None]) -> Callable[[Path], None]:
+    return lambda path: write(str(path))
 
 
 @dataclass(frozen=True)
@@ -107,76 +127,139 @@ class BackupStore:
         self.directory = Path(directory)
         self.keep = keep
         self.meta = dict(meta or {})
-        self.seconds = 0.0  # spent writing backups
+        self.seconds = 0.0  # the step loop's: states taken, waits for a backup in flight
         # The training metrics' variables, kept by mid-epoch backups; None: none kept.
         self.metrics: Callable[[], list] | None = None
+        self.flight = InFlight()  # the backup being completed beside training
 
-    def save(self, model: keras.Model, epoch: int, step: int,
-             same_as: Path | None = None, history: dict | None = None) -> Path:
-        """Writes a backup of `model` at `epoch` (0-based) after `step` steps of it.
+    def save(self, model: keras.Model, epoch: int, step: int, same_as: Path | None = None,
+             history: dict | None = None, recovered: list | None = None) -> Path:
+        """Backs up `model` at `epoch` (0-based) after `step` steps of it; returns where the
+        backup goes once complete.
+
+        The model's state is taken now, into host memory (the next step changes it); the
+        rest (the files written, their checksums, `state.json`, the rename, the old backups
+        pruned, the upload where the run directory is at a URL) runs beside training
+        (`InFlight`), after the backup before it, which this call waits for first. `wait`
+        waits for it.
 
         `same_as` is a `.keras` checkpoint of this very state (with its `.sha256` beside
         it), copied instead of saved again; None writes the weights. `history` is the
         run's per-epoch metrics of its `epoch` whole epochs, kept in `state.json` (a rerun
-        that has nothing left to train reports them). A `backup/` directory removed
+        that has nothing left to train reports them), `recovered` the run's recoveries
+        from a loss blow-up (`trainer.rundir.recover`). A `backup/` directory removed
         meanwhile is made again (once).
+
+        Raises:
+            What the backup before it failed with in the background (a store gone: the
+            mirror's `Interrupted`; a full disk: `OSError`).
         """
         began = time.perf_counter()
         try:
-            try:
-                final = self._save(model, epoch, step, same_as, history)
-            except FileNotFoundError:
-                log.warning("%s vanished while a backup was written; writing it again",
-                            self.directory)
-                final = self._save(model, epoch, step, same_as, history)
-            committed(self.directory.parent)  # a run directory at a URL: it reaches it
+            self.flight.wait()  # at most one in flight; its failure is raised here
+            writes, state = self._capture(model, epoch, step, same_as)
+            state.update(self.meta)
+            if history is not None:
+                state["history"] = {k: list(v) for k, v in history.items()}
+            if recovered:
+                state["recovered"] = [dict(found) for found in recovered]
+            final = self.path(epoch, step)
+            self.flight.submit(lambda: self._complete(writes, final, state))
             return final
         finally:
             self.seconds += time.perf_counter() - began
+
+    def wait(self) -> None:
+        """Blocks until the backup in flight is complete (written, and uploaded where the run
+        directory is at a URL); raises its failure (see `save`)."""
+        began = time.perf_counter()
+        try:
+            self.flight.wait()
+        finally:
+            self.seconds += time.perf_counter() - began
+
+    def close(self, failed: bool = False) -> None:
+        """Waits for the backup in flight and ends its thread (the run's owner calls it);
+        with the run `failed` already, the backup's failure is logged, not raised."""
+        self.flight.close(failed)
 
     def path(self, epoch: int, step: int = 0) -> Path:
         """Where the backup at (`epoch`, `step`) is (`step` 0: the epoch's start)."""
         return self.directory / f"ckpt-{epoch:06d}-{step:09d}"
 
-    def _save(self, model: keras.Model, epoch: int, step: int, same_as: Path | None,
-              history: dict | None = None) -> Path:
-        final = self.path(epoch, step)
-        with written(final) as tmp:
-            tmp.mkdir()
-            sums = self._weights(model, tmp, same_as)
-            np.savez(tmp / RNG, *[v.numpy() for v in _rng_states(model)])
-            sums[RNG] = sha256(tmp / RNG)
-            if step > 0 and self.metrics is not None:
-                _save_metrics(tmp / METRICS, list(self.metrics()))
-                sums[METRICS] = sha256(tmp / METRICS)
-            state = {"epoch": epoch, "step": step, "sha256": sums, **self.meta}
-            if history is not None:
-                state["history"] = history
-            (tmp / STATE).write_text(json.dumps(state))
-        for old in self.backups()[self.keep:]:
-            if old != final:  # never the one just written
-                shutil.rmtree(old, ignore_errors=True)
-        return final
-
-    @staticmethod
-    def _weights(model: keras.Model, folder: Path, same_as: Path | None) -> dict[str, str]:
-        """The model's state into a new backup `folder`: a copy of `same_as` (a checkpoint
-        of this very state, with the checksum it was written with) where there is one, else
-        its weights saved; returns their checksums."""
+    def _capture(self, model: keras.Model, epoch: int, step: int, same_as: Path | None
+                 ) -> tuple[dict[str, Callable[[Path], None]], dict]:
+        """The model's state, taken into host memory (or, for a copy of `same_as`, its file
+        opened: a checkpoint renamed over it later leaves these bytes); returns what writes
+        each of the backup's files, and the `state.json` begun (a copy's checksum is the
+        one it was written with)."""
+        writes, sums = {}, {}
         digest = read_beside(same_as) if same_as is not None else None
         if digest is not None:
-            copy_bytes(same_as, folder / CHECKPOINT)  # a file of its own, never a link
-            return {CHECKPOINT: digest}  # as written: a damaged source is found in the copy
-        model.save_weights(folder / WEIGHTS)
-        return {WEIGHTS: sha256(folder / WEIGHTS)}
+            source = open(same_as, "rb")  # noqa: SIM115 - closed once the backup is written
+            writes[CHECKPOINT] = _CopyOf(source)
+            sums[CHECKPOINT] = digest  # as written: a damaged source is found in the copy
+        else:
+            writes[WEIGHTS] = _written_as(weights_taken(model))
+        rng = [np.array(v.numpy(), copy=True) for v in _rng_states(model)]
+        writes[RNG] = lambda path: np.savez(path, *rng)
+        if step > 0 and self.metrics is not None:
+            variables = list(self.metrics())  # each replica's summed, as a cross-replica
+            values = [np.array(v.numpy(), copy=True) for v in variables]  # read gives it
+            names = np.array([str(v.path) for v in variables], dtype=str)
+            writes[METRICS] = lambda path: np.savez(path, *values, names=names)
+        return writes, {"epoch": epoch, "step": step, "sha256": sums}
+
+    def _complete(self, writes: dict[str, Callable[[Path], None]], final: Path,
+                  state: dict) -> None:
+        """The backup's slow part (in the background): its files written under a
+        temporary name (made again, once, where `backup/` was removed meanwhile), their
+        checksums and `state.json`, the rename into place, the old backups pruned, then,
+        for a run directory at a URL, the upload (`committed`)."""
+        tmp = temporary(final)
+        try:
+            try:
+                self._write(writes, tmp, state)
+            except FileNotFoundError:
+                log.warning("%s vanished while a backup was written; writing it again",
+                            self.directory)
+                self._write(writes, tmp, state)
+            commit(tmp, final)
+        except BaseException:
+            remove(tmp)
+            raise
+        finally:
+            for write in writes.values():
+                getattr(write, "close", lambda: None)()  # a copy's source file
+        for old in self._found()[self.keep:]:
+            if old != final:  # never the one just written
+                shutil.rmtree(old, ignore_errors=True)
+        committed(self.directory.parent)  # a run directory at a URL: it reaches it
+
+    @staticmethod
+    def _write(writes: dict[str, Callable[[Path], None]], tmp: Path, state: dict) -> None:
+        """The backup's files into the folder `tmp` (made anew), `state.json` last."""
+        remove(tmp)
+        tmp.mkdir(parents=True)
+        sums = state["sha256"]
+        for name, write in writes.items():
+            write(tmp / name)
+            if name not in sums:  # a copy's is the one it was written with
+                sums[name] = sha256(tmp / name)
+        (tmp / STATE).write_text(json.dumps(state))
 
     def prune(self, keep: int) -> None:
-        """Removes all but the newest `keep` backups."""
+        """Removes all but the newest `keep` backups (the one in flight complete first)."""
         for old in self.backups()[keep:]:
             shutil.rmtree(old, ignore_errors=True)
 
     def backups(self) -> list[Path]:
-        """Complete backups, newest first."""
+        """Complete backups, newest first (the one in flight once complete)."""
+        self.wait()
+        return self._found()
+
+    def _found(self) -> list[Path]:
+        """The backups in place, newest first."""
         if not self.directory.is_dir():
             return []
         return sorted(self.directory.glob("ckpt-*"), reverse=True)
@@ -400,7 +483,8 @@ class Backup(keras.callbacks.Callback):
                 # next epoch and that end would never run.
                 self._stop_at_end = True
                 return
-            self.store.save(self.model, self.epoch, step, history=self.history)
+            self._save(self.epoch, step)
+            self.store.wait()  # the stop's backup complete (uploaded) before the exit
             self.interrupted = True
             self.model.stop_training = True
             # Out of fit at once: `stop_training` alone would still run the epoch's whole
@@ -408,7 +492,7 @@ class Backup(keras.callbacks.Callback):
             raise StopNow(f"stopped at epoch {self.epoch + 1}, step {step}")
         elif self.every and step % self.every == 0:
             self._check(logs, step)
-            self.store.save(self.model, self.epoch, step, history=self.history)
+            self._save(self.epoch, step)
         elif step % self.check_every == 0 or (
                 self.recovery.on and batch + 1 == (self.params or {}).get("steps")):
             # with recovery on, the epoch's last step too: its end would only stop the run
@@ -423,12 +507,19 @@ class Backup(keras.callbacks.Callback):
             same = None
             if self.best is not None and self.best.saved_epoch == epoch:
                 same = Path(self.best.filepath)
-            self.store.save(self.model, epoch + 1, 0, same_as=same, history=self.history)
+            self._save(epoch + 1, 0, same_as=same)
             self.ended.add(epoch + 1)
         if self._stop_at_end:  # asked at the last step: stopped now, the epoch's end done
             self._stop_at_end = False
+            self.store.wait()  # the stop's backup complete (uploaded) before the exit
             self.interrupted = True
             self.model.stop_training = True
+
+    def _save(self, epoch: int, step: int, same_as: Path | None = None) -> None:
+        """A backup at (`epoch`, `step`), with the history and the recoveries so far (a
+        resumed run's summary names them)."""
+        self.store.save(self.model, epoch, step, same_as=same_as, history=self.history,
+                        recovered=self.recovery.recovered)
 
     def _check(self, logs, step: int | None) -> None:
         """Raises `Diverged` where the training loss is not finite; at an epoch's end (step

@@ -6,8 +6,9 @@ directory where `TRAINER_SCRATCH` is unset). Before the run starts (its lease he
 `trainer.rundir.lease`), the mirror is made an exact copy of what the URL holds (`pull`),
 so the rules of a local run directory (refuse a finished run, a changed config, resume from
 the newest backup) run on it unchanged. After every backup (`committed`, called by
-`trainer.rundir.backup.BackupStore.save` once the backup is renamed into place) and at the
-run's end, the files that changed are uploaded (`push`):
+`trainer.rundir.backup.BackupStore` once the backup is renamed into place, in the thread
+that completes backups beside training) and at the run's end, the files that changed are
+uploaded (`push`):
 
 - each file is one object, PUT whole: an object store's PUT (a multipart upload too) makes
   the object appear complete or not at all, never half written;
@@ -207,17 +208,23 @@ def _local_files(root: Path) -> dict[str, tuple[int, int]]:
     """The mirror's files (relative path -> size and modification time), without the
     local lock, the temporary names a write in progress uses, and `input_cache/` (a
     machine's own decoded copy of the data, which tf.data writes while it reads and builds
-    again where it is missing)."""
+    again where it is missing). A push runs beside training (`trainer.rundir.inflight`), so
+    a file or folder removed while they are listed is left out, not an error."""
     found = {}
-    for path in root.rglob("*"):
-        rel = path.relative_to(root).as_posix()
-        if rel in (LOCK, LEASE) or rel.startswith(f"{LOCAL_ONLY}/") or any(
-                part.startswith(TMP) or (part.startswith(".") and part.endswith(".tmp"))
-                for part in rel.split("/")):
-            continue
-        if path.is_file():
-            stat = path.stat()
-            found[rel] = (stat.st_size, stat.st_mtime_ns)
+    for folder, _, names in os.walk(root):  # a folder gone meanwhile: skipped
+        for name in names:
+            path = Path(folder) / name
+            rel = path.relative_to(root).as_posix()
+            if rel in (LOCK, LEASE) or rel.startswith(f"{LOCAL_ONLY}/") or any(
+                    part.startswith(TMP) or (part.startswith(".") and part.endswith(".tmp"))
+                    for part in rel.split("/")):
+                continue
+            try:
+                stat = path.stat()
+            except FileNotFoundError:
+                continue
+            if path.is_file():
+                found[rel] = (stat.st_size, stat.st_mtime_ns)
     return found
 
 
@@ -334,8 +341,7 @@ class Mirror:
                       key=lambda rel: (not _is_marker(rel), rel))
         try:
             for rel in order:
-                self.fs.put_file(str(self.root / rel), self._key(rel))
-                self.sent[rel] = files[rel]
+                self._put(rel, files[rel])
             for rel in gone:
                 self.fs.rm_file(self._key(rel))
                 del self.sent[rel]
@@ -344,6 +350,18 @@ class Mirror:
             raise Interrupted(f"{explain(error, self.url)}; the run stopped, and the last "
                               f"backup that reached {self.url} is kept: rerun the same "
                               "command to resume from it") from None
+
+
+    def _put(self, rel: str, signature: tuple[int, int]) -> None:
+        """Uploads one file of the mirror, whole; one the run removed while the push ran
+        (a checkpoint `keep_best` dropped) is left for the next push to reckon with."""
+        try:
+            self.fs.put_file(str(self.root / rel), self._key(rel))
+        except FileNotFoundError:
+            if (self.root / rel).exists():
+                raise  # the store's, not the mirror's
+            return
+        self.sent[rel] = signature
 
 
 # The mirrors of this process's runs: the local mirror's real path -> its Mirror.

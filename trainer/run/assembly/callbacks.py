@@ -336,6 +336,7 @@ class HandOff(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if epoch + 1 not in self.backup.ended:  # no backup of this epoch's end
             return
+        self.backup.store.wait()  # that backup complete, in its place
         saved = self.backup.store.path(epoch + 1)
         source = next((saved / n for n in (CHECKPOINT, WEIGHTS) if (saved / n).is_file()),
                       None)

@@ -23,11 +23,13 @@ log = logging.getLogger(__name__)
 class Start:
     """Where training starts: (epoch, step in epoch), the per-epoch metrics of the epochs
     done before it, and the training metrics' state at that step (None at an epoch's start,
-    for an older backup, or one shared by the chief of a multi-worker run)."""
+    for an older backup, or one shared by the chief of a multi-worker run), and the
+    recoveries from a loss blow-up made before it (`checkpoint.recover`)."""
 
     at: tuple[int, int] = (0, 0)
     history: dict[str, list] | None = None
     metrics: tuple | None = None
+    recovered: tuple = ()
 
 
 def restore_backup(checked: Checked, run: Run, run_dir: Path) -> Start:
@@ -59,4 +61,5 @@ def restore_backup(checked: Checked, run: Run, run_dir: Path) -> Start:
         log.warning("resuming from %s: epoch %d, step %d", point.path, point.epoch + 1,
                     point.step)
     done = {k: list(v)[:at[0]] for k, v in point.state.get("history", {}).items()}
-    return Start(at, done, point.metrics if at[1] else None)
+    return Start(at, done, point.metrics if at[1] else None,
+                 tuple(point.state.get("recovered", ())))
