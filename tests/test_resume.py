@@ -25,7 +25,7 @@ from tests.test_fault_tolerance import _damage_the_middle
 from trainer.config.errors import ConfigError, Interrupted
 from trainer.evaluate import load_checkpoint
 from trainer.run.train import train
-from trainer.rundir.backup import Backup, BackupStore, StopRequest, _load_metrics, _save_metrics
+from trainer.rundir.backup import Backup, BackupStore, StopRequest, _load_metrics, _metrics_taken
 from trainer.rundir.resume import check_global_batch, check_resume, flatten
 
 ELASTIC = ["optimizer=sgd_momentum_cosine", "optimizer.lr=0.05", "model.dropout=0.0",
@@ -413,7 +413,7 @@ def test_metric_state_assigned_across_replicas_reads_back_whole():
     assert float(mean.result()) == 4.0 and float(mean.variables[1].numpy()) == 4.0
     path = Path(os.environ.get("TMPDIR", "/tmp")) / f"metrics-{os.getpid()}.npz"
     try:
-        _save_metrics(path, mean.variables)
+        _metrics_taken(mean.variables)(path)
         saved = _load_metrics(path)
     finally:
         path.unlink(missing_ok=True)

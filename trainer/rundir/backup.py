@@ -73,6 +73,14 @@ def _load_rng_states(model: keras.Model, path: Path) -> None:
         variable.assign(value)
 
 
+def _metrics_taken(variables: list) -> Callable[[Path], None]:
+    """The training metrics' variables read now (each replica's summed, as a cross-replica
+    read gives it), and the writer of them as `metrics.npz`, for later."""
+    values = [np.array(v.numpy(), copy=True) for v in variables]
+    names = np.array([str(v.path) for v in variables], dtype=str)
+    return lambda path: np.savez(path, *values, names=names)
+
+
 def _load_metrics(path: Path) -> tuple[tuple[str, ...], tuple[np.ndarray, ...]]:
     with np.load(path) as saved:
         names = tuple(str(n) for n in saved["names"])
@@ -204,10 +212,7 @@ class BackupStore:
         rng = [np.array(v.numpy(), copy=True) for v in _rng_states(model)]
         writes[RNG] = lambda path: np.savez(path, *rng)
         if step > 0 and self.metrics is not None:
-            variables = list(self.metrics())  # each replica's summed, as a cross-replica
-            values = [np.array(v.numpy(), copy=True) for v in variables]  # read gives it
-            names = np.array([str(v.path) for v in variables], dtype=str)
-            writes[METRICS] = lambda path: np.savez(path, *values, names=names)
+            writes[METRICS] = _metrics_taken(list(self.metrics()))
         return writes, {"epoch": epoch, "step": step, "sha256": sums}
 
     def _complete(self, writes: dict[str, Callable[[Path], None]], final: Path,
