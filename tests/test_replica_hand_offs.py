@@ -9,10 +9,14 @@ import numpy as np
 import tensorflow as tf
 
 from trainer.distribute.multiworker import hold_first_replicas_weights, replica_sum
+from trainer.distribute.runtime import build_mirrored
 
 
 def _two_replicas() -> tf.distribute.MirroredStrategy:
-    return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    """trainer's MirroredStrategy, with collective keys of its own: a plain one here would
+    share key 100 with every other plain one in the test process, and a float64 sum under
+    it aborted the collectives of the next test's float32 step (tests/test_strategy.py)."""
+    return build_mirrored(("/cpu:0", "/cpu:1"), "collective")
 
 
 def test_every_replica_holds_the_first_replicas_batch_norm_statistics():
