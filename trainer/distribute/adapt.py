@@ -5,7 +5,7 @@ A model builder that names `train` adapts its preprocessing layers on the traini
 it: each other worker's builder receives a stand-in (one element of zeros, or empty strings,
 with the split's structure: no example of the split is read), and right after the build the
 chief's adapted state is sent to every worker through the strategy's own collectives
-(`replica_sum`, the chief's replica 0 alone contributing), then each layer refreshes what
+(`take_chiefs`: the chief's replica 0 alone contributing), then each layer refreshes what
 it derives from it (`finalize_state`).
 
 That works where every layer with `adapt` keeps its state in variables: Keras's
@@ -33,7 +33,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from trainer.distribute.multiworker import replica_sum
+from trainer.distribute.multiworker import take_chiefs
 from trainer.internals.keras_step import layers_within
 
 # Layers whose adapted state is all in their variables, so the chief's can be sent.
@@ -83,9 +83,7 @@ def send_adapted(strategy: Any, model: Any) -> None:
     variables = [v for layer in layers for v in layer.variables]
     if not variables:
         return
-    values = replica_sum(strategy, replica_zero_only=True)([v.value for v in variables])
-    for variable, value in zip(variables, values, strict=True):
-        variable.assign(tf.cast(value, variable.dtype))
+    take_chiefs(strategy, variables)
     for layer in layers:
         layer.finalize_state()
 

@@ -48,10 +48,7 @@ def share_from_chief(strategy: Any, model: keras.Model,
     shared = from_chief([tf.constant(found, tf.float64)])[0].numpy()
     if shared[0] == 0:
         return None
-    variables = list({id(v): v for v in [*model.variables, *model.optimizer.variables]}.values())
-    values = from_chief([v.value for v in variables])
-    for variable, value in zip(variables, values, strict=True):
-        variable.assign(tf.cast(value, variable.dtype))
+    take_chiefs(strategy, [*model.variables, *model.optimizer.variables])
     return ResumePoint(int(shared[1]), int(shared[2]),
                        point.path if point is not None else Path("the chief's backup"),
                        point.state if point is not None else {})
@@ -72,17 +69,26 @@ def hold_first_replicas_weights(strategy: Any, model: keras.Model) -> None:
 
     if strategy.num_replicas_in_sync == 1:
         return
-    weights = list({id(w): w for w in model.weights}.values())
     if strategy.num_replicas_in_sync == len(strategy.extended.worker_devices):
-        for weight in weights:  # this process holds every replica
-            copies = getattr(weight.value, "values", None)
-            if isinstance(weight.value, tf.distribute.DistributedValues) and len(copies) > 1:
-                for copy in copies[1:]:
-                    copy.assign(copies[0])
+        for weight in model.weights:  # this process holds every replica
+            if isinstance(weight.value, tf.distribute.DistributedValues):
+                first, *others = weight.value.values
+                for copy in others:
+                    copy.assign(first)
         return
-    values = replica_sum(strategy, replica_zero_only=True)([w.value for w in weights])
-    for weight, value in zip(weights, values, strict=True):
-        weight.assign(tf.cast(value, weight.dtype))
+    take_chiefs(strategy, model.weights)
+
+
+def take_chiefs(strategy: Any, variables: list) -> None:
+    """Assigns every replica of every worker the values the chief's first replica holds
+    (one all-reduce to which only it contributes). Every worker must call it at the same
+    place."""
+    import tensorflow as tf
+
+    variables = list({id(v): v for v in variables}.values())
+    values = replica_sum(strategy, replica_zero_only=True)([v.value for v in variables])
+    for variable, value in zip(variables, values, strict=True):
+        variable.assign(tf.cast(value, variable.dtype))
 
 
 # The traced sums of each strategy, by `replica_zero_only`: a run calls them several times
