@@ -18,7 +18,15 @@ from trainer.distribute.cluster import (
     lost_tasks,
     resolve_cluster,
 )
-from trainer.distribute.launch import describe_exit, ending, free_ports, tf_configs, worker_commands
+from trainer.distribute.launch import (
+    Launcher,
+    describe_exit,
+    ending,
+    first_cause,
+    free_ports,
+    tf_configs,
+    worker_commands,
+)
 from trainer.distribute.strategy import choose_strategy
 
 TWO = json.dumps({"cluster": {"worker": ["10.0.0.1:2222", "10.0.0.2:2222"]},
@@ -146,6 +154,29 @@ def test_launcher_cluster_and_commands(tmp_path):
     mine = worker_commands(1, ["strategy.name=multi_worker", "verbose=1"], "r", tmp_path)[0]
     assert "strategy=multi_worker" not in mine and "verbose=2" not in mine
     assert describe_exit(-9) == "SIGKILL" and describe_exit(4) == "exit code 4"
+
+
+def test_the_worker_that_stopped_the_cluster_is_named_not_the_one_that_lost_it():
+    assert first_cause([(0, 4), (1, -9)]) == (1, -9)
+    assert first_cause([(0, 4)]) == (0, 4)
+    assert first_cause([(0, 1), (1, -9)]) == (0, 1)
+
+
+def test_a_killed_worker_reaped_after_the_peer_it_left_is_still_the_cause():
+    import io
+    import os
+    import signal
+    import sys
+
+    # worker 0 notices the loss first (exit 4); worker 1's SIGKILL shows half a second later
+    commands = [[sys.executable, "-c", "import sys; sys.exit(4)"],
+                [sys.executable, "-c", "import os, signal, time; time.sleep(0.5); "
+                                       "os.kill(os.getpid(), signal.SIGKILL)"]]
+    out = io.StringIO()
+    launcher = Launcher(commands, [dict(os.environ)] * 2, grace=5, out=out)
+    launcher.start()
+    assert launcher.wait() == 128 + signal.SIGKILL
+    assert "[launch] worker 1 stopped with SIGKILL; stopping the others" in out.getvalue()
 
 
 @pytest.mark.parametrize("args, line", [

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-from trainer.config.errors import EXIT_CONFIG
+from trainer.config.errors import EXIT_CONFIG, EXIT_WORKER_LOST
 from trainer.distribute.rendezvous import IN_USE
 from trainer.distribute.restarts import (
     PROGRESS,
@@ -55,6 +55,7 @@ from trainer.distribute.restarts import (
 )
 
 EXIT_SIGINT = 130
+SETTLE = 3.0  # seconds a lost peer's own end may take to show (see Launcher._cause)
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -140,6 +141,12 @@ def _child_setup():
     return setup
 
 
+def first_cause(failed: list[tuple[int, int]]) -> tuple[int, int]:
+    """Of the workers that failed, `(index, code)` of the one that stopped the cluster: one
+    that did not merely lose a peer (exit code 4), else the first."""
+    return next(((i, c) for i, c in failed if c != EXIT_WORKER_LOST), failed[0])
+
+
 def describe_exit(code: int) -> str:
     """`exit code 4`, or `SIGKILL` for a worker killed by a signal."""
     if code < 0:
@@ -215,7 +222,7 @@ class Launcher:
             failed = [(i, c) for i, c in enumerate(codes[:self.workers])
                       if c not in (None, 0)]
             if first is None and failed:
-                first = failed[0]
+                first = self._cause(failed)
                 self.say(f"[launch] worker {first[0]} stopped with {describe_exit(first[1])}; "
                          "stopping the others")
                 patience = 0.0 if first[1] == EXIT_CONFIG else self.grace
@@ -229,6 +236,18 @@ class Launcher:
         if first is None:
             return 0
         return first[1] if first[1] > 0 else 128 - first[1]
+
+    def _cause(self, failed: list[tuple[int, int]]) -> tuple[int, int]:
+        """The worker whose end stopped the cluster. A worker that lost a peer (exit code 4)
+        may be seen before the peer it lost (a killed process takes a moment to be reaped):
+        the others get up to `SETTLE` seconds to show how they ended."""
+        deadline = time.monotonic() + SETTLE
+        while all(code == EXIT_WORKER_LOST for _, code in failed) and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+            codes = [p.poll() for p in self.procs[:self.workers]]
+            failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+        return first_cause(failed)
 
     def _evaluator_ended(self, codes: list[int | None]) -> bool:
         """Says once that the evaluator ended with a failure (the workers go on)."""

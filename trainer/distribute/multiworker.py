@@ -103,8 +103,8 @@ def replica_sum(strategy: Any, replica_zero_only: bool = False):
     (exact for floats and for integers below 2**53). With `replica_zero_only`, only replica
     0 (on the chief) contributes: the chief's values, handed to every worker. The tensors
     travel packed in one vector (one collective, not one per tensor), and the function is
-    traced once per strategy and set of shapes, so calling it often (the stop vote) costs
-    one small collective.
+    traced once per strategy (any number and shapes of tensors: they are packed outside
+    it), so calling it often (the stop vote) costs one small collective and never a trace.
     """
     import tensorflow as tf
 
@@ -112,25 +112,25 @@ def replica_sum(strategy: Any, replica_zero_only: bool = False):
     if replica_zero_only in kept:
         return kept[replica_zero_only]
 
-    @tf.function
-    def total(tensors):
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float64)])
+    def total(flat):
         def replica_fn():
             context = tf.distribute.get_replica_context()
             keep = (tf.equal(context.replica_id_in_sync_group, 0) if replica_zero_only
                     else tf.constant(True))
-            flat = tf.concat([tf.reshape(tf.cast(t, tf.float64), [-1]) for t in tensors], 0)
             # tf.where (not the tensor itself) makes it a value of this replica.
-            flat = context.all_reduce("sum", tf.where(keep, flat, tf.zeros_like(flat)))
-            parts = tf.split(flat, [tf.size(t) for t in tensors])
-            return [tf.reshape(part, tf.shape(t)) for part, t in zip(parts, tensors,
-                                                                      strict=True)]
+            return context.all_reduce("sum", tf.where(keep, flat, tf.zeros_like(flat)))
 
         return strategy.run(replica_fn)
 
     def run(tensors: list) -> list:
         if not tensors:  # a model with no weights: an all-reduce of nothing fails
             return []
-        return [strategy.experimental_local_results(v)[0] for v in total(list(tensors))]
+        tensors = [tf.convert_to_tensor(t) for t in tensors]
+        flat = tf.concat([tf.reshape(tf.cast(t, tf.float64), [-1]) for t in tensors], 0)
+        flat = strategy.experimental_local_results(total(flat))[0]
+        parts = tf.split(flat, [int(tf.size(t)) for t in tensors])
+        return [tf.reshape(part, t.shape) for part, t in zip(parts, tensors, strict=True)]
 
     kept[replica_zero_only] = run
     return run
