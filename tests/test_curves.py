@@ -67,6 +67,16 @@ def test_drawing_takes_a_bounded_share_of_the_run(tmp_path):
     assert read_curves(spaced.path)["best_epoch"] == 3
 
 
+def test_a_runs_first_seconds_draw_at_no_epochs_end(tmp_path):
+    history = {"loss": [1.0]}
+    young = Curves(tmp_path, lambda: history, "loss", "min", spacing=0, first=1e6)
+    young.on_train_begin()
+    for epoch in range(3):
+        young.on_epoch_end(epoch)
+    assert young.drawings == 0 and not young.path.exists()
+    assert young.draw(history) is not None and young.drawings == 1  # the run's end, or a stop
+
+
 def _points(run_dir, history):
     drawn = read_curves(run_dir / "curves.png")
     assert set(drawn["history"]) == {"loss", "accuracy", "val_loss", "val_accuracy"}
@@ -76,10 +86,11 @@ def _points(run_dir, history):
 
 def test_a_killed_run_and_its_resume_have_curves_one_point_per_epoch(tiny_config, tmp_path,
                                                                       monkeypatch):
-    # After its first drawing, no epoch's end may draw: the run's end draws the rest.
+    # No epoch's end draws (the run is younger than Curves.FIRST): the stop draws its
+    # backup's epochs, and the resumed run's end the rest.
     monkeypatch.setattr(Curves, "SPACING", 1e9)
     config = ("accelerator=cpu", "devices=1", "epochs=3")
-    with pytest.raises(Interrupted):  # stopped in epoch 2: epoch 1 was drawn at its end
+    with pytest.raises(Interrupted):  # stopped in epoch 2: epoch 1 drawn at the stop
         train(tiny_config(*config), run_dir=tmp_path, callbacks=[SigtermAt(1, 3)])
     state = json.loads(next((tmp_path / "backup").glob("ckpt-*/state.json")).read_text())
     drawn = _points(tmp_path, state["history"])

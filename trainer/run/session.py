@@ -174,6 +174,8 @@ class Session:
         callbacks = self.callbacks
         self._trackers_done = True
         if callbacks.backup.interrupted:
+            if run.is_chief:  # what its epochs' ends left undrawn: the backup's epochs
+                callbacks.curves.draw(callbacks.curves.history())
             finish_trackers(list(callbacks.trackers), None, "KILLED")
             raise stopped(run, callbacks.backup, self.request, self.run_dir)
         report["loggers"] = logged_to(callbacks.trackers, self.run_dir)

@@ -124,10 +124,13 @@ class Curves(keras.callbacks.Callback):
     """Draws `RUN_DIR/curves.png` at each epoch's end, after the backup (`history()` is the
     backup's per-epoch history, this epoch's included), and once more by `draw` at the end.
 
-    A drawing costs 0.1 to 0.3 s. Drawing takes at most 1/`spacing` of a run's time: after
+    A drawing costs 0.1 to 0.6 s. Drawing takes at most 1/`spacing` of a run's time: after
     a drawing that took t seconds, epochs ending in the next (`spacing` - 1) x t seconds
     are not drawn (epochs of a few seconds and more are all drawn), and the run's end draws
-    whatever was skipped. A picture that cannot be drawn is a warning: it never stops a run.
+    whatever was skipped. Epochs ending in a run's first `first` seconds of training are not
+    drawn either: a run that short ends (or stops, which draws too) before a picture at an
+    epoch's end would help anyone, and a drawing per epoch would be a sixth of its time. A
+    picture that cannot be drawn is a warning: it never stops a run.
 
     Args:
         run_dir: the run directory.
@@ -135,20 +138,26 @@ class Curves(keras.callbacks.Callback):
         monitor: the best checkpoint's `checkpoint.monitor`, None where none is kept.
         mode: `min` or `max` for `monitor`.
         spacing: see above; 0 draws at every epoch's end; None: `SPACING`.
+        first: see above; None: `FIRST`.
     """
 
     SPACING = 10.0
+    FIRST = 30.0
 
     def __init__(self, run_dir: Path, history: Any, monitor: str | None, mode: str | None,
-                 spacing: float | None = None) -> None:
+                 spacing: float | None = None, first: float | None = None) -> None:
         super().__init__()
         self.path = RunDir(run_dir).curves
         self.history, self.monitor, self.mode = history, monitor, mode
         self.spacing = self.SPACING if spacing is None else spacing
+        self.first = self.FIRST if first is None else first
         self.seconds = 0.0  # spent drawing (matplotlib's import left out)
         self.drawings = 0
         self._next = 0.0  # perf_counter before which an epoch's end does not draw
         self._drawn: dict | None = None  # the history last drawn
+
+    def on_train_begin(self, logs=None):
+        self._next = max(self._next, time.perf_counter() + self.first)
 
     def on_epoch_end(self, epoch, logs=None):
         if time.perf_counter() >= self._next:
