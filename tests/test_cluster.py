@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -162,9 +163,48 @@ def test_the_worker_that_stopped_the_cluster_is_named_not_the_one_that_lost_it()
     assert first_cause([(0, 1), (1, -9)]) == (0, 1)
 
 
+# What a worker printed when its peer was SIGKILLed (two runs: the heartbeat noticed first,
+# or the connection reset), then its own line and a line of the user's that merely looks alike.
+PEER_LOST = """\
+E0000 00:00:1795880400.468393   24754 base_collective_executor.cc:252] BaseCollectiveExecutor::StartAbort UNAVAILABLE: Error reported from /job:worker/task:1: The following tasks are unhealthy (stopped sending heartbeats):
+/job:worker/replica:0/task:1
+The tasks have crashed. Check the task logs for an earlier error, or scheduler events (e.g. preemption, eviction) to debug further. [type.googleapis.com/tensorflow.CoordinationServiceError='x']
+E0000 00:00:1795880443.274097   26486 ring_alg.cc:291] Aborting RingReduce with UNAVAILABLE: recvmsg:Connection reset by peer
+Additional GRPC error information from remote target /job:worker/replica:0/task:1 while calling /tensorflow.WorkerService/RecvBuf:
+:UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:"recvmsg:Connection reset by peer"}
+The error could be from a previous operation. Restart your program to reset. [type.googleapis.com/tensorflow.DerivedStatus='']
+error: lost worker 1 (127.0.0.1:48997): it stopped responding during epoch 2; this worker stopped
+/job:worker/replica:0/task:1
+"""  # noqa: E501 - as TensorFlow wrote them
+
+
+@pytest.mark.parametrize("everything", [False, True])
+def test_a_workers_records_of_a_lost_peer_are_left_out_of_the_launchers_output(
+        tmp_path, monkeypatch, everything):
+    import io
+    import sys
+
+    if everything:
+        monkeypatch.setenv("TRAINER_TF_LOGS", "1")
+    else:
+        monkeypatch.delenv("TRAINER_TF_LOGS", raising=False)
+    (tmp_path / "lines.txt").write_text(PEER_LOST)
+    out = io.StringIO()
+    launcher = Launcher([[sys.executable, "-c", "import sys; sys.stdout.write(open(sys.argv[1])"
+                          ".read())", str(tmp_path / "lines.txt")]], [dict(os.environ)], out=out)
+    launcher.start()
+    assert launcher.wait() == 0
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("[worker 0]")]
+    if everything:
+        assert len(lines) == len(PEER_LOST.splitlines())
+    else:
+        assert lines == ["[worker 0] error: lost worker 1 (127.0.0.1:48997): it stopped "
+                         "responding during epoch 2; this worker stopped",
+                         "[worker 0] /job:worker/replica:0/task:1"]
+
+
 def test_a_killed_worker_reaped_after_the_peer_it_left_is_still_the_cause():
     import io
-    import os
     import signal
     import sys
 

@@ -99,6 +99,9 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_an_uninterrupted_one(
                       r"every worker starts again from (ckpt-000001-\d+)", output)
     assert len(said) == 1 and said[0][0] == "1", output[-3000:]
     assert output.count("[launch] 2 workers on") == 2
+    # a survivor's own line says which peer it lost: none of TensorFlow's records of it
+    assert not re.search(r"^\[worker \d\] ([EW]\d{4} |/job:)", output, re.M), output[-3000:]
+    assert "retracing" not in output
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["restarts"]["count"] == 1
     assert summary["restarts"]["steps_trained_again"] >= 0

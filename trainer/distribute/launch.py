@@ -53,6 +53,7 @@ from trainer.distribute.restarts import (
     restart_refusal,
     steps_again,
 )
+from trainer.internals.tf_start import SWITCH, PeerLossLines
 
 EXIT_SIGINT = 130
 SETTLE = 3.0  # seconds a lost peer's own end may take to show (see Launcher._cause)
@@ -203,10 +204,17 @@ class Launcher:
         return f"worker {index}" if index < self.workers else "evaluator"
 
     def _relay(self, index: int, proc: subprocess.Popen) -> None:
+        """Prefixes and passes on a worker's lines, but for TensorFlow's records of a lost
+        peer (the worker's own line says which, and how to resume; `TRAINER_TF_LOGS=1`
+        keeps them)."""
         assert proc.stdout is not None
+        peer_loss = PeerLossLines()
+        everything = os.environ.get(SWITCH) == "1"
         for raw in iter(proc.stdout.readline, b""):
             text = raw.decode("utf-8", errors="replace").rstrip("\n")
             for part in text.split("\r"):
+                if peer_loss.is_noise(part) and not everything:
+                    continue
                 if part.strip():
                     self.port_taken = self.port_taken or IN_USE in part
                     self.say(f"[{self.label(index)}] {part}")

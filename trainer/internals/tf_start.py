@@ -19,6 +19,8 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+SWITCH = "TRAINER_TF_LOGS"  # =1: every line TensorFlow writes is shown
+
 # C++ log lines (`I0000 00:00:... file.cc:NN] ...`) from the files that print start-up notices.
 NOISE = re.compile(
     r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to "
@@ -28,6 +30,39 @@ NOISE = re.compile(
     r"\.cc:\d+\] .*"
     r"|To enable the following instructions: .* in other operations, rebuild TensorFlow with "
     r"the appropriate compiler flags\.)$")
+
+
+# What a worker's TensorFlow writes when a peer of its cluster is lost: the collective's and
+# the coordination service's C++ error records, each followed by lines of the status it
+# carries (the peer's name, gRPC's detail). The worker's own line names the peer and says
+# how to resume; these ask nothing more of the user.
+PEER_LOSS = re.compile(
+    r"^[EW]\d{4} [\d:.]+\s+\d+ (ring_alg|base_collective_executor|coordination_service_agent|"
+    r"coordination_service|collective_rma_distributed|collective_param_resolver_distributed|"
+    r"hierarchical_tree_broadcaster|permuter)\.cc:\d+\] ")
+PEER_LOSS_CONTINUED = re.compile(
+    r"^(Additional GRPC error information from remote target "
+    r"|:[A-Z_]+:Error received from peer "
+    r"|/job:\w+/replica:\d+/task:\d+$"
+    r"|The tasks have crashed\. "
+    r"|The error could be from a previous operation\. )")
+
+
+class PeerLossLines:
+    """Tells a worker's lines about a lost peer (`PEER_LOSS` records and the status lines
+    that continue them) from the rest, line by line, as they arrive."""
+
+    def __init__(self) -> None:
+        self._in_record = False
+
+    def is_noise(self, line: str) -> bool:
+        """Whether `line` is part of a peer-loss record."""
+        line = line.rstrip("\n")
+        if PEER_LOSS.match(line):
+            self._in_record = True
+        elif not (self._in_record and PEER_LOSS_CONTINUED.match(line)):
+            self._in_record = False
+        return self._in_record
 
 
 def is_noise(line: str) -> bool:

@@ -36,11 +36,9 @@ from trainer.config.errors import (
     WorkerLost,
 )
 from trainer.config.messages import one_line
-from trainer.internals.tf_start import stderr_filtered
+from trainer.internals.tf_start import SWITCH, stderr_filtered
 from trainer.rundir.remote import shown
 from trainer.track.sweep import TrialFailed
-
-SWITCH = "TRAINER_TF_LOGS"
 
 
 def tensorflow_started() -> None:
