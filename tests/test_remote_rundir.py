@@ -791,6 +791,28 @@ def test_an_evaluator_beside_workers_at_a_url_is_one_line():
             pass
 
 
+def test_the_evaluator_task_at_a_url_is_refused_by_the_one_rule(tmp_path, monkeypatch):
+    """`TF_CONFIG`'s evaluator task with the run directory at a URL (named on the command
+    line, or by a config file) meets the refusal `at_url` writes, before any store is
+    reached: one line, exit 2."""
+    described = {"cluster": {"worker": ["127.0.0.1:1"], "evaluator": ["127.0.0.1:2"]},
+                 "task": {"type": "evaluator", "index": 0}}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(described))
+    own = tmp_path / "conf" / "experiment"
+    own.mkdir(parents=True)
+    (own / "at_url.yaml").write_text("# @package _global_\nhydra:\n  run:\n"
+                                     "    dir: s3://runs/exp\n")
+    for args, url in ((["hydra.run.dir=s3://runs/r"], "s3://runs/r"),
+                      (["--config-dir", str(tmp_path / "conf"), "experiment=at_url"],
+                       "s3://runs/exp")):
+        done = run_main(*args, *TINY, cwd=tmp_path)
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert error_lines(done.stderr) == [
+            f"error: an evaluator beside the workers reads the run directory as files the "
+            f"chief writes (a shared file system), not at a URL ({url}); use a shared "
+            "directory, or no evaluator"]
+
+
 def test_a_file_named_by_hydras_run_time_output_dir_lands_at_the_url(s3, tmp_path):
     """`${hydra:runtime.output_dir}` is the URL's local mirror, uploaded with the run."""
     done = run_main(*TINY, "model=small", "+callbacks.csv._target_=keras.callbacks.CSVLogger",
