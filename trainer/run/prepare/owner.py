@@ -43,8 +43,9 @@ class Owner:
         lock: the run directory's lock, this run's alone (None: another worker's run).
         fresh: `(directory, topmost directory created)` for each directory this start
             created (`trainer.rundir.fresh.Fresh`).
-        place: the run's place at a URL, which its backups reach and its messages name
-            (`trainer.rundir.remote.RunPlace`); None: a local run directory.
+        place: the run's place, which its backups reach and its messages name
+            (`trainer.rundir.remote.RunPlace`: the local folder, or a URL's mirror and
+            lease); None: another worker's run, which writes no run directory.
         session: the run's session once it exists (see `adopt`).
     """
 

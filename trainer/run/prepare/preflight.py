@@ -135,7 +135,7 @@ def preflight(cfg: DictConfig, logs: str | Path | None = None,
         choices: the config groups' choices (`{"model": "cnn"}`); None reads Hydra's job.
         environ: the environment that describes a cluster (`TF_CONFIG`, SLURM's).
         at: the run's place at a URL (`trainer.run.prepare.at_url`), which its owner holds;
-            None: a local run directory.
+            None: the local run directory is its place.
 
     Returns:
         The `Checked` run.
@@ -167,7 +167,7 @@ def preflight(cfg: DictConfig, logs: str | Path | None = None,
     lock = acquire(place)
     if lock.created is not None:
         fresh.append((place, lock.created))
-    owner = Owner(lock, fresh, at)
+    owner = Owner(lock, fresh, at if at is not None else RunPlace(place))  # a local folder
     try:
         refuse_finished_run(place, resume=spec.resume is not None)
         if spec.tune is not None and is_run_dir(place):
