@@ -390,10 +390,6 @@ class RunPlace:
         """What the user named: the URL, or the local folder."""
         return self.mirror.url if self.mirror is not None else str(self.root)
 
-    @property
-    def at_url(self) -> bool:
-        return self.mirror is not None
-
     def committed(self) -> None:
         """A backup in `root` is complete: where the chief mirrors a URL, the URL is
         brought in step (nothing for a local folder, or another worker's mirror)."""
