@@ -454,3 +454,47 @@ def test_the_private_names_check_sees_each_kind_of_contact_and_the_list_is_used(
                      if name.startswith(f"{ROOM}."))
     prefixes, attributes = _private_names()
     assert [n for n in (*prefixes, *attributes) if n not in room] == []
+
+
+# The modules of a run's place (a run directory at a URL): the place is one object, opened
+# once per command and passed to what writes or names the run, never a process-wide table.
+PLACE_MODULES = ("rundir/remote.py", "rundir/lease.py", "rundir/backup.py",
+                 "run/prepare/at_url.py")
+MUTABLE_CALLS = {"dict", "list", "set", "defaultdict", "OrderedDict", "WeakValueDictionary",
+                 "WeakKeyDictionary"}
+
+
+def _registries(source: str, where: str) -> list[str]:
+    """Module-level names bound to a mutable dict, list or set (a registry of the process),
+    outside UPPER_CASE constants and `__all__`; and any `global` statement."""
+    found = []
+    for node in ast.parse(source).body:
+        targets = (node.targets if isinstance(node, ast.Assign) else
+                   [node.target] if isinstance(node, ast.AnnAssign) and node.value else [])
+        value = getattr(node, "value", None)
+        called = getattr(getattr(value, "func", None), "id", None) or getattr(
+            getattr(value, "func", None), "attr", None)
+        mutable = isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp,
+                                     ast.SetComp)) or (isinstance(value, ast.Call)
+                                                       and called in MUTABLE_CALLS)
+        found += [f"{where}:{node.lineno} {t.id}" for t in targets
+                  if mutable and isinstance(t, ast.Name) and not t.id.isupper()
+                  and not t.id.startswith("__")]  # `__all__`: what the module exports
+    found += [f"{where}:{n.lineno} global" for n in ast.walk(ast.parse(source))
+              if isinstance(n, ast.Global)]
+    return found
+
+
+def test_the_run_place_keeps_no_process_wide_registry():
+    """Backups reach the URL and messages name it through the run's place, passed to them
+    (`trainer.rundir.remote.RunPlace`); a module-level table of mirrors would come back as
+    a mutable dict or list bound at the top of one of these modules."""
+    assert [r for rel in PLACE_MODULES
+            for r in _registries((PACKAGE / rel).read_text(), rel)] == []
+
+
+def test_the_registry_check_sees_a_planted_table():
+    planted = ("PACKAGES = {'s3': 's3fs'}\n_mirrors: dict[str, int] = {}\n_names = dict()\n"
+               "seen = []\ndef f():\n    global seen\n")
+    assert [r.split(" ")[1] for r in _registries(planted, "planted")] == [
+        "_mirrors", "_names", "seen", "global"]

@@ -592,13 +592,12 @@ def test_a_backup_uploads_beside_training_and_is_the_newest_only_once_uploaded(
 
     from trainer.config.errors import Interrupted
     from trainer.rundir.backup import BackupStore
-    from trainer.rundir.remote import register, unregister
+    from trainer.rundir.remote import RunPlace
 
     store, root = memory
     mirror = _mirror(store.fs, tmp_path, f"{root}/beside", root="run")
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-    backups = BackupStore(mirror.root / "backup")
-    register(mirror)
+    backups = BackupStore(mirror.root / "backup", place=RunPlace(mirror.root, mirror))
     try:
         backups.save(model, 0, 5)
         backups.wait()
@@ -623,7 +622,6 @@ def test_a_backup_uploads_beside_training_and_is_the_newest_only_once_uploaded(
                                               r"reached memory:/.* is kept"):
             backups.save(model, 0, 15)
     finally:
-        unregister(mirror)
         backups.close(failed=True)
 
 
@@ -634,6 +632,9 @@ def _write(root: Path, backup: str, content: bytes) -> None:
 
 
 def test_only_the_chief_of_a_cluster_takes_the_url():
+    """The chief is the cluster's one rule (`Cluster.is_chief`, as the pre-flight resolves
+    the cluster): a lone `cluster.task_index`, or a lone `SLURM_PROCID` outside a step of
+    several tasks, describes no cluster, so the process writes the URL."""
     from trainer.run.prepare.at_url import is_chief
 
     def tf_config(kind: str, index: int, chief: bool = False) -> dict[str, str]:
@@ -641,12 +642,20 @@ def test_only_the_chief_of_a_cluster_takes_the_url():
         return {"TF_CONFIG": json.dumps({"cluster": cluster,
                                          "task": {"type": kind, "index": index}})}
 
-    assert is_chief([], {}) and is_chief(["cluster.task_index=0"], {})
-    assert not is_chief(["cluster.task_index=1"], {})
+    def slurm(procid: int) -> dict[str, str]:
+        return {"SLURM_STEP_NODELIST": "n[1-2]", "SLURM_PROCID": str(procid),
+                "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
+
+    workers = "cluster.workers=[127.0.0.1:1,127.0.0.1:2]"
+    assert is_chief([], {}) and is_chief([workers, "cluster.task_index=0"], {})
+    assert not is_chief([workers, "cluster.task_index=1"], {})
+    assert is_chief(["cluster.task_index=1"], {})  # no cluster: a run of its own
     assert is_chief([], tf_config("worker", 0)) and is_chief([], tf_config("chief", 0, True))
     assert not is_chief([], tf_config("worker", 1))
     assert not is_chief([], tf_config("worker", 0, chief=True))
-    assert not is_chief([], {"SLURM_PROCID": "2"}) and is_chief([], {"SLURM_PROCID": "0"})
+    assert is_chief([workers, "cluster.task_index=0"], tf_config("worker", 1))  # the line wins
+    assert not is_chief([], slurm(1)) and is_chief([], slurm(0))
+    assert is_chief([], {"SLURM_PROCID": "2"})  # a batch script's shell: no step
 
 
 @pytest.mark.long
@@ -700,19 +709,23 @@ def _no_scratch(tmp_path: Path) -> list[str]:
 
 def test_fit_at_a_url_names_the_url_and_predict_writes_into_the_bucket(s3, tmp_path,
                                                                        monkeypatch):
-    """`trainer.fit(run_dir=URL)`: the Result, a second fit's advice and the checkpoints name
-    the URL; `trainer.predict(..., output=URL)` (the API and the command line) puts the file
-    in the bucket, no local `s3:` folder; no local copy is left (of the run, or of what
-    evaluate and predict read)."""
+    """`trainer.fit(run_dir=URL)`: the Result, its summary, a second fit's advice and the
+    checkpoints name the URL, and a run at another URL in the same process names its own;
+    `trainer.predict(..., output=URL)` (the API and the command line) puts the file in the
+    bucket, no local `s3:` folder; no local copy is left (of the runs, or of what evaluate
+    and predict read)."""
     import trainer
     from trainer.predict import main as predict_main
 
     monkeypatch.chdir(tmp_path)
-    url = f"s3://{BUCKET}/runs/api"
+    url, other = f"s3://{BUCKET}/runs/api", f"s3://{BUCKET}/runs/other"
     result = trainer.fit([*TINY], run_dir=url)
-    assert result.run_dir == url
+    assert result.run_dir == url and result.summary["run_dir"] == url
     assert result.checkpoints["best"] == f"{url}/checkpoints/best.keras"
     assert result.summary == json.loads(s3.fs.cat_file(f"{BUCKET}/runs/api/summary.json"))
+    second = trainer.fit([*TINY], run_dir=other)  # a place of its own, in this process
+    assert second.run_dir == other and second.summary["run_dir"] == other
+    assert json.loads(s3.fs.cat_file(f"{BUCKET}/runs/other/summary.json"))["run_dir"] == other
     assert _no_scratch(tmp_path) == []
     with pytest.raises(trainer.TrainerError) as refused:
         trainer.fit([*TINY], run_dir=url)
@@ -768,12 +781,36 @@ def test_an_evaluator_beside_workers_at_a_url_is_one_line():
     described = {"cluster": {"worker": ["127.0.0.1:1"], "evaluator": ["127.0.0.1:2"]},
                  "task": {"type": "worker", "index": 0}}
     assert with_evaluator([], {"TF_CONFIG": json.dumps(described)})
+    evaluator = {**described, "task": {"type": "evaluator", "index": 0}}
+    assert with_evaluator([], {"TF_CONFIG": json.dumps(evaluator)})
     assert with_evaluator(["cluster.evaluator=127.0.0.1:5000"], {})
     assert not with_evaluator(["cluster.evaluator=null"], {})
     assert not with_evaluator([], {"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1"]}})})
     with pytest.raises(ConfigError, match=r"not at a URL \(s3://runs/r\)"):
         with at_url(["trainer", "hydra.run.dir=s3://runs/r", "cluster.evaluator=127.0.0.1:5"]):
             pass
+
+
+def test_the_evaluator_task_at_a_url_is_refused_by_the_one_rule(tmp_path, monkeypatch):
+    """`TF_CONFIG`'s evaluator task with the run directory at a URL (named on the command
+    line, or by a config file) meets the refusal `at_url` writes, before any store is
+    reached: one line, exit 2."""
+    described = {"cluster": {"worker": ["127.0.0.1:1"], "evaluator": ["127.0.0.1:2"]},
+                 "task": {"type": "evaluator", "index": 0}}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(described))
+    own = tmp_path / "conf" / "experiment"
+    own.mkdir(parents=True)
+    (own / "at_url.yaml").write_text("# @package _global_\nhydra:\n  run:\n"
+                                     "    dir: s3://runs/exp\n")
+    for args, url in ((["hydra.run.dir=s3://runs/r"], "s3://runs/r"),
+                      (["--config-dir", str(tmp_path / "conf"), "experiment=at_url"],
+                       "s3://runs/exp")):
+        done = run_main(*args, *TINY, cwd=tmp_path)
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert error_lines(done.stderr) == [
+            f"error: an evaluator beside the workers reads the run directory as files the "
+            f"chief writes (a shared file system), not at a URL ({url}); use a shared "
+            "directory, or no evaluator"]
 
 
 def test_a_file_named_by_hydras_run_time_output_dir_lands_at_the_url(s3, tmp_path):

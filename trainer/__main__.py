@@ -25,7 +25,7 @@ from trainer.config.schema import config_dir, register_configs
 from trainer.distribute.cluster import evaluator_task
 from trainer.internals.hydra_app import args_parser
 from trainer.run import process
-from trainer.run.prepare.at_url import check_configured, evaluator_refused, run_at_url
+from trainer.run.prepare.at_url import RunPlace, check_configured, run_at_url
 from trainer.run.prepare.jobs import (
     check_sweep_direction,
     dispatches_jobs,
@@ -50,8 +50,20 @@ LATER = "hydra.output_subdir=null"
 _later: list[bool] = []  # whether this command asked it
 
 
-@hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
-def _hydra_main(cfg: DictConfig) -> Any:
+def _hydra_app(place: RunPlace | None) -> Any:
+    """Hydra's app for one command, whose job runs with the command's place (a run
+    directory at a URL: its mirror and lease; None: a local directory)."""
+
+    @hydra.main(version_base="1.3", config_path=str(config_dir()), config_name="config")
+    def job(cfg: DictConfig) -> Any:
+        return _hydra_job(cfg, place)
+
+    return job
+
+
+def _hydra_job(cfg: DictConfig, place: RunPlace | None) -> Any:
+    """Hydra's job: the run the pre-flight checked, or (a sweep's job, a config that reads
+    the running job) the run checked here."""
     if dispatches_jobs():
         # The job's own process validates and trains; a failure there fails this trial only.
         return run_sweep_job(cfg, process.USER_FULL_ERROR)
@@ -62,10 +74,10 @@ def _hydra_main(cfg: DictConfig) -> Any:
             return launch(_checked[0], process.start_run, record)
         from hydra.core.hydra_config import HydraConfig
 
-        found = begin(cfg, HydraConfig.get().runtime.output_dir, process.start_run)
+        found = begin(cfg, HydraConfig.get().runtime.output_dir, process.start_run, at=place)
         return None if isinstance(found, Finished) else found
     except process.FAILURES as error:
-        process.exit_with(error)
+        process.exit_with(error, place)
 
 
 def main() -> None:
@@ -81,28 +93,34 @@ def main() -> None:
     argv = list(sys.argv)
     with process.signals_raise():
         try:
-            if evaluator_task(os.environ.get("TF_CONFIG")):
-                raise SystemExit(_evaluate_beside(sys.argv[1:]))
-            # A run directory at a URL: Hydra and the run see its local mirror.
-            run_at_url(sys.argv, lambda mirror: _run(sys.argv[1:]))
+            # A run directory at a URL: Hydra and the run see its local mirror (the place
+            # `at_url` opens, and refuses beside an evaluator).
+            run_at_url(sys.argv, lambda place: _command(sys.argv[1:], place))
         except process.STOPS as error:
             process.exit_with(error)
         finally:
             sys.argv[:] = argv
 
 
-def _run(args: list[str]) -> None:
+def _command(args: list[str], place: RunPlace | None) -> None:
+    """`TF_CONFIG`'s evaluator task validates beside the workers; any other runs."""
+    if evaluator_task(os.environ.get("TF_CONFIG")):
+        raise SystemExit(_evaluate_beside(args))
+    _run(args, place)
+
+
+def _run(args: list[str], place: RunPlace | None) -> None:
     """Checks the run before Hydra's job, then runs the job."""
-    if _precheck(args) and not any(a.startswith("hydra.output_subdir=") for a in args):
+    if _precheck(args, place) and not any(a.startswith("hydra.output_subdir=") for a in args):
         _later.append(True)
         sys.argv.append(LATER)
     # The checked run's owner is held around Hydra's job too: a start that ends before the
     # job runs its run (a signal, Hydra's own refusal) is ended here.
     with _checked[0].owned() if _checked else nullcontext():
-        _hydra_main()
+        _hydra_app(place)()
 
 
-def _precheck(args: list[str]) -> bool:
+def _precheck(args: list[str], place: RunPlace | None) -> bool:
     """Before Hydra writes `.hydra/` and its log into the run directory: checks the config
     and its run directory, holding its lock, for the job to run.
 
@@ -120,7 +138,7 @@ def _precheck(args: list[str]) -> bool:
         return False
     check_configured(run.logs)  # a config file's URL: the command runs again with it named
     try:
-        _checked.append(preflight(run.cfg, run.logs, choices=run.choices))
+        _checked.append(preflight(run.cfg, run.logs, choices=run.choices, at=place))
     except InterpolationResolutionError:
         return False  # it needs a running job (`${hydra:...}`): the job checks it
     return _checked[0].recorded and _checked[0].run_dir == Path(run.logs)
@@ -135,9 +153,7 @@ def _evaluate_beside(args: list[str]) -> int:
         print("error: the evaluator validates one run: give it the chief's hydra.run.dir; "
               f"received: {' '.join(args)}", file=sys.stderr, flush=True)
         return 2
-    if "://" in str(run.logs):
-        print(f"error: {evaluator_refused(str(run.logs))}", file=sys.stderr, flush=True)
-        return 2
+    check_configured(run.logs)  # a config file's URL: `at_url` refuses it beside workers
     os.environ.pop("TF_CONFIG", None)  # it is no member of the workers' cluster
     timeout = run.cfg.strategy.start_timeout_s
 

@@ -39,7 +39,13 @@ from trainer.config.outcome import as_overrides, one_error
 from trainer.config.schema import register_configs
 from trainer.distribute.cluster import cluster_of_config
 from trainer.run import process
-from trainer.run.prepare.at_url import check_configured, checkpoints_at, is_url, run_at_url
+from trainer.run.prepare.at_url import (
+    RunPlace,
+    check_configured,
+    checkpoints_at,
+    is_url,
+    run_at_url,
+)
 from trainer.run.prepare.startup import Finished, begin
 from trainer.rundir.layout import RunDir
 
@@ -169,18 +175,20 @@ def _fit(given: list[str], config_dir: str | Path | None, run_dir: str | Path | 
                               "line's: call fit in a loop, or run python -m trainer -m ...")
         register_configs()
         # a run directory at a URL: the run writes its local mirror; the Result names the URL
-        return run_at_url(args, lambda mirror: _at(_run(args, given, callbacks), mirror))
+        return run_at_url(args, lambda place: _at(_run(args, given, callbacks, place), place))
 
 
-def _at(found: Any, mirror: Any) -> Any:
+def _at(found: Any, place: RunPlace | None) -> Any:
     """A `Result` of a run at a URL names the URL, not its local mirror (removed)."""
-    if mirror is None or not isinstance(found, Result):
+    if place is None or not isinstance(found, Result):
         return found
-    return Result(summary=found.summary, run_dir=mirror.url)
+    return Result(summary=found.summary, run_dir=place.url)
 
 
-def _run(args: list[str], given: list[str], callbacks: tuple = ()) -> Result:
-    """Composes and runs `fit`'s command line (`args`), with the given Keras callbacks."""
+def _run(args: list[str], given: list[str], callbacks: tuple = (),
+         place: RunPlace | None = None) -> Result:
+    """Composes and runs `fit`'s command line (`args`), with the given Keras callbacks, at
+    the place `at_url` opened for it (None: a local run directory)."""
     with one_error():
         run = child.composed_once(args)
         if run is None:
@@ -189,11 +197,11 @@ def _run(args: list[str], given: list[str], callbacks: tuple = ()) -> Result:
         check_configured(run.logs)  # a config file's URL: run again with it named
         cluster = cluster_of_config(run.cfg.cluster, os.environ)
         if cluster is not None and not cluster.is_chief:
-            return _as_worker(run)
+            return _as_worker(run, place)
         # `.hydra/` once the run's data is checked too: a refused rerun leaves it as it was
         record = partial(_save_config, Path(run.logs), run.cfg, run.overrides)
         found = begin(run.cfg, run.logs, process.start_run, choices=run.choices,
-                      record=record, callbacks=callbacks)
+                      record=record, callbacks=callbacks, at=place)
         if isinstance(found, Finished):
             return _result(found.run_dir)
         if run.cfg.get("tune") is not None:
@@ -212,14 +220,15 @@ def _global_size_alone(overrides: list[str]) -> list[str]:
     return [*overrides, "batch.per_replica=null"]
 
 
-def _as_worker(run: Composed) -> Result:
+def _as_worker(run: Composed, place: RunPlace | None = None) -> Result:
     """A worker of a cluster other than the chief (the same script started on every
     machine): the chief writes the run directory, so this worker's own `.hydra/` goes to a
     temporary directory, never into the chief's, and its `Result` holds its own summary
     (the run's history, as the chief's) with the run directory the call named."""
     with tempfile.TemporaryDirectory(prefix="trainer-worker-") as logs:
         record = partial(_save_config, Path(logs), run.cfg, run.overrides)
-        found = begin(run.cfg, logs, process.start_run, choices=run.choices, record=record)
+        found = begin(run.cfg, logs, process.start_run, choices=run.choices, record=record,
+                      at=place)
     if isinstance(found, Finished):
         return _result(found.run_dir)
     return Result(summary=found, run_dir=Path(run.cfg.get("resume") or run.logs))

@@ -21,7 +21,7 @@ from trainer.config.errors import ConfigError
 from trainer.config.given import holding
 from trainer.config.outcome import as_overrides, one_error
 from trainer.run import process
-from trainer.run.prepare.at_url import reading, shown
+from trainer.run.prepare.at_url import reading
 from trainer.run.prepare.reopen import SPLITS, take_choice
 
 process.quiet_logs()
@@ -43,8 +43,8 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
     from trainer.run.assembly.restore import restore_run
     from trainer.run.end.finish import evaluate_split
 
-    with reading(run_dir) as local:  # a URL: a local copy of its run, removed after
-        restored = restore_run(local, rest)
+    with reading(run_dir) as place:  # a URL: a local copy of its run, removed after
+        restored = restore_run(place.root, rest)
         run = restored.run
         data = run.data.validation if split == "validation" else run.data.test
         if data is None:
@@ -55,7 +55,8 @@ def evaluate_run(run_dir: str | Path, overrides: list[str] = ()) -> dict[str, An
         metrics = evaluate_split(run, data)
         examples = (run.data.source.validation_size if split == "validation"
                     else run.data.source.test_size)
-        return {"checkpoint": shown(str(restored.checkpoint)), "split": split, "examples": examples,
+        return {"checkpoint": place.shown(str(restored.checkpoint)), "split": split,
+                "examples": examples,
                 "replicas": restored.replicas,
                 "metrics": {k: float(v) for k, v in metrics.items()}}
 

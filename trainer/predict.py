@@ -58,7 +58,7 @@ from trainer.config.given import holding
 from trainer.config.messages import one_line
 from trainer.config.outcome import as_overrides, kind_of, one_error
 from trainer.run import process
-from trainer.run.prepare.at_url import deliver, is_url, output_at, reading, shown, written
+from trainer.run.prepare.at_url import RunPlace, deliver, is_url, output_at, reading, written
 from trainer.run.prepare.inputs import conform, describe, non_finite, rows
 from trainer.run.prepare.reopen import Reopened, reopen, take_option, unfinished
 
@@ -94,7 +94,7 @@ def predict_run(run_dir: str | Path, input: Any, output: str | Path | None = Non
     overwrite = overwrite or _true(flag)
     with reading(run_dir) as here:  # a URL: a local copy of its run, removed after
         if output is None:  # into the run directory (at its URL too)
-            found = _predict(here, input, here / "predictions.csv", rest, overwrite)
+            found = _predict(here, input, here.root / "predictions.csv", rest, overwrite)
             found["output"] = deliver(run_dir, Path(found["output"]), "predictions.csv")
             return found
         with output_at(output, overwrite) as local:  # a URL: written here, then put there
@@ -104,10 +104,11 @@ def predict_run(run_dir: str | Path, input: Any, output: str | Path | None = Non
     return found
 
 
-def _predict(run_dir: Path, input: Any, output: Path, rest: list[str],
+def _predict(place: RunPlace, input: Any, output: Path, rest: list[str],
              overwrite: bool) -> dict[str, Any]:
-    """`predict_run` once the run is readable here and `output` is a local file."""
-    opened = reopen(run_dir, rest)
+    """`predict_run` once the run is readable here (`place`) and `output` is a local file;
+    the checkpoint is named as the user named the run (its URL)."""
+    opened = reopen(place.root, rest)
     names, inputs, where = _read_input(input, opened.images)
     check_output(output, input, overwrite)
     kept = (opened.inputs or {}).get("examples")
@@ -135,7 +136,8 @@ def _predict(run_dir: Path, input: Any, output: Path, rest: list[str],
     _write(output, names, outputs, _classes(opened, source), opened.images, overwrite,
            output_names(restored.run.model, outputs))
     return {"output": str(output), "rows": len(names),
-            "checkpoint": shown(str(restored.checkpoint)), "replicas": restored.replicas}
+            "checkpoint": place.shown(str(restored.checkpoint)),
+            "replicas": restored.replicas}
 
 
 def _true(flag: str | None) -> bool:

@@ -37,7 +37,7 @@ from trainer.config.errors import (
 )
 from trainer.config.messages import one_line
 from trainer.internals.tf_start import SWITCH, stderr_filtered
-from trainer.rundir.remote import shown
+from trainer.rundir.remote import RunPlace
 from trainer.track.sweep import TrialFailed
 
 
@@ -220,16 +220,18 @@ def one_logging_error() -> None:
     logging.Handler.handleError = _report_once
 
 
-def exit_with(error: BaseException) -> NoReturn:
+def exit_with(error: BaseException, place: RunPlace | None = None) -> NoReturn:
     """Ends the process with the error's one line (stdout for `finished:`, stderr else) and
     its exit code; re-raises where no line describes it, or where the user asked for the
-    whole traceback (`HYDRA_FULL_ERROR=1`; a signal's stop is always one line)."""
+    whole traceback (`HYDRA_FULL_ERROR=1`; a signal's stop is always one line). A run
+    directory at a URL (`place`) is named by its URL, not its local mirror."""
     found = exit_code(error)
     full = USER_FULL_ERROR and not isinstance(error, (Interrupted, NothingToDo))
     if found is None or full:
         raise error
     line, code = found
-    line = shown(line)  # a run directory at a URL: named by its URL, not its local mirror
+    if place is not None:
+        line = place.shown(line)
     print(line, file=sys.stdout if code == 0 else sys.stderr, flush=True)
     sys.stdout.flush()
     if isinstance(error, (KeyboardInterrupt, Terminated)) and _whole_process:

@@ -53,6 +53,7 @@ class Session:
         self.startup = process_seconds()
         self.request = StopRequest()
         self.run_dir = checked.run_dir
+        self.place = checked.owner.place  # a run directory at a URL: its mirror and lease
         self.plan: Any = None  # the DevicePlan
         self.run: Run | None = None
         self.callbacks: Callbacks | None = None
@@ -129,7 +130,7 @@ class Session:
         self.phases = prepare_finetune(run.model, self.spec.finetune, self.spec.epochs)
         self.callbacks = build_callbacks(
             self.spec, run, self.run_dir, self.started, start.at, self.request, self.extra,
-            history=start.history, evaluator=self.evaluator)
+            history=start.history, evaluator=self.evaluator, place=self.place)
         self.callbacks.backup.resumed_metrics = start.metrics  # the resumed epoch's metrics
         self.callbacks.backup.recovery.recovered.extend(start.recovered)  # the run's, so far
         return start
@@ -184,7 +185,7 @@ class Session:
             if callbacks.handoff is not None:  # validated by an evaluator: its result
                 report = callbacks.handoff.validated(report, self.spec.strategy.start_timeout_s)
             callbacks.curves.draw(report["history"])  # what epoch ends left undrawn
-            write_summary(report, self.run_dir)
+            write_summary(report, self.run_dir, self.place)
             finish_trackers(list(callbacks.trackers), report, "FINISHED")
         else:
             cluster = self.cluster

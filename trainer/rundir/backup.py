@@ -12,7 +12,8 @@ Only the state is taken in the step loop: the variables read into host memory (t
 changes them), or a copied checkpoint's file opened. The rest runs beside training, in the
 run's one background thread (`trainer.rundir.inflight`): the files written, their checksums,
 `state.json`, the rename, the old backups pruned, and for a run directory at a URL the upload
-(`trainer.rundir.remote.committed`: nothing for a local directory). A backup is complete,
+(the run's place, `trainer.rundir.remote.RunPlace.committed`: nothing for a local
+directory). A backup is complete,
 and the newest, only once all of that is done; the next backup, a stop, a recovery's
 restore and the run's end wait for it, and raise its failure (the store gone, a full disk)
 as the step loop raised it before. A crash in the middle leaves the backup before it as
@@ -51,7 +52,7 @@ from trainer.rundir.checksum import read_beside, sha256, verify
 from trainer.rundir.inflight import InFlight
 from trainer.rundir.layout import CHECKPOINT, METRICS, RNG, STATE, WEIGHTS, RunDir
 from trainer.rundir.recover import Recovery
-from trainer.rundir.remote import by_url, committed
+from trainer.rundir.remote import RunPlace
 
 log = logging.getLogger(__name__)
 
@@ -129,10 +130,14 @@ class BackupStore:
         keep: how many of the newest backups to keep.
         meta: JSON-ready facts written into every backup's `state.json` (the run's config
             and batch, which a resume is checked against: `trainer.rundir.resume`).
+        place: the run's place, which each complete backup reaches (`RunPlace.committed`:
+            its URL, for a run directory at one); None: a local directory.
     """
 
-    def __init__(self, directory: Path, keep: int = 2, meta: dict | None = None) -> None:
+    def __init__(self, directory: Path, keep: int = 2, meta: dict | None = None,
+                 place: RunPlace | None = None) -> None:
         self.directory = Path(directory)
+        self.place = place
         self.keep = keep
         self.meta = dict(meta or {})
         self.seconds = 0.0  # the step loop's: states taken, waits for a backup in flight
@@ -220,7 +225,7 @@ class BackupStore:
         """The backup's slow part (in the background): its files written under a
         temporary name (made again, once, where `backup/` was removed meanwhile), their
         checksums and `state.json`, the rename into place, the old backups pruned, then,
-        for a run directory at a URL, the upload (`committed`)."""
+        for a run directory at a URL, the upload (`RunPlace.committed`)."""
         tmp = temporary(final)
         try:
             try:
@@ -239,7 +244,8 @@ class BackupStore:
         for old in self._found()[self.keep:]:
             if old != final:  # never the one just written
                 shutil.rmtree(old, ignore_errors=True)
-        committed(self.directory.parent)  # a run directory at a URL: it reaches it
+        if self.place is not None:
+            self.place.committed()  # a run directory at a URL: it reaches it
 
     @staticmethod
     def _write(writes: dict[str, Callable[[Path], None]], tmp: Path, state: dict) -> None:
@@ -328,12 +334,12 @@ def tidy(run_dir: Path) -> None:
             path.unlink(missing_ok=True)
 
 
-def write_finished(run_dir: Path, summary: dict) -> dict:
+def write_finished(run_dir: Path, summary: dict, place: RunPlace | None = None) -> dict:
     """A finished run's directory: `summary.json` written (last: the run finished), the
     newest backup alone kept (what `resume=DIR` extends the run from), leftovers tidied.
-    A run directory at a URL is named by its URL in the summary (its local mirror is
-    removed when the command ends); returns the summary as written."""
-    summary = by_url(summary)
+    A run directory at a URL is named by its URL in the summary (`place`: its local mirror
+    is removed when the command ends); returns the summary as written."""
+    summary = place.by_url(summary) if place is not None else summary
     layout = RunDir(run_dir)
     write_json(layout.summary, summary)
     BackupStore(layout.backup).prune(keep=1)

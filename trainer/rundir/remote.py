@@ -5,10 +5,12 @@ The mirror is `$TRAINER_SCRATCH/trainer-scratch/<hash of the URL>` (the system's
 directory where `TRAINER_SCRATCH` is unset). Before the run starts (its lease held:
 `trainer.rundir.lease`), the mirror is made an exact copy of what the URL holds (`pull`),
 so the rules of a local run directory (refuse a finished run, a changed config, resume from
-the newest backup) run on it unchanged. After every backup (`committed`, called by
+the newest backup) run on it unchanged. The run's place (`RunPlace`: the mirror, and the
+lease) is opened once for the command (`trainer.run.prepare.at_url`), held by the run's
+owner, and closed at the command's end. After every backup (`RunPlace.committed`, called by
 `trainer.rundir.backup.BackupStore` once the backup is renamed into place, in the thread
-that completes backups beside training) and at the run's end, the files that changed are
-uploaded (`push`):
+that completes backups beside training) and at the run's end (`RunPlace.close`), the files
+that changed are uploaded (`push`):
 
 - each file is one object, PUT whole: an object store's PUT (a multipart upload too) makes
   the object appear complete or not at all, never half written;
@@ -33,6 +35,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -364,52 +367,97 @@ class Mirror:
         self.sent[rel] = signature
 
 
-# The mirrors of this process's runs: the local mirror's real path -> its Mirror.
-_mirrors: dict[str, Mirror] = {}
-# Every mirror's path -> its URL, kept after its run for the run's last line (`shown`).
-_names: dict[str, str] = {}
+@dataclass
+class RunPlace:
+    """The run's place, opened once for a command and closed at its end: a local folder,
+    or, for a URL, its local mirror (`Mirror`, holding the URL's lease where this process
+    writes there). The run writes into `root`; backups reach the URL through it
+    (`committed`), and messages name the run by the user's URL through it (`shown`).
+
+    Attributes:
+        root: where the run writes (or reads): the local folder, or the URL's mirror.
+        mirror: the URL's mirror; None for a local folder.
+        role: `run` (the chief's: it writes the URL), `worker` (another worker's own mirror,
+            never uploaded), or `read` (a copy `trainer.evaluate` and `.predict` read).
+    """
+
+    root: Path
+    mirror: Mirror | None = None
+    role: str = "run"
+
+    @property
+    def url(self) -> str:
+        """What the user named: the URL, or the local folder."""
+        return self.mirror.url if self.mirror is not None else str(self.root)
+
+    def committed(self) -> None:
+        """A backup in `root` is complete: where the chief mirrors a URL, the URL is
+        brought in step (nothing for a local folder, or another worker's mirror)."""
+        if self.mirror is not None and self.role == "run":
+            self.mirror.push()
+
+    def shown(self, text: str) -> str:
+        """`text` with the mirror's local path written as its URL (what the user named)."""
+        if self.mirror is None:
+            return text
+        return text.replace(str(self.mirror.root), self.mirror.url)
+
+    def by_url(self, value: Any) -> Any:
+        """`value` (text, or a JSON-like dict or list of it) with every path in the mirror
+        written as its URL (`shown`)."""
+        if isinstance(value, str):
+            return self.shown(value)
+        if isinstance(value, dict):
+            return {key: self.by_url(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [self.by_url(item) for item in value]
+        return value
+
+    def named(self, error: BaseException) -> None:
+        """An error's message (and its cause's, which its one line may quote) names the URL
+        where it names the mirror (removed at the end)."""
+        for each in (error, error.__cause__):
+            if (each is not None and each.args and isinstance(each.args[0], str)
+                    and self.shown(each.args[0]) != each.args[0]):
+                each.args = (self.shown(each.args[0]), *each.args[1:])
+
+    def close(self, error: BaseException | None = None) -> None:
+        """Ends the place: for the chief's mirror, the rest uploaded (after a failure,
+        where it can: a URL that cannot be written is one warning line, the run's own error
+        stays the one it ends with) and the lease released; the local mirror removed
+        (`TRAINER_KEEP_SCRATCH=1` keeps the chief's and a read copy; another worker's
+        goes). Nothing for a local folder.
+
+        Raises:
+            Interrupted: the URL could not be written at the end of a run that ended well
+                (its last backup is kept).
+        """
+        if self.mirror is None:
+            return
+        try:
+            if self.role == "run" and error is None:
+                self.mirror.push()
+            elif self.role == "run":
+                _push_after_failure(self.mirror)
+        finally:
+            if self.mirror.lease is not None:
+                self.mirror.lease.release(quiet=self.mirror.broken)
+            if self.role == "worker" or not keep_scratch():  # the URL holds the run
+                shutil.rmtree(self.root, ignore_errors=True)
 
 
-def register(mirror: Mirror) -> None:
-    """Makes backups written into `mirror.root` reach its URL (`committed`)."""
-    _mirrors[os.path.realpath(mirror.root)] = mirror
-    _names[str(mirror.root)] = mirror.url
+def _push_after_failure(mirror: Mirror) -> None:
+    """What a failed run wrote (its log, a backup a signal's stop wrote) reaches the URL
+    where it can; a URL that cannot be written is said in one line."""
+    try:
+        mirror.push()  # nothing where a push failed already (the run's own error)
+    except Exception as error:  # noqa: BLE001 - the run's own error is what it reports
+        print(f"warning: {error}", file=sys.stderr, flush=True)
 
 
-def unregister(mirror: Mirror) -> None:
-    _mirrors.pop(os.path.realpath(mirror.root), None)
-
-
-def committed(run_dir: Path) -> None:
-    """A backup of `run_dir` is complete: where it mirrors a URL, the URL is brought in
-    step (nothing for a local run directory)."""
-    mirror = _mirrors.get(os.path.realpath(run_dir))
-    if mirror is not None:
-        mirror.push()
-
-
-def shown(text: str) -> str:
-    """A message with each mirror's local path written as its URL (what the user named)."""
-    for root, url in _names.items():
-        text = text.replace(root, url)
-    return text
-
-
-def by_url(value: Any) -> Any:
-    """`value` (text, or a JSON-like dict or list of it) with every path in a mirror written
-    as its URL (`shown`)."""
-    if isinstance(value, str):
-        return shown(value)
-    if isinstance(value, dict):
-        return {key: by_url(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [by_url(item) for item in value]
-    return value
-
-
-def fetch(url: str) -> Path:
+def fetch(url: str) -> RunPlace:
     """A copy of the run directory at `url` to read (`trainer.evaluate`, `trainer.predict`):
-    its whole files, downloaded into a mirror of their own; returns its path.
+    its whole files, downloaded into a mirror of their own; returns its place (`read`).
 
     Raises:
         ConfigError: the URL holds nothing, or cannot be read (one line).
@@ -419,8 +467,7 @@ def fetch(url: str) -> Path:
     if not mirror.pull():
         raise ConfigError(f"{url} holds no run (nothing is there); pass the URL of an "
                           "earlier run's directory")
-    _names[str(mirror.root)] = url
-    return mirror.root
+    return RunPlace(mirror.root, mirror, "read")
 
 
 def upload(url: str, local: Path, name: str) -> str:

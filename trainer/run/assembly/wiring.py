@@ -60,7 +60,8 @@ class Callbacks:
 
 def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
                     start: tuple[int, int], request: Any, extra: tuple = (),
-                    history: dict | None = None, evaluator: bool = False) -> Callbacks:
+                    history: dict | None = None, evaluator: bool = False, place: Any = None
+                    ) -> Callbacks:
     """Throughput, backup, checkpoints, trackers, the watchdog, then the user's callbacks.
 
     Args:
@@ -73,15 +74,15 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
         extra: callbacks passed to `train()` in code, after the configured ones.
         history: per-epoch metrics of the epochs done before `start` (from the backup).
         evaluator: an evaluator validates: the chief hands it each epoch (`HandOff`).
+        place: the run's place at a URL (`RunPlace`), which each backup reaches (None: local).
     """
     check_metric_name(spec.optimized_metric, run.logged, tested=run.data.test is not None)
     saving = spec.checkpoint
     best_mode = (run.monitor_mode(saving.monitor, saving.mode)
                  if saving.save_best or saving.keep_best else None)
     user = build_user_callbacks(spec.callbacks, run_dir, run.monitor_mode)
-    meta = {"config": spec.record,
-            "global_batch": run.batch.global_size, "replicas": run.batch.replicas,
-            "accumulate": run.batch.accumulate,
+    meta = {"config": spec.record, "global_batch": run.batch.global_size,
+            "replicas": run.batch.replicas, "accumulate": run.batch.accumulate,
             # the chief keeps the backups: another worker need not hash the data
             "data": of_source(run.data.source) if run.is_chief else None}
     # Before checkpoints/ exists: a tracker that cannot start leaves a fresh run directory
@@ -94,14 +95,13 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
     # when it improves, the epoch's backup then a copy of it (trainer.rundir.backup)
     saved = [AtomicModelCheckpoint(str(layout.checkpoint("last")), at_end=True)]
     if saving.save_best:
-        saved.append(AtomicModelCheckpoint(
-            str(layout.checkpoint("best")), monitor=saving.monitor,
-            save_best_only=True, mode=best_mode))
+        saved.append(AtomicModelCheckpoint(str(layout.checkpoint("best")), monitor=saving.monitor,
+                                           save_best_only=True, mode=best_mode))
         saved[0].same_as = saved[1]  # a final epoch that was the best: last copies best
     kept = (KeepBestCheckpoints.of(layout, saving, best_mode, start[0],
                                    saved[1] if saving.save_best else None)
             if saving.keep_best else None)  # read back: the epochs the backup holds
-    backup = Backup(BackupStore(layout.backup, meta=meta), saving.backup_every,
+    backup = Backup(BackupStore(layout.backup, meta=meta, place=place), saving.backup_every,
                     saving.nan_check_every, request, *start,
                     agree=stop_agreement(run.strategy) if run.workers > 1 else None,
                     best=saved[1] if saving.save_best else None, history=history)

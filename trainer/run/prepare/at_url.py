@@ -1,55 +1,58 @@
 """The command line's run directory at a URL: `hydra.run.dir=URL` or `resume=URL`; and the
-run at a URL that `trainer.evaluate` and `trainer.predict` read (`readable`).
+run at a URL that `trainer.evaluate` and `trainer.predict` read (`reading`).
 
-`at_url` runs around the whole command: where an argument names a URL, it takes the URL's
+`at_url` opens the run's place once, around the whole command, and yields it
+(`trainer.rundir.remote.RunPlace`; None where no argument names a URL): it takes the URL's
 lease (`trainer.rundir.lease`), makes the local mirror a copy of what the URL holds
 (`trainer.rundir.remote.Mirror.pull`), and passes the mirror's path to Hydra and the run in
-the URL's place; every backup then reaches the URL (`committed`), and so does the rest at
-the command's end, before the lease is released. Only the chief writes: another worker of a
-cluster (`cluster.task_index` above 0, a `TF_CONFIG` task that is not the chief, a SLURM
-task other than 0) trains in a mirror of its own and never touches the URL, as it writes no
-run directory on disk. (Told from the command line and the environment: the config is not
-composed yet when the URL is replaced; a URL set in a config file is found when the
-config is composed, `ConfiguredUrl`, and the command runs again with it: `run_at_url`.)
-When the command ends, the local mirror is removed (`TRAINER_KEEP_SCRATCH=1` keeps it), and
-an error naming the mirror names the URL instead.
+the URL's place. The command hands the place to the run (`trainer.run.prepare.startup.begin`,
+then the run's owner), whose backups reach the URL through it (`RunPlace.committed`) and
+whose messages name the URL through it (`RunPlace.shown`); at the command's end the place is
+closed (`RunPlace.close`): the rest uploaded, the lease released, the local mirror removed
+(`TRAINER_KEEP_SCRATCH=1` keeps it), and an error naming the mirror names the URL instead.
+
+Only the chief writes: another worker of a cluster trains in a mirror of its own and never
+touches the URL, as it writes no run directory on disk. Which task is the chief is the
+cluster's one rule (`trainer.distribute.cluster.resolve_cluster`, `Cluster.is_chief`), from
+the command line's `cluster.*` and the environment (`TF_CONFIG`, SLURM): the config is not
+composed yet when the URL is replaced. A URL set in a config file is found when the config
+is composed (`ConfiguredUrl`), and the command runs again with it named: `run_at_url`.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from trainer.config.errors import ConfigError
-from trainer.distribute.cluster import has_evaluator_job
+from trainer.distribute.cluster import (
+    DEFAULT_PORT_BASE,
+    evaluator_task,
+    has_evaluator_job,
+    resolve_cluster,
+)
 from trainer.rundir.atomic import written  # the one writer, for predict's output too
 from trainer.rundir.lease import Lease
 from trainer.rundir.remote import (
     Mirror,
+    RunPlace,
     check_scratch,
     check_url,
     explain,
     fetch,
     filesystem,
     is_url,
-    keep_scratch,
-    register,
     scratch,
-    shown,
-    unregister,
     upload,
 )
 
 KEYS = ("hydra.run.dir", "resume", "+resume")
-__all__ = ["ConfiguredUrl", "at_url", "deliver", "is_url", "readable", "reading", "run_at_url",
-           "shown", "written"]
+__all__ = ["ConfiguredUrl", "RunPlace", "at_url", "deliver", "is_url", "reading",
+           "run_at_url", "written"]
 T = TypeVar("T")
 
 
@@ -70,17 +73,17 @@ def check_configured(run_dir: str | Path | None) -> None:
         raise ConfiguredUrl(str(run_dir))
 
 
-def run_at_url(argv: list[str], work: Callable[[Mirror | None], T]) -> T:
-    """`work(mirror)` inside `at_url(argv)`; where the composed config names a URL of its own
+def run_at_url(argv: list[str], work: Callable[[RunPlace | None], T]) -> T:
+    """`work(place)` inside `at_url(argv)`; where the composed config names a URL of its own
     (`ConfiguredUrl`), once more with `hydra.run.dir=URL` added to `argv`."""
     try:
-        with at_url(argv) as mirror:
-            return work(mirror)
+        with at_url(argv) as place:
+            return work(place)
     except ConfiguredUrl as found:
         argv.append(f"hydra.run.dir={found.url}")
         try:
-            with at_url(argv) as mirror:
-                return work(mirror)
+            with at_url(argv) as place:
+                return work(place)
         finally:
             argv.remove(f"hydra.run.dir={found.url}")
 
@@ -97,35 +100,47 @@ def urls_in(argv: list[str]) -> list[tuple[int, str]]:
     return found
 
 
-def with_evaluator(argv: list[str], environ: dict[str, str] | None = None) -> bool:
-    """Whether the command is one task of a cluster with an evaluator: `cluster.evaluator`
-    given, or an `evaluator` job in `TF_CONFIG` (what `trainer.launch --evaluator` sets)."""
-    environ = os.environ if environ is None else environ
+def _cluster_given(argv: list[str]) -> dict[str, Any]:
+    """The command line's `cluster.*` values (`workers`, `task_index`, `port_base`,
+    `evaluator`), as Hydra's override parser reads them; one it cannot read is left to
+    Hydra, which says why when it composes the config."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser, found = OverridesParser.create(), {}
     for arg in argv:
-        key, _, value = arg.partition("=")
-        if key.lstrip("+") == "cluster.evaluator" and value.strip("'\" ") not in ("", "null"):
-            return True
-    return has_evaluator_job(environ.get("TF_CONFIG"))
+        if not arg.lstrip("+").startswith("cluster."):
+            continue
+        try:
+            override = parser.parse_override(arg)
+            found[override.key_or_group.removeprefix("cluster.")] = override.value()
+        except Exception:  # noqa: BLE001 - Hydra's own line, when it composes the config
+            continue
+    return found
 
 
-def is_chief(argv: list[str], environ: dict[str, str] | None = None) -> bool:
-    """Whether this process writes the run directory: not another worker of a cluster."""
+def with_evaluator(argv: list[str], environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the command is one task of a cluster with an evaluator, or the evaluator:
+    `cluster.evaluator` given, an `evaluator` job in `TF_CONFIG` (what `trainer.launch
+    --evaluator` sets), or `TF_CONFIG`'s evaluator task."""
     environ = os.environ if environ is None else environ
-    if environ.get("SLURM_PROCID", "0").strip() not in ("", "0"):
-        return False  # a SLURM step's task other than 0 (the chief)
-    for arg in argv:
-        key, _, value = arg.partition("=")
-        if key == "cluster.task_index" and value.strip().isdigit() and int(value) > 0:
-            return False
-    try:
-        described = json.loads(environ.get("TF_CONFIG") or "{}")
-        task, cluster = described.get("task") or {}, described.get("cluster") or {}
-    except (ValueError, AttributeError):
+    if _cluster_given(argv).get("evaluator") not in (None, ""):
         return True
-    kind, index = task.get("type"), task.get("index", 0)
-    if kind is None or kind == "chief":
-        return True
-    return kind == "worker" and index == 0 and "chief" not in cluster
+    tf_config = environ.get("TF_CONFIG")
+    return has_evaluator_job(tf_config) or evaluator_task(tf_config)
+
+
+def is_chief(argv: list[str], environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process writes the run directory: the chief of the cluster the command
+    line's `cluster.*` and the environment describe (`resolve_cluster`, as the pre-flight
+    resolves it; `Cluster.is_chief`), or a process of no cluster."""
+    environ = os.environ if environ is None else environ
+    given = _cluster_given(argv)
+    # a value of the wrong type is the config check's to refuse, in its own line
+    workers = given.get("workers") if isinstance(given.get("workers"), list) else []
+    index, base = (given.get(key) if type(given.get(key)) is int else default
+                   for key, default in (("task_index", 0), ("port_base", DEFAULT_PORT_BASE)))
+    cluster = resolve_cluster(workers, index, environ.get("TF_CONFIG"), environ, base)
+    return cluster is None or cluster.is_chief
 
 
 def _the_url(found: list[tuple[int, str]]) -> str:
@@ -141,11 +156,12 @@ def _the_url(found: list[tuple[int, str]]) -> str:
 
 
 @contextmanager
-def at_url(argv: list[str]) -> Iterator[Mirror | None]:
+def at_url(argv: list[str]) -> Iterator[RunPlace | None]:
     """Runs the block with `argv`'s URL (if any) replaced by its local mirror, in place.
 
     Yields:
-        The mirror (None: no URL in `argv`).
+        The run's place, the URL's mirror and lease (None: no URL in `argv`), closed when
+        the block ends (`RunPlace.close`).
 
     Raises:
         ConfigError: another run holds the URL, or its storage cannot be used (one line).
@@ -163,34 +179,37 @@ def at_url(argv: list[str]) -> Iterator[Mirror | None]:
     url = _the_url(found)
     if with_evaluator(argv):
         raise evaluator_refused(url)
-    chief = is_chief(argv)
-    mirror = _opened(url, chief)
-    saved = list(argv)
+    place = _opened(url, is_chief(argv))
+    saved, error = list(argv), None
     try:
-        if chief:
-            mirror.pull()
+        if place.role == "run":
+            place.mirror.pull()
         for i, _ in found:
             key = argv[i].partition("=")[0]
             # `resume=` is compared between the workers at their rendezvous (the chief
             # alone reads it): every worker names the chief's mirror
-            place = mirror.root if chief or key == "hydra.run.dir" else scratch(url, "run")
-            argv[i] = f"{key}={place}"
-        register(mirror)
-        yield mirror
-        if chief:
-            mirror.push()
-    except BaseException as error:
-        if chief:
-            _push_after_failure(mirror)
-        _named_by_url(error, mirror)
+            where = place.root if place.role == "run" or key == "hydra.run.dir" else scratch(
+                url, "run")
+            argv[i] = f"{key}={where}"
+        yield place
+    except BaseException as raised:
+        error = raised
         raise
     finally:
-        unregister(mirror)
         argv[:] = saved
-        if mirror.lease is not None:
-            mirror.lease.release(quiet=mirror.broken)
-        if not chief or not keep_scratch():  # the URL holds the run: nothing local is left
-            shutil.rmtree(mirror.root, ignore_errors=True)
+        _close(place, error)
+
+
+def _close(place: RunPlace, error: BaseException | None) -> None:
+    """Closes the place; the error the command ends with names the URL, not the mirror."""
+    try:
+        place.close(error)
+    except BaseException as failed:
+        place.named(failed)
+        raise
+    finally:
+        if error is not None:
+            place.named(error)
 
 
 def evaluator_refused(url: str) -> ConfigError:
@@ -201,9 +220,10 @@ def evaluator_refused(url: str) -> ConfigError:
                        "shared directory, or no evaluator")
 
 
-def _opened(url: str, chief: bool) -> Mirror:
-    """The mirror of `url` for this process; the chief's holds the URL's lease, taken once
-    the store is found readable, and keeps it only where the store also lets it delete."""
+def _opened(url: str, chief: bool) -> RunPlace:
+    """The place of `url` for this process: the chief's mirror holds the URL's lease, taken
+    once the store is found readable, and kept only where the store also lets it delete;
+    another worker's mirror is its own, and never touches the URL."""
     fs, path = filesystem(url)
     check_scratch()
     mirror = Mirror(url, scratch(url, "run" if chief else f"worker-{os.getpid()}"), fs, path)
@@ -216,41 +236,19 @@ def _opened(url: str, chief: bool) -> Mirror:
         except ConfigError:
             mirror.lease.release(quiet=True)
             raise
-    return mirror
-
-
-def _named_by_url(error: BaseException, mirror: Mirror) -> None:
-    """An error's message names the URL where it names the mirror (removed at the end)."""
-    if error.args and isinstance(error.args[0], str) and str(mirror.root) in error.args[0]:
-        error.args = (error.args[0].replace(str(mirror.root), mirror.url), *error.args[1:])
-
-
-def _push_after_failure(mirror: Mirror) -> None:
-    """What a failed run wrote (its log, a backup a signal's stop wrote) reaches the URL
-    where it can; a URL that cannot be written is said in one line, and the run's own error
-    stays the one it ends with."""
-    try:
-        mirror.push()  # nothing where a push failed already (the run's own error)
-    except Exception as error:  # noqa: BLE001 - the run's own error is what it reports
-        print(f"warning: {error}", file=sys.stderr, flush=True)
-
-
-def readable(run_dir: str | Path) -> Path:
-    """The run directory to read: `run_dir` itself, or for a URL a local copy of its whole
-    files (`trainer.rundir.remote.fetch`; no lease: reading never changes the URL)."""
-    return fetch(str(run_dir)) if is_url(run_dir) else Path(run_dir)
+    return RunPlace(mirror.root, mirror, "run" if chief else "worker")
 
 
 @contextmanager
-def reading(run_dir: str | Path) -> Iterator[Path]:
-    """`readable(run_dir)` for the block; a URL's local copy is removed after it
-    (`TRAINER_KEEP_SCRATCH=1` keeps it)."""
-    local = readable(run_dir)
+def reading(run_dir: str | Path) -> Iterator[RunPlace]:
+    """The place of the run to read, for the block: `run_dir` itself, or for a URL a local
+    copy of its whole files (`trainer.rundir.remote.fetch`; no lease: reading never changes
+    the URL), removed after it (`TRAINER_KEEP_SCRATCH=1` keeps it)."""
+    place = fetch(str(run_dir)) if is_url(run_dir) else RunPlace(Path(run_dir), role="read")
     try:
-        yield local
+        yield place
     finally:
-        if is_url(run_dir) and not keep_scratch():
-            shutil.rmtree(local, ignore_errors=True)
+        place.close()
 
 
 def checkpoints_at(url: str, names: tuple[str, ...]) -> dict[str, str]:

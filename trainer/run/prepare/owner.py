@@ -1,10 +1,13 @@
 """The owner of a checked run: the one stack of guards, unwound once when the run ends.
 
-The pre-flight (`trainer.run.prepare.preflight`) takes the run directory's lock and hands the run
-over as a `Checked` value with its `Owner`; the start-up sequence (`trainer.run.prepare.startup`:
-the command line, `trainer.fit` and `train(cfg)` alike) holds the owner around the run, and
-the run's session (`trainer.run.session.Session`, once TensorFlow runs) gives it its own
-guards. When the run ends, well or not, the owner unwinds them all, once, in this order:
+The pre-flight (`trainer.run.prepare.preflight`) takes the run directory's lock and hands
+the run over as a `Checked` value with its `Owner`, which holds the run's place too
+(`trainer.rundir.remote.RunPlace`: for a run directory at a URL, its mirror and lease,
+opened and closed around the whole command by `trainer.run.prepare.at_url`); the start-up
+sequence (`trainer.run.prepare.startup`: the command line, `trainer.fit` and `train(cfg)`
+alike) holds the owner around the run, and the run's session (`trainer.run.session.Session`,
+once TensorFlow runs) gives it its own guards. When the run ends, well or not, the owner
+unwinds them all, once, in this order:
 
 1. the session's: the watchdog stopped, the trackers finished as FAILED, a failure turned
    into the error a user reads (a full disk, an image that does not decode, a lost worker:
@@ -26,6 +29,7 @@ from typing import Any
 
 from trainer.rundir.fresh import Fresh, remove_fresh
 from trainer.rundir.lock import RunLock
+from trainer.rundir.remote import RunPlace
 
 
 class Owner:
@@ -39,11 +43,15 @@ class Owner:
         lock: the run directory's lock, this run's alone (None: another worker's run).
         fresh: `(directory, topmost directory created)` for each directory this start
             created (`trainer.rundir.fresh.Fresh`).
+        place: the run's place, which its backups reach and its messages name
+            (`trainer.rundir.remote.RunPlace`: the local folder, or a URL's mirror and
+            lease); None: another worker's run, which writes no run directory.
         session: the run's session once it exists (see `adopt`).
     """
 
-    def __init__(self, lock: RunLock | None = None, fresh: Sequence[Fresh] = ()) -> None:
-        self.lock, self.fresh = lock, tuple(fresh)
+    def __init__(self, lock: RunLock | None = None, fresh: Sequence[Fresh] = (),
+                 place: RunPlace | None = None) -> None:
+        self.lock, self.fresh, self.place = lock, tuple(fresh), place
         self.session: Any = None
         self._held = False
         self._ended = False

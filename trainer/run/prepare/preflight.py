@@ -28,7 +28,7 @@ from trainer.config.validate import Parsed, validate
 from trainer.data.augment import check as check_augment
 from trainer.distribute.cluster import Cluster, resolve_cluster
 from trainer.models.formats import check_converters
-from trainer.run.prepare.owner import Owner
+from trainer.run.prepare.owner import Owner, RunPlace
 from trainer.run.prepare.resolve import Spec, resolve, with_evaluator
 from trainer.rundir.lock import acquire, check_writable
 from trainer.rundir.names import check_name
@@ -125,7 +125,7 @@ def _cluster_of(spec: Spec, environ: Any) -> tuple[Spec, Cluster | None]:
 
 def preflight(cfg: DictConfig, logs: str | Path | None = None,
               run_dir: str | Path | None = None, choices: dict[str, str] | None = None,
-              environ: dict[str, str] | None = None) -> Checked:
+              environ: dict[str, str] | None = None, at: RunPlace | None = None) -> Checked:
     """Checks a composed config and its run directory, holding the directory's lock after.
 
     Args:
@@ -134,6 +134,8 @@ def preflight(cfg: DictConfig, logs: str | Path | None = None,
         run_dir: where the run writes when it is not `logs` (`train(cfg, run_dir)`).
         choices: the config groups' choices (`{"model": "cnn"}`); None reads Hydra's job.
         environ: the environment that describes a cluster (`TF_CONFIG`, SLURM's).
+        at: the run's place at a URL (`trainer.run.prepare.at_url`), which its owner holds;
+            None: the local run directory is its place.
 
     Returns:
         The `Checked` run.
@@ -153,7 +155,7 @@ def preflight(cfg: DictConfig, logs: str | Path | None = None,
     if cluster is not None and not cluster.is_chief:
         # its Hydra directory (`.hydra/`, the log) goes again if the start fails
         fresh = ((Path(logs), None),) if logs is not None and not Path(logs).exists() else ()
-        return Checked(spec, None, cluster, owner=Owner(None, fresh))
+        return Checked(spec, None, cluster, owner=Owner(None, fresh, at))
     place = _place(spec, logs, run_dir)
     if logs is None or Path(logs) != place:
         check_name(place)
@@ -165,7 +167,7 @@ def preflight(cfg: DictConfig, logs: str | Path | None = None,
     lock = acquire(place)
     if lock.created is not None:
         fresh.append((place, lock.created))
-    owner = Owner(lock, fresh)
+    owner = Owner(lock, fresh, at if at is not None else RunPlace(place))  # a local folder
     try:
         refuse_finished_run(place, resume=spec.resume is not None)
         if spec.tune is not None and is_run_dir(place):

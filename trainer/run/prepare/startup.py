@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 
 from trainer.config.errors import NothingToDo
 from trainer.run.prepare.preflight import Checked, preflight
-from trainer.rundir.remote import shown
+from trainer.rundir.remote import RunPlace
 
 # Starts a checked run with extra callbacks; returns its summary (or what a tuner found).
 Start = Callable[[Checked, Sequence[Any]], Any]
@@ -45,7 +45,8 @@ class Finished:
 
 def begin(cfg: DictConfig, logs: str | Path | None, start: Start,
           run_dir: str | Path | None = None, choices: dict[str, str] | None = None,
-          record: Callable[[], None] | None = None, callbacks: Sequence[Any] = ()) -> Any:
+          record: Callable[[], None] | None = None, callbacks: Sequence[Any] = (),
+          at: RunPlace | None = None) -> Any:
     """Checks a composed config and launches the run it describes.
 
     Args:
@@ -56,14 +57,17 @@ def begin(cfg: DictConfig, logs: str | Path | None, start: Start,
         choices: the config groups' choices (`{"model": "cnn"}`); None reads Hydra's job.
         record: writes the run's `.hydra/` (see `launch`); None: written already.
         callbacks: extra Keras callbacks, after the built-in and the configured ones.
+        at: the run's place at a URL (`trainer.run.prepare.at_url`), which the run's owner
+            holds; None: a local run directory.
 
     Returns:
         What `start` returned, or `Finished` for a finished run with nothing to add.
     """
     try:
-        checked = preflight(cfg, logs, run_dir=run_dir, choices=choices)
+        checked = preflight(cfg, logs, run_dir=run_dir, choices=choices, at=at)
     except NothingToDo as done:
-        print(shown(f"finished: {done}"), flush=True)  # a URL's mirror: named by its URL
+        line = f"finished: {done}"
+        print(at.shown(line) if at is not None else line, flush=True)  # named by its URL
         return Finished(Path(cfg.resume))
     return launch(checked, start, record, callbacks)
 
