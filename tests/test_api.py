@@ -74,10 +74,15 @@ def test_a_bad_override_raises_the_command_lines_line(tmp_path, override):
     assert not (tmp_path / "api").exists()
 
 
-def test_a_finished_run_resumed_from_python_returns_its_result(tmp_path):
-    first = trainer.fit(TINY, run_dir=tmp_path / "run")
-    again = trainer.fit([*TINY, f"resume={tmp_path / 'run'}"])
-    assert again.summary == first.summary
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A default run on the 8x8 digits, one epoch: resumed and predicted from below."""
+    return trainer.fit(TINY, run_dir=tmp_path_factory.mktemp("finished") / "run")
+
+
+def test_a_finished_run_resumed_from_python_returns_its_result(finished_run):
+    again = trainer.fit([*TINY, f"resume={finished_run.run_dir}"])
+    assert again.summary == finished_run.summary
 
 
 @pytest.fixture(scope="module")
@@ -150,10 +155,10 @@ def test_predict_from_the_command_line_and_its_one_line_errors(image_run, tmp_pa
         assert len(lines) == 1 and expected in lines[0], lines
 
 
-def test_arrays_in_the_runs_raw_values_are_predicted(tmp_path):
+def test_arrays_in_the_runs_raw_values_are_predicted(finished_run, tmp_path):
     from sklearn.datasets import load_digits
 
-    run = trainer.fit(TINY, run_dir=tmp_path / "run")
+    run = finished_run
     raw = load_digits().images[:9].astype(np.uint8)[..., None]  # as the digits source gives
     np.save(tmp_path / "x.npy", raw)
     result = trainer.predict(run.run_dir, tmp_path / "x.npy")
@@ -171,21 +176,18 @@ def test_fit_reads_the_users_config_dir(tmp_path):
     conf.mkdir(parents=True)
     (conf / "short.yaml").write_text("# @package _global_\nepochs: 2\ndataset:\n"
                                      "  image_size: 8\nverbose: 0\n")
-    result = trainer.fit(["experiment=short", "logger=[]"], config_dir=tmp_path / "conf",
-                         run_dir=tmp_path / "run")
+    result = trainer.fit(["experiment=short", "logger=[]", "model=small"],
+                         config_dir=tmp_path / "conf", run_dir=tmp_path / "run")
     assert result.summary["epochs"] == 2 and len(result.history["loss"]) == 2
 
 
 def test_fits_summary_names_the_config_choices(tmp_path):
-    import shutil
-
-    from trainer.config.schema import config_dir
-
+    """The model's config file's name (`mine`), not its builder's module (`small_model`)."""
     (tmp_path / "conf" / "model").mkdir(parents=True)
-    shutil.copy(config_dir() / "model" / "cnn.yaml", tmp_path / "conf" / "model" / "small.yaml")
-    result = trainer.fit([*TINY, "model=small"], config_dir=tmp_path / "conf",
+    (tmp_path / "conf" / "model" / "mine.yaml").write_text("_target_: small_model.build\n")
+    result = trainer.fit([*TINY, "model=mine"], config_dir=tmp_path / "conf",
                          run_dir=tmp_path / "run")
-    assert (result.summary["model"], result.summary["dataset"]) == ("small", "digits")
+    assert (result.summary["model"], result.summary["dataset"]) == ("mine", "digits")
 
 
 @pytest.mark.parametrize("overrides, expected", [

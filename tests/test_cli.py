@@ -263,23 +263,41 @@ def test_an_unknown_key_in_an_experiment_file_is_one_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.long
-def test_a_normal_run_prints_nothing_on_stderr(tmp_path):
-    """No TensorFlow start-up notices (CUDA, cuInit, CPU features), no C++ warnings."""
-    import os
-    import subprocess
+# A default run as a user starts it (`python -m trainer`: run as `-m` runs it), then the
+# modules it imported, printed after it ended.
+DEFAULT_RUN = ("import runpy, sys\n"
+               "try:\n    runpy.run_module('trainer', run_name='__main__', alter_sys=True)\n"
+               "except SystemExit as exit:\n    assert not exit.code, exit.code\n"
+               "print(sorted(m for m in sys.modules if m.split('.')[0] in {'optuna', 'mlflow', "
+               "'wandb', 'submitit', 'tensorflow_datasets'} or m in "
+               "{'trainer.models.keras_app', 'trainer.models.mobilenet', 'trainer.data.tfds', "
+               "'trainer.data.image_folder'}))\n")
 
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A whole default run (its TensorBoard logger, its progress lines; two epochs on the
+    8x8 digits) in a fresh process with TensorFlow's logging as a user's shell leaves it:
+    the process's output, and the environment it had."""
+    tmp_path = tmp_path_factory.mktemp("default")
     env = {k: v for k, v in os.environ.items()
            if k not in ("HYDRA_FULL_ERROR", "TF_CPP_MIN_LOG_LEVEL", "TRAINER_TF_LOGS")}
-    args = [sys.executable, "-m", "trainer", "epochs=2", "dataset.image_size=8",
-            f"hydra.run.dir={tmp_path / 'run'}"]
-    out = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run([sys.executable, "-c", DEFAULT_RUN, "epochs=2", "dataset.image_size=8",
+                          f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    return out, env, tmp_path
+
+
+@pytest.mark.long
+def test_a_normal_run_prints_nothing_on_stderr(finished):
+    """No TensorFlow start-up notices (CUDA, cuInit, CPU features), no C++ warnings."""
+    out, env, tmp_path = finished
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stderr == "", out.stderr[-3000:]
     assert "Summary" in out.stdout and "Epoch 2/2" in out.stdout
     # The switch brings TensorFlow's own lines back.
-    shown = subprocess.run([*args[:-1], f"hydra.run.dir={tmp_path / 'shown'}"], cwd=tmp_path,
+    shown = subprocess.run([sys.executable, "-m", "trainer", "epochs=1", "dataset.image_size=8",
+                            f"hydra.run.dir={tmp_path / 'shown'}"], cwd=tmp_path,
                            env={**env, "TRAINER_TF_LOGS": "1"}, capture_output=True, text=True,
                            timeout=300)
     assert shown.returncode == 0 and shown.stderr.strip(), shown.stderr[-3000:]
@@ -519,19 +537,9 @@ def test_one_fit_run_makes_every_check_and_parses_every_value_once(tmp_path, mon
     assert ONCE <= set(calls), ONCE - set(calls)
 
 
-def test_a_default_run_imports_no_tracker_sweeper_or_zoo(tmp_path):
+def test_a_default_run_imports_no_tracker_sweeper_or_zoo(finished):
     """What only some runs need is not paid by the others: after a whole default run (the
     TensorBoard logger included), none of these was imported."""
-    code = ("import runpy, sys\n"
-            f"sys.argv = ['trainer', 'epochs=1', 'verbose=0', "
-            f"'hydra.run.dir={tmp_path / 'run'}']\n"
-            "try:\n    runpy.run_module('trainer', run_name='__main__')\n"
-            "except SystemExit as exit:\n    assert not exit.code, exit.code\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in {'optuna', 'mlflow', "
-            "'wandb', 'submitit', 'tensorflow_datasets'} or m in "
-            "{'trainer.models.keras_app', 'trainer.models.mobilenet', 'trainer.data.tfds', "
-            "'trainer.data.image_folder'}))\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    out, _, _ = finished
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"

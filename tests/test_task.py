@@ -142,23 +142,40 @@ def test_the_wheel_ships_the_optuna_sweeper_where_hydra_finds_it(tmp_path, wheel
     assert sweeper["pruner"]["_target_"] == "optuna.pruners.MedianPruner"
 
 
+# The regression's run as the README's project trains it, made exact: a global batch of 64
+# whatever the replicas, no partial batch, no momentum, the last weights.
+REGRESSION = ("experiment=diabetes", "accelerator=cpu", "epochs=3", "batch.per_replica=null",
+              "batch.global_size=64", "batch.drop_remainder=true", "optimizer.momentum=0.0",
+              "checkpoint.save_best=false")
+
+
+def train_regression(root: Path, run_dir: Path, loop: str, replicas: int) -> list:
+    """The regression trained with `loop` on `replicas` replicas: its last weights."""
+    summary = train(own_config(root, *REGRESSION, f"loop={loop}", f"devices={replicas}"),
+                    run_dir=run_dir)
+    assert summary["replicas"] == replicas and summary["loss"] == "mean_squared_error"
+    assert summary["validation_metrics"]["loss"] < diabetes_baseline()
+    return keras.models.load_model(run_dir / "checkpoints" / "last.keras",
+                                   compile=False).get_weights()
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """The regression's one-replica reference, trained once by Keras's fit: its weights."""
+    root = write_project(tmp_path_factory.mktemp("project"), readme_project()[0])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(root))
+        return train_regression(root, root / "run", "fit", 1)
+
+
 @pytest.mark.parametrize("loop", ["fit", "custom"])
-def test_regression_gives_the_same_weights_on_1_and_4_replicas(project, tmp_path, loop):
+def test_regression_gives_the_same_weights_on_1_and_4_replicas(project, tmp_path, finished,
+                                                               loop):
     """Any loss, not only cross-entropy, is averaged over the global batch (4 replicas:
-    what 2 would show, with a quarter of the batch each)."""
-    found = {}
-    for replicas in (1, 4):
-        cfg = own_config(project, "experiment=diabetes", f"loop={loop}", "accelerator=cpu",
-                         f"devices={replicas}", "epochs=3", "batch.per_replica=null",
-                         "batch.global_size=64", "batch.drop_remainder=true",
-                         "optimizer.momentum=0.0", "checkpoint.save_best=false")
-        run_dir = tmp_path / f"{loop}{replicas}"
-        summary = train(cfg, run_dir=run_dir)
-        assert summary["replicas"] == replicas and summary["loss"] == "mean_squared_error"
-        assert summary["validation_metrics"]["loss"] < diabetes_baseline()
-        model = keras.models.load_model(run_dir / "checkpoints" / "last.keras", compile=False)
-        found[replicas] = model.get_weights()
-    for a, b in zip(found[1], found[4], strict=True):
+    what 2 would show, with a quarter of the batch each): each loop on 4 replicas ends with
+    the weights Keras's fit gives on one."""
+    found = train_regression(project, tmp_path / loop, loop, 4)
+    for a, b in zip(finished, found, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
 
 

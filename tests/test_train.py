@@ -8,15 +8,41 @@ import math
 import keras
 import pytest
 
+from tests.conftest import TINY, make_config
 from trainer.config.errors import ConfigError
 from trainer.run.train import train
 
 DIGITS_TRAIN, DIGITS_VAL = 1437, 180
 
+# Runs several tests read, each trained once (model=small, as `tiny_config`): the weak-scaling
+# run on one replica is also the TensorBoard test's and seed 0's; on two, the fit loop's run
+# directory (two epochs, TensorBoard), which the weak-scaling test reads as well.
+SHARED = {1: ("devices=1", "seed=0", "logger=[tensorboard]"),
+          2: ("devices=2", "loop=fit", "steps_per_execution=1", "epochs=2",
+              "logger=[tensorboard]")}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """`finished(key)`: the summary and run directory of the run `SHARED[key]` names,
+    trained on its first use."""
+    runs = {}
+
+    def run(key):
+        if key not in runs:
+            run_dir = tmp_path_factory.mktemp(f"run{key}")
+            cfg = make_config(*TINY, "model=small", "accelerator=cpu", *SHARED[key])
+            runs[key] = train(cfg, run_dir=run_dir), run_dir
+        return runs[key]
+    return run
+
 
 @pytest.mark.parametrize("replicas", [1, 2, 4])
-def test_weak_scaling_run(tiny_config, tmp_path, replicas):
-    summary = train(tiny_config("accelerator=cpu", f"devices={replicas}"), run_dir=tmp_path)
+def test_weak_scaling_run(tiny_config, tmp_path, finished, replicas):
+    if replicas in SHARED:
+        summary, tmp_path = finished(replicas)
+    else:
+        summary = train(tiny_config("accelerator=cpu", f"devices={replicas}"), run_dir=tmp_path)
     assert summary["replicas"] == replicas
     assert summary["devices"] == [f"/cpu:{i}" for i in range(replicas)]
     assert summary["strategy"] == ("default" if replicas == 1 else "mirrored")
@@ -66,9 +92,9 @@ def test_schedule_is_applied_to_the_optimizer(tiny_config, tmp_path):
     assert float(schedule(0)) == pytest.approx(0.1)  # warm-up starts at the unscaled rate
 
 
-def test_tensorboard_logs_are_written(tiny_config, tmp_path):
-    train(tiny_config("accelerator=cpu", "devices=1", "logger=[tensorboard]"), run_dir=tmp_path)
-    events = list((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))
+def test_tensorboard_logs_are_written(finished):
+    _, run_dir = finished(1)  # logger=[tensorboard] on one device
+    events = list((run_dir / "tensorboard").rglob("events.out.tfevents.*"))
     assert {p.parent.name for p in events} >= {"train", "validation"}
 
 
@@ -104,10 +130,13 @@ def test_config_errors_leave_nothing_behind(tiny_config, tmp_path):
 
 
 @pytest.mark.parametrize("loop, steps", [("fit", 1), ("custom", 4)])
-def test_loops_write_the_same_run_directory(tiny_config, tmp_path, loop, steps):
-    cfg = tiny_config("accelerator=cpu", "devices=2", f"loop={loop}",
-                      f"steps_per_execution={steps}", "epochs=2", "logger=[tensorboard]")
-    summary = train(cfg, run_dir=tmp_path)
+def test_loops_write_the_same_run_directory(tiny_config, tmp_path, finished, loop, steps):
+    if loop == "fit":
+        summary, tmp_path = finished(2)  # loop=fit, steps_per_execution=1
+    else:
+        cfg = tiny_config("accelerator=cpu", "devices=2", f"loop={loop}",
+                          f"steps_per_execution={steps}", "epochs=2", "logger=[tensorboard]")
+        summary = train(cfg, run_dir=tmp_path)
     assert summary["loop"] == loop and summary["steps_per_execution"] == steps
     assert set(summary["train_metrics"]) == {"loss", "accuracy"}
     assert set(summary["validation_metrics"]) == {"loss", "accuracy"}
@@ -120,11 +149,14 @@ def test_loops_write_the_same_run_directory(tiny_config, tmp_path, loop, steps):
 
 
 @pytest.mark.parametrize("seed", [0, -1, 2**31, 10**20])
-def test_any_integer_seed_trains(tiny_config, tmp_path, seed):
+def test_any_integer_seed_trains(tiny_config, tmp_path, finished, seed):
     """TensorFlow's global seed 0 used to crash the per-epoch shuffle (OperatorNotAllowedInGraph
     Error), and NumPy refuses negative seeds; every integer must train, reproducibly."""
-    summary = train(tiny_config(f"seed={seed}", "accelerator=cpu", "devices=1"),
-                    run_dir=tmp_path)
+    if seed == 0:
+        summary, _ = finished(1)  # seed=0 on one device
+    else:
+        summary = train(tiny_config(f"seed={seed}", "accelerator=cpu", "devices=1"),
+                        run_dir=tmp_path)
     assert summary["seed"] == seed and summary["train_metrics"]["loss"] > 0
 
 
