@@ -118,7 +118,7 @@ class BlowUp(keras.callbacks.Callback):
 def test_diverging_learning_rate_stops_with_the_nan_error(tmp_path):
     run_dir = tmp_path / "run"
     (tmp_path / "blowup.py").write_text(BLOW_UP)
-    out = run_main("dataset.image_size=8", "logger=[]", "verbose=0",
+    out = run_main("dataset.image_size=8", "logger=[]", "verbose=0", "model=small",
                    "optimizer=sgd_momentum_cosine",
                   "checkpoint.nan_check_every=1", "epochs=2", "+callbacks.blowup._target_="
                   "blowup.BlowUp", f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=300)
@@ -185,16 +185,16 @@ def test_backups_are_complete_and_only_two_kept(tmp_path):
 def test_finished_run_is_not_overwritten_unless_resumed(tmp_path, tiny_config):
     run_dir = tmp_path / "run"
     first = run_main("dataset.image_size=8", "epochs=1", "verbose=0", "logger=[]",
-                     f"hydra.run.dir={run_dir}", cwd=tmp_path)
+                     "model=small", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-2000:]
     config = (run_dir / ".hydra" / "config.yaml").read_text()
-    again = run_main("dataset.image_size=8", "epochs=3", f"hydra.run.dir={run_dir}",
-                    cwd=tmp_path, timeout=120)
+    again = run_main("dataset.image_size=8", "model=small", "epochs=3",
+                     f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=120)
     lines = error_lines(again.stderr)
     assert again.returncode == 2 and len(lines) == 1 and "holds a finished run" in lines[0]
     assert (run_dir / ".hydra" / "config.yaml").read_text() == config
     # resume= continues it: two more epochs on top of the first.
-    summary = train(tiny_config("model=cnn", "epochs=3", f"resume={run_dir}"))  # the CLI's
+    summary = train(tiny_config("epochs=3", f"resume={run_dir}"))  # the CLI's
     assert summary["resumed_from"] == {"epoch": 2, "step": 0, "changed": {"epochs": [1, 3]}}
     model = load_checkpoint(run_dir / "checkpoints" / "last.keras")
     assert int(model.optimizer.iterations) == 3 * summary["steps_per_epoch"]
@@ -220,7 +220,7 @@ def test_export_and_evaluate_a_finished_run(tmp_path, tiny_config):
 
 
 def test_a_nan_before_any_backup_does_not_point_to_one(tmp_path):
-    out = run_main("dataset.image_size=8", "logger=[]", "verbose=0",
+    out = run_main("dataset.image_size=8", "logger=[]", "verbose=0", "model=small",
                    "optimizer=sgd_momentum_cosine",
                   "optimizer.lr=1e30", "checkpoint.nan_check_every=1", "epochs=1",
                   f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=300)
