@@ -423,6 +423,7 @@ def test_the_epoch_resumed_mid_way_reports_the_training_metrics_of_all_its_steps
 
 
 @STOPPED_MID_EPOCH
+@pytest.mark.long  # in the long pass with the [fit-1] test above, whose stopped run it shares
 def test_a_mid_epoch_backup_without_metrics_still_resumes(tiny_config, tmp_path,
                                                           stopped_mid_epoch):
     """Backups written before metrics.npz existed: the resumed epoch counts from the resume."""
