@@ -181,7 +181,6 @@ def test_backups_are_complete_and_only_two_kept(tmp_path):
     assert not list((tmp_path / "backup").glob(".tmp-*"))
 
 
-@pytest.mark.long  # the default run stays under 8 minutes on 2 cores
 def test_finished_run_is_not_overwritten_unless_resumed(tmp_path, tiny_config):
     run_dir = tmp_path / "run"
     first = run_main("dataset.image_size=8", "epochs=1", "verbose=0", "logger=[]",
