@@ -283,7 +283,6 @@ def _every_byte(run_dir):
 
 
 @pytest.mark.xdist_group("test_data_changes.stopped_run")
-@pytest.mark.long  # in the long pass with the swap test above, whose stopped run it shares
 def test_a_backup_from_before_content_hashes_resumes(stopped_run, tmp_path):
     import json
 
