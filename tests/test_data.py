@@ -12,7 +12,8 @@ from trainer.data import image_folder, synthetic
 from trainer.data.pipeline import Batches, DataError, Order, Prep, build_pipeline
 from trainer.run.train import train
 
-FAST = ["epochs=1", "verbose=0", "logger=[]", "accelerator=cpu", "devices=2"]
+# The small network (tests/small_model.py): what these runs check is the data's way in.
+FAST = ["epochs=1", "verbose=0", "logger=[]", "accelerator=cpu", "devices=2", "model=small"]
 
 
 @pytest.mark.parametrize("name, extra", [
@@ -172,7 +173,7 @@ def test_reported_validation_accuracy_counts_every_example_once(make_run, tmp_pa
     cfg = make_run("dataset=synthetic", "dataset.train_examples=50",
                    "dataset.validation_examples=50", "dataset.image_size=8",
                    "epochs=1", "verbose=0", "logger=[]", "accelerator=cpu",
-                   f"devices={replicas}", "batch.per_replica=8")
+                   f"devices={replicas}", "batch.per_replica=8", "model=small")
     summary = train(cfg, run_dir=tmp_path)
     model = keras.models.load_model(tmp_path / "checkpoints" / "last.keras")
     source = synthetic.load(train_examples=50, validation_examples=50, image_size=8,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -27,38 +28,59 @@ def _more_images(folder, per_class=2):
             shutil.copy(folder / name / "1.png", folder / name / f"extra{i}.png")
 
 
-def test_an_image_folder_that_gained_files_is_refused_on_resume_and_in_evaluate(tmp_path,
-                                                                                 capsys):
-    from trainer.evaluate import main as evaluate
-
-    images, run_dir = tmp_path / "images", tmp_path / "run"
+@pytest.fixture(scope="module")
+def folder_run(tmp_path_factory):
+    """A finished run on an image folder, its config saved as the command line saves it:
+    (images, run directory). The tests work on copies of the run; one that changes the
+    images puts them back."""
+    root = tmp_path_factory.mktemp("folder")
+    images, run_dir = root / "images", root / "run"
     write_images(images)
     cfg = make_config(*FOLDER, f"dataset.path={images}")
     summary = train(cfg, run_dir)
     assert summary["data"]["train"]["examples"] == 16
     (run_dir / ".hydra").mkdir()
     OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
+    return images, run_dir
+
+
+def _copy(run_dir, tmp_path):
+    """The shared run's copy, every file's bytes and times kept."""
+    copy = tmp_path / "run"
+    subprocess.run(["cp", "-a", str(run_dir), str(copy)], check=True)
+    return copy
+
+
+@pytest.mark.xdist_group("test_data_changes.folder_run")
+def test_an_image_folder_that_gained_files_is_refused_on_resume_and_in_evaluate(
+        folder_run, tmp_path, capsys):
+    from trainer.evaluate import main as evaluate
+
+    images, shared = folder_run
+    run_dir = _copy(shared, tmp_path)
     _more_images(images)
-    more = make_config(*FOLDER, f"dataset.path={images}", "epochs=2", f"resume={run_dir}")
-    with pytest.raises(ConfigError, match=rf"the data of {run_dir} changed since it trained: "
-                                          r"train had 16 examples, now 20; validation has the "
-                                          r"same number of examples \(2\) with other contents; "
-                                          r"test .*restore the data"):
-        train(more)
-    assert evaluate([str(run_dir)]) == 2
+    try:
+        more = make_config(*FOLDER, f"dataset.path={images}", "epochs=2", f"resume={run_dir}")
+        with pytest.raises(ConfigError, match=rf"the data of {run_dir} changed since it "
+                                              r"trained: train had 16 examples, now 20; "
+                                              r"validation has the same number of examples "
+                                              r"\(2\) with other contents; test .*restore "
+                                              r"the data"):
+            train(more)
+        assert evaluate([str(run_dir)]) == 2
+    finally:
+        for extra in images.glob("*/extra*"):
+            extra.unlink()
     lines = error_lines(capsys.readouterr().err)
     assert len(lines) == 1 and "changed since it trained: train had 16" in lines[0], lines
 
 
-def test_the_same_folder_resumes_and_evaluates(tmp_path):
+@pytest.mark.xdist_group("test_data_changes.folder_run")
+def test_the_same_folder_resumes_and_evaluates(folder_run, tmp_path):
     from trainer.evaluate import evaluate_run
 
-    images, run_dir = tmp_path / "images", tmp_path / "run"
-    write_images(images)
-    cfg = make_config(*FOLDER, f"dataset.path={images}")
-    train(cfg, run_dir)
-    (run_dir / ".hydra").mkdir()
-    OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
+    images, shared = folder_run
+    run_dir = _copy(shared, tmp_path)
     assert evaluate_run(run_dir)["examples"] == 2
     more = make_config(*FOLDER, f"dataset.path={images}", "epochs=2", f"resume={run_dir}")
     assert train(more)["epochs_done"] == 2
@@ -207,32 +229,50 @@ FOLDER_RESUME = [*FOLDER, "epochs=1", "dataset.validation_fraction=0.25",
                  "dataset.test_fraction=0"]
 
 
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory):
+    """A run on a folder of same-size PNGs, as if stopped before its end (a resume continues
+    it), its config saved: (images, run directory). Trained with the folder's hashes cached
+    (the files older than the cache's caution). The tests work on copies of the run; one
+    that changes the images puts them back."""
+    root = tmp_path_factory.mktemp("stopped")
+    images, run_dir = root / "images", root / "run"
+    _folder(images, per_class=8)
+    cfg = make_config(*FOLDER_RESUME, f"dataset.path={images}")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fingerprint, "RACY_NS", 0)
+        train(cfg, run_dir)
+    (run_dir / ".hydra").mkdir()
+    OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
+    (run_dir / "summary.json").unlink()  # as if stopped before its end
+    return images, run_dir
+
+
+@pytest.mark.xdist_group("test_data_changes.stopped_run")
 def test_a_same_size_swap_between_class_folders_is_refused_on_resume_and_in_evaluate(
-        tmp_path, capsys, monkeypatch):
+        stopped_run, tmp_path, capsys, monkeypatch):
     """With the hashes cached (the folder older than the cache's caution), so the swap is
     found by its changed inodes, not by a cold read."""
     from trainer.evaluate import main as evaluate
 
     monkeypatch.setattr(fingerprint, "RACY_NS", 0)
-    images, run_dir = tmp_path / "images", tmp_path / "run"
-    _folder(images, per_class=8)
-    cfg = make_config(*FOLDER_RESUME, f"dataset.path={images}")
-    train(cfg, run_dir)
-    (run_dir / ".hydra").mkdir()
-    OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
-    (run_dir / "summary.json").unlink()  # as if stopped before its end: a resume continues it
-    _swap(images / "cat" / "3.png", images / "dog" / "3.png")
-    before = _every_byte(run_dir)
+    images, shared = stopped_run
+    run_dir = _copy(shared, tmp_path)
     more = make_config(*FOLDER_RESUME, f"dataset.path={images}", "epochs=2")
-    with pytest.raises(ConfigError, match=rf"the data of {run_dir} changed since it trained: "
-                                          r"(train|validation) has the same number of examples "
-                                          r"\(\d+\) with other contents"):
-        train(more, run_dir)
-    assert _every_byte(run_dir) == before  # .lock's bytes and times included
-    assert evaluate([str(run_dir)]) == 2
+    _swap(images / "cat" / "3.png", images / "dog" / "3.png")
+    try:
+        before = _every_byte(run_dir)
+        with pytest.raises(ConfigError, match=rf"the data of {run_dir} changed since it "
+                                              r"trained: (train|validation) has the same "
+                                              r"number of examples \(\d+\) with other "
+                                              r"contents"):
+            train(more, run_dir)
+        assert _every_byte(run_dir) == before  # .lock's bytes and times included
+        assert evaluate([str(run_dir)]) == 2
+    finally:
+        _swap(images / "cat" / "3.png", images / "dog" / "3.png")
     lines = error_lines(capsys.readouterr().err)
     assert len(lines) == 1 and "with other contents" in lines[0], lines
-    _swap(images / "cat" / "3.png", images / "dog" / "3.png")
     assert train(more, run_dir)["epochs_done"] == 2
 
 
@@ -242,13 +282,12 @@ def _every_byte(run_dir):
             for p in sorted(run_dir.rglob("*")) if p.is_file()}
 
 
-def test_a_backup_from_before_content_hashes_resumes(tmp_path):
+@pytest.mark.xdist_group("test_data_changes.stopped_run")
+def test_a_backup_from_before_content_hashes_resumes(stopped_run, tmp_path):
     import json
 
-    images, run_dir = tmp_path / "images", tmp_path / "run"
-    _folder(images, per_class=8)
-    train(make_config(*FOLDER_RESUME, f"dataset.path={images}"), run_dir)
-    (run_dir / "summary.json").unlink()
+    images, shared = stopped_run
+    run_dir = _copy(shared, tmp_path)
     for state in (run_dir / "backup").glob("ckpt-*/state.json"):
         kept = json.loads(state.read_text())
         for role in kept["data"].values():

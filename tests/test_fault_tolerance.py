@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import error_lines, run_cli, run_main
+from tests.test_parity import _tiny_config
 from trainer.config.errors import EXIT_DIVERGED, EXIT_INTERRUPTED
 from trainer.evaluate import evaluate_run, load_checkpoint
 from trainer.run.train import train
@@ -117,7 +118,7 @@ class BlowUp(keras.callbacks.Callback):
 def test_diverging_learning_rate_stops_with_the_nan_error(tmp_path):
     run_dir = tmp_path / "run"
     (tmp_path / "blowup.py").write_text(BLOW_UP)
-    out = run_main("dataset.image_size=8", "logger=[]", "verbose=0",
+    out = run_main("dataset.image_size=8", "logger=[]", "verbose=0", "model=small",
                    "optimizer=sgd_momentum_cosine",
                   "checkpoint.nan_check_every=1", "epochs=2", "+callbacks.blowup._target_="
                   "blowup.BlowUp", f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=300)
@@ -180,20 +181,19 @@ def test_backups_are_complete_and_only_two_kept(tmp_path):
     assert not list((tmp_path / "backup").glob(".tmp-*"))
 
 
-@pytest.mark.long  # the default run stays under 8 minutes on 2 cores
 def test_finished_run_is_not_overwritten_unless_resumed(tmp_path, tiny_config):
     run_dir = tmp_path / "run"
-    first = run_cli("dataset.image_size=8", "epochs=1", "verbose=0", "logger=[]",
-                    f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=300)
+    first = run_main("dataset.image_size=8", "epochs=1", "verbose=0", "logger=[]",
+                     "model=small", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-2000:]
     config = (run_dir / ".hydra" / "config.yaml").read_text()
-    again = run_main("dataset.image_size=8", "epochs=3", f"hydra.run.dir={run_dir}",
-                    cwd=tmp_path, timeout=120)
+    again = run_main("dataset.image_size=8", "model=small", "epochs=3",
+                     f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=120)
     lines = error_lines(again.stderr)
     assert again.returncode == 2 and len(lines) == 1 and "holds a finished run" in lines[0]
     assert (run_dir / ".hydra" / "config.yaml").read_text() == config
     # resume= continues it: two more epochs on top of the first.
-    summary = train(tiny_config("model=cnn", "epochs=3", f"resume={run_dir}"))  # the CLI's
+    summary = train(tiny_config("epochs=3", f"resume={run_dir}"))  # the CLI's
     assert summary["resumed_from"] == {"epoch": 2, "step": 0, "changed": {"epochs": [1, 3]}}
     model = load_checkpoint(run_dir / "checkpoints" / "last.keras")
     assert int(model.optimizer.iterations) == 3 * summary["steps_per_epoch"]
@@ -219,7 +219,7 @@ def test_export_and_evaluate_a_finished_run(tmp_path, tiny_config):
 
 
 def test_a_nan_before_any_backup_does_not_point_to_one(tmp_path):
-    out = run_main("dataset.image_size=8", "logger=[]", "verbose=0",
+    out = run_main("dataset.image_size=8", "logger=[]", "verbose=0", "model=small",
                    "optimizer=sgd_momentum_cosine",
                   "optimizer.lr=1e30", "checkpoint.nan_check_every=1", "epochs=1",
                   f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=300)
@@ -244,12 +244,28 @@ def test_garbage_in_the_middle_of_a_backup_is_caught_by_its_checksum(tmp_path, c
     assert f"{latest / 'model.weights.h5'} is damaged" in caplog.text
 
 
-def test_a_damaged_checkpoint_is_named_on_load(tmp_path, tiny_config):
+@pytest.fixture(scope="module")
+def two_epochs(tmp_path_factory):
+    """A finished 2-epoch run of the small network, made once: the tests that damage or
+    resume it work on their own copies."""
+    run_dir = tmp_path_factory.mktemp("two_epochs") / "run"
+    train(_tiny_config("epochs=2"), run_dir=run_dir)
+    return run_dir
+
+
+def _copy(run_dir: Path, to: Path) -> Path:
+    """A copy of a shared run, every file's bytes and times kept."""
+    subprocess.run(["cp", "-a", str(run_dir), str(to)], check=True)
+    return to
+
+
+@pytest.mark.xdist_group("test_fault_tolerance.two_epochs")
+def test_a_damaged_checkpoint_is_named_on_load(tmp_path, two_epochs):
     from trainer.config.errors import ConfigError
 
-    train(tiny_config(), run_dir=tmp_path)
-    last = tmp_path / "checkpoints" / "last.keras"
-    assert (tmp_path / "checkpoints" / "last.keras.sha256").is_file()
+    run_dir = _copy(two_epochs, tmp_path / "run")
+    last = run_dir / "checkpoints" / "last.keras"
+    assert (run_dir / "checkpoints" / "last.keras.sha256").is_file()
     load_checkpoint(last)
     _damage_the_middle(last)
     with pytest.raises(ConfigError, match=f"{last} is damaged"):
@@ -309,9 +325,10 @@ def test_a_backup_holds_the_state_it_was_taken_at_and_saves_as_keras_does(tmp_pa
         assert contents(ours) == contents(theirs)  # the file save_weights wrote then
 
 
-def test_leftovers_are_cleaned_and_a_finished_run_keeps_one_backup(tmp_path, tiny_config):
-    run_dir = tmp_path / "run"
-    train(tiny_config("epochs=2"), run_dir=run_dir)
+@pytest.mark.xdist_group("test_fault_tolerance.two_epochs")
+def test_leftovers_are_cleaned_and_a_finished_run_keeps_one_backup(tmp_path, tiny_config,
+                                                                   two_epochs):
+    run_dir = _copy(two_epochs, tmp_path / "run")
     assert [p.name for p in (run_dir / "backup").iterdir()] == ["ckpt-000002-000000000"]
     # What a kill in the middle of writes would leave:
     (run_dir / "backup" / ".tmp-abc123").mkdir()

@@ -10,7 +10,15 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.conftest import error_lines, run_main
-from tests.test_parity import EXACT, Keep, run, same
+from tests.test_parity import (
+    DICT,
+    EXACT,
+    SHARES_RUNS,
+    Keep,
+    run,
+    same,
+    trained,  # noqa: F401 - the fixture, used by name
+)
 from trainer.config.errors import ConfigError
 from trainer.config.validate import runtime_seed
 from trainer.evaluate import evaluate_run
@@ -21,17 +29,23 @@ SUBCLASSED = ["model._target_=parity_task.subclassed_model",
               "dataset._target_=parity_task.dict_inputs"]
 
 
+@SHARES_RUNS
 @pytest.mark.parametrize("loop", ["fit", "custom"])
-def test_a_subclassed_model_trains_on_two_replicas_like_one(tiny_config, tmp_path, loop):
+def test_a_subclassed_model_trains_on_two_replicas_like_one(tiny_config, tmp_path, trained,  # noqa: F811
+                                                            loop):
     """Its variables exist only after a batch: trainer builds it from a symbolic batch (as
-    fit does from its first), so metrics, the optimizer and checkpoints find them."""
-    one, w1 = run(tiny_config, tmp_path, 1, *SUBCLASSED, f"loop={loop}")
+    fit does from its first), so metrics, the optimizer and checkpoints find them. The one
+    replica under fit is made once, for both loops."""
+    if loop == "fit":
+        one, w1 = trained(1, *SUBCLASSED, "loop=fit")
+    else:
+        one, w1 = run(tiny_config, tmp_path, 1, *SUBCLASSED, f"loop={loop}")
     two, w2 = run(tiny_config, tmp_path, 2, *SUBCLASSED, f"loop={loop}")
     same(w1, w2)
     assert two["validation_metrics"]["accuracy"] > 0.75
     assert (tmp_path / "run2" / "checkpoints" / "best.keras").is_file()
     if loop == "custom":  # and the custom loop's weights are fit's
-        fit, wf = run(tiny_config, tmp_path, 1, *SUBCLASSED, "loop=fit", name="fit")
+        fit, wf = trained(1, *SUBCLASSED, "loop=fit")
         same(wf, w1)
         return
     # Without get_config its checkpoints hold the weights (the summary says so), which
@@ -111,25 +125,34 @@ def plain_keras_fit(model, source, epochs: int, seed: int):
     return history.history
 
 
+@pytest.fixture(scope="module")
+def plain_compiled():
+    """Keras's own fit of the compiled model on one device, once for both loops: (its
+    weights, its history)."""
+    import parity_task
+
+    plain = parity_task.compiled_model()
+    history = plain_keras_fit(plain, parity_task.dict_inputs(), 2, runtime_seed(42))
+    return plain.get_weights(), history
+
+
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_a_model_its_builder_compiled_trains_as_plain_keras_fit_trains_it(tiny_config,
-                                                                          tmp_path, loop):
+                                                                          tmp_path, loop,
+                                                                          plain_compiled):
     """The builder's optimizer (SGD with momentum), loss, metrics and loss weight train: the
     same history keys and weights as Keras's fit on one device (the custom loop through
     the compiled loss, as its loss weight asks)."""
-    import parity_task
-
     keep = Keep()
     summary = train(tiny_config(*COMPILED, f"loop={loop}"), run_dir=tmp_path / "run",
                     callbacks=[keep])
     assert summary["compiled_by"] == "model builder"
     assert summary["optimizer"] == "SGD" and summary["optimizer_settings"] == {"momentum": 0.5}
     assert summary["learning_rate"]["scaled"] == pytest.approx(0.2)
-    plain = parity_task.compiled_model()
-    history = plain_keras_fit(plain, parity_task.dict_inputs(), 2, runtime_seed(42))
+    plain_weights, history = plain_compiled
     assert set(summary["history"]) - {"learning_rate"} == set(history)
     assert {"top1", "accuracy"} <= set(summary["validation_metrics"])
-    same(plain.get_weights(), keep.weights)
+    same(plain_weights, keep.weights)
     assert summary["history"]["loss"] == pytest.approx(history["loss"], rel=1e-5)
 
 
@@ -247,8 +270,10 @@ def test_a_compiled_models_optimizer_gives_way_to_one_the_config_names(tiny_conf
     assert not (tmp_path / "lr").exists()
 
 
+@SHARES_RUNS
 def test_losses_a_model_adds_in_its_forward_pass_are_named_on_several_replicas(tiny_config,
-                                                                               tmp_path):
+                                                                               tmp_path,
+                                                                               trained):  # noqa: F811
     """Each replica's forward-pass losses are of its share of the batch, taken as Keras
     takes them under a strategy: the summary says so where it matters (several replicas)."""
     from trainer.run.end.summary import format_summary
@@ -260,6 +285,5 @@ def test_losses_a_model_adds_in_its_forward_pass_are_named_on_several_replicas(t
     assert one["forward_losses"] is None
     assert "divided by 2, as Keras takes them under a strategy" in two["forward_losses"]
     assert "own losses" in format_summary(two)
-    plain, _ = run(tiny_config, tmp_path, 2, "dataset._target_=parity_task.dict_inputs",
-                   "model._target_=parity_task.dict_model", name="plain")
+    plain, _ = trained(2, *DICT)  # tests/test_parity.py's run, where it runs in this process
     assert plain["forward_losses"] is None

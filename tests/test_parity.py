@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.conftest import TINY, _chooses_model, make_config
 from tests.test_loop import strategy_for
 from trainer.config.errors import ConfigError
 from trainer.data.pipeline import (
@@ -56,6 +57,37 @@ def same(a, b):
         np.testing.assert_allclose(y, x, rtol=RTOL, atol=1e-6)
 
 
+def _tiny_config(*overrides: str):
+    """What the `tiny_config` fixture composes, for runs made once per session."""
+    small = [] if any(map(_chooses_model, overrides)) else ["model=small"]
+    return make_config(*TINY, *small, *overrides)
+
+
+# The tests that read the runs `trained` makes: one test process for them (`--dist
+# loadgroup`), so each run is made once, in this module and in tests/test_keras_models.py.
+SHARES_RUNS = pytest.mark.xdist_group("test_parity.trained")
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory):
+    """`run` made once per session for each devices and overrides: the one-replica
+    references (and runs) several tests compare with only, none writing into the run.
+
+    Returns:
+        A function of (devices, *overrides) returning `run`'s (summary, weights).
+    """
+    made = {}
+
+    def once(devices: int, *overrides: str):
+        key = (devices, *overrides)
+        if key not in made:
+            made[key] = run(_tiny_config, tmp_path_factory.mktemp("trained"), devices,
+                            *overrides)
+        return made[key]
+
+    return once
+
+
 DICT = ["model._target_=parity_task.dict_model", "dataset._target_=parity_task.dict_inputs"]
 TWO = ["model._target_=parity_task.two_head_model",
        "dataset._target_=parity_task.two_targets",
@@ -64,9 +96,10 @@ TWO = ["model._target_=parity_task.two_head_model",
        "checkpoint.monitor=val_cls_accuracy"]
 
 
-def test_dict_inputs_count_examples_and_equal_one_replica(tiny_config, tmp_path):
-    one, w1 = run(tiny_config, tmp_path, 1, *DICT)
-    two, w2 = run(tiny_config, tmp_path, 2, *DICT)
+@SHARES_RUNS
+def test_dict_inputs_count_examples_and_equal_one_replica(trained):
+    one, w1 = trained(1, *DICT)
+    two, w2 = trained(2, *DICT)
     assert two["train_examples"] == 301 and two["validation_examples"] == 29
     assert two["steps_per_epoch"] == 5
     same(w1, w2)
@@ -74,20 +107,22 @@ def test_dict_inputs_count_examples_and_equal_one_replica(tiny_config, tmp_path)
     assert two["validation_metrics"]["accuracy"] > 0.75
 
 
+@SHARES_RUNS
 @pytest.mark.long  # the default run stays under 8 minutes on 2 cores
 def test_several_steps_per_execution_under_fit_equal_one_step_on_one_replica(tiny_config,
-                                                                            tmp_path):
+                                                                            tmp_path, trained):
     """4 steps per graph call on 2 replicas, 5 steps per epoch (a chunk of 4, then 1): the
     same weights as one step per call on 1 replica, and no batch of the next epoch read."""
-    one, w1 = run(tiny_config, tmp_path, 1, *DICT)
+    one, w1 = trained(1, *DICT)
     four, w4 = run(tiny_config, tmp_path, 2, *DICT, "steps_per_execution=4", name="four")
     assert four["steps_per_execution"] == 4
     same(w1, w4)
     assert four["validation_metrics"] == pytest.approx(one["validation_metrics"], rel=1e-5)
 
 
-def test_two_heads_train_on_two_replicas_like_one(tiny_config, tmp_path):
-    one, w1 = run(tiny_config, tmp_path, 1, *TWO)
+@SHARES_RUNS
+def test_two_heads_train_on_two_replicas_like_one(tiny_config, tmp_path, trained):
+    one, w1 = trained(1, *TWO)
     two, w2 = run(tiny_config, tmp_path, 2, *TWO)
     same(w1, w2)
     logged = two["validation_metrics"]
@@ -100,10 +135,12 @@ def test_two_heads_train_on_two_replicas_like_one(tiny_config, tmp_path):
     assert best["monitor"] == "val_cls_accuracy"
 
 
-def test_a_loss_per_output_trains_under_the_custom_loop_as_under_fit(tiny_config, tmp_path):
+@SHARES_RUNS
+def test_a_loss_per_output_trains_under_the_custom_loop_as_under_fit(tiny_config, tmp_path,
+                                                                     trained):
     """The custom loop runs the model's compiled loss (a loss per output, loss weights) and
     metrics, as fit does: 2 replicas of it end where fit ends on 1, logging what fit logs."""
-    fit, w1 = run(tiny_config, tmp_path, 1, *TWO, name="fit")
+    fit, w1 = trained(1, *TWO)
     custom, w2 = run(tiny_config, tmp_path, 2, *TWO, "loop=custom")
     same(w1, w2)
     assert set(custom["history"]) == set(fit["history"])
@@ -163,8 +200,9 @@ def test_class_weight_changes_training_as_keras_class_weight(tmp_path):
     assert not np.allclose(unweighted.get_weights()[0], ours.get_weights()[0], rtol=1e-3)
 
 
-def test_class_weight_from_config_is_applied_and_checked(tiny_config, tmp_path):
-    plain, w0 = run(tiny_config, tmp_path, 1, *DICT, name="plain")
+@SHARES_RUNS
+def test_class_weight_from_config_is_applied_and_checked(tiny_config, tmp_path, trained):
+    plain, w0 = trained(1, *DICT)
     weighted, w1 = run(tiny_config, tmp_path, 2, *DICT, "class_weight={0: 1.0, 1: 3.0}")
     assert not np.allclose(w0[0], w1[0], rtol=1e-3)
     with pytest.raises(ConfigError, match="class_weight names class 5; this dataset has 2"):

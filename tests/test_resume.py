@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 import keras
@@ -22,6 +23,7 @@ import tensorflow as tf
 
 from tests.conftest import error_lines, run_main
 from tests.test_fault_tolerance import _damage_the_middle
+from tests.test_parity import _tiny_config
 from trainer.config.errors import ConfigError, Interrupted
 from trainer.evaluate import load_checkpoint
 from trainer.run.train import train
@@ -332,13 +334,32 @@ def test_a_signal_stops_fit_at_once_without_validating_the_cut_epoch(tiny_config
     assert [p.name for p in (tmp_path / "backup").iterdir()] == ["ckpt-000000-000000004"]
 
 
-def test_rerunning_with_fewer_epochs_than_reached_is_refused(tiny_config, tmp_path):
-    train(tiny_config("epochs=2"), run_dir=tmp_path)
-    before = _digest(tmp_path)
+# A finished 2-epoch run with mid-epoch backups, made once: the tests that refuse to resume
+# it work on their own copies.
+TWO_EPOCHS = ["epochs=2", "checkpoint.backup_every=5"]
+
+
+@pytest.fixture(scope="module")
+def two_epochs(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("two_epochs") / "run"
+    train(_tiny_config(*TWO_EPOCHS), run_dir)
+    return run_dir
+
+
+def _copy(run_dir: Path, to: Path) -> Path:
+    """A copy of a shared run, every file's bytes and times kept."""
+    subprocess.run(["cp", "-a", str(run_dir), str(to)], check=True)
+    return to
+
+
+@pytest.mark.xdist_group("test_resume.two_epochs")
+def test_rerunning_with_fewer_epochs_than_reached_is_refused(tiny_config, tmp_path, two_epochs):
+    run_dir = _copy(two_epochs, tmp_path / "run")
+    before = _digest(run_dir)
     with pytest.raises(ConfigError, match="it has reached epoch 2, and epochs=1 is fewer; pass "
                                           "epochs>=2"):
-        train(tiny_config("epochs=1", f"resume={tmp_path}"))
-    assert _digest(tmp_path) == before
+        train(tiny_config(*TWO_EPOCHS, "epochs=1", f"resume={run_dir}"))
+    assert _digest(run_dir) == before
 
 
 def test_a_backup_from_before_loggers_named_their_builders_resumes_unchanged(tmp_path):
@@ -356,21 +377,38 @@ METRICS_RESUME = ["deterministic=true", "batch.per_replica=null", "batch.global_
                   "accelerator=cpu", "epochs=1"]
 
 
+@pytest.fixture(scope="module")
+def stopped_mid_epoch(tmp_path_factory):
+    """A 1-replica run under fit stopped by SIGTERM after step 5 of its only epoch, made
+    once: the tests that resume it work on their own copies."""
+    run_dir = tmp_path_factory.mktemp("stopped") / "run"
+    with pytest.raises(Interrupted, match="at epoch 1"):
+        train(_tiny_config(*METRICS_RESUME, "loop=fit", "devices=1"), run_dir=run_dir,
+              callbacks=[SigtermAt(0, 5)])
+    return run_dir
+
+
+STOPPED_MID_EPOCH = pytest.mark.xdist_group("test_resume.stopped_mid_epoch")
+
+
 @pytest.mark.parametrize("loop, devices", [
-    ("fit", 1), ("custom", 1),
+    pytest.param("fit", 1, marks=STOPPED_MID_EPOCH), ("custom", 1),
     # on 2 replicas too (about 30 s each); test_metric_state_assigned_across_replicas... fast
     pytest.param("fit", 2, marks=pytest.mark.long),
     pytest.param("custom", 2, marks=pytest.mark.long)])
 def test_the_epoch_resumed_mid_way_reports_the_training_metrics_of_all_its_steps(
-        tiny_config, tmp_path, loop, devices):
+        tiny_config, tmp_path, request, loop, devices):
     """The metrics' totals and counts at the stop are kept in the backup (metrics.npz) and
     assigned back after the loop resets them: the resumed epoch's loss and accuracy are the
     uninterrupted run's, not those of the steps after the resume."""
     args = [*METRICS_RESUME, f"loop={loop}", f"devices={devices}"]
     reference = train(tiny_config(*args), run_dir=tmp_path / "reference")
     run_dir = tmp_path / "run"
-    with pytest.raises(Interrupted, match="at epoch 1"):
-        train(tiny_config(*args), run_dir=run_dir, callbacks=[SigtermAt(0, 5)])
+    if (loop, devices) == ("fit", 1):
+        _copy(request.getfixturevalue("stopped_mid_epoch"), run_dir)
+    else:
+        with pytest.raises(Interrupted, match="at epoch 1"):
+            train(tiny_config(*args), run_dir=run_dir, callbacks=[SigtermAt(0, 5)])
     newest = sorted((run_dir / "backup").glob("ckpt-*"))[-1]
     assert newest.name == "ckpt-000000-000000006"
     assert (newest / "metrics.npz").is_file()
@@ -384,12 +422,13 @@ def test_the_epoch_resumed_mid_way_reports_the_training_metrics_of_all_its_steps
                                    rtol=0, atol=1e-6, err_msg=name)
 
 
-def test_a_mid_epoch_backup_without_metrics_still_resumes(tiny_config, tmp_path):
+@STOPPED_MID_EPOCH
+@pytest.mark.long  # in the long pass with the [fit-1] test above, whose stopped run it shares
+def test_a_mid_epoch_backup_without_metrics_still_resumes(tiny_config, tmp_path,
+                                                          stopped_mid_epoch):
     """Backups written before metrics.npz existed: the resumed epoch counts from the resume."""
-    args = [*METRICS_RESUME, "devices=1"]
-    run_dir = tmp_path / "run"
-    with pytest.raises(Interrupted, match="at epoch 1"):
-        train(tiny_config(*args), run_dir=run_dir, callbacks=[SigtermAt(0, 5)])
+    args = [*METRICS_RESUME, "loop=fit", "devices=1"]
+    run_dir = _copy(stopped_mid_epoch, tmp_path / "run")
     newest = sorted((run_dir / "backup").glob("ckpt-*"))[-1]
     (newest / "metrics.npz").unlink()
     state = json.loads((newest / "state.json").read_text())
@@ -471,10 +510,10 @@ def _every_byte(run_dir: Path) -> dict[str, tuple[bytes, int]]:
             for p in sorted(run_dir.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.xdist_group("test_resume.two_epochs")
 def test_a_refused_resume_leaves_every_byte_as_it_was_the_lock_file_included(tmp_path,
-                                                                             tiny_config):
-    run_dir = tmp_path / "run"
-    train(tiny_config("epochs=2", "checkpoint.backup_every=5"), run_dir)
+                                                                             two_epochs):
+    run_dir = _copy(two_epochs, tmp_path / "run")
     (run_dir / "summary.json").unlink()  # as if stopped: a rerun continues it
     (run_dir / ".lock").write_text("4242\n")  # the pid of the run that made it, long gone
     os.utime(run_dir / ".lock", ns=(1_000_000_000, 1_000_000_000))
