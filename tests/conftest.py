@@ -24,7 +24,12 @@ if "TRAINER_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["TRAINER_CACHE_DIR"], True)
 
 import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
+
+from trainer.internals.tf_start import optional_parts_deferred  # noqa: E402
+
+# As a run imports them (Keras's scikit-learn wrappers and image gallery on first use).
+with optional_parts_deferred():
+    import tensorflow as tf  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.core.config_store import ConfigStore  # noqa: E402
 

@@ -8,16 +8,28 @@ TensorFlow 2.19-2.21 (`TESTED`), whose files and wording the pattern names.
 `stderr_filtered` runs a block with descriptor 2 sent to a temporary file, then writes back
 every line that is not one of these notices, so anything unexpected still shows. No
 TensorFlow import here: the command that starts TensorFlow decides when.
+
+`optional_parts_deferred` runs that import with two of Keras's public modules loaded on first
+use rather than at import: `keras.wrappers` (its scikit-learn wrappers import scikit-learn and
+SciPy's statistics) and `keras.visualization` (it imports `matplotlib.pyplot`). Keras imports
+both at `import keras`, whether a program uses them or not: about a third of the CPU time of
+`import tensorflow, keras` (3.5 s -> 2.4 s on these 2 cores), paid by every process trainer
+starts (a run, a sweep's job, each worker). Used, they load as before: `keras.wrappers.
+SKLearnClassifier` is Keras's own class.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import os
 import re
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 SWITCH = "TRAINER_TF_LOGS"  # =1: every line TensorFlow writes is shown
 
@@ -89,3 +101,68 @@ def stderr_filtered() -> Iterator[None]:
             kept = [line for line in text.splitlines() if line.strip() and not is_noise(line)]
             if kept:
                 print("\n".join(kept), file=sys.stderr, flush=True)
+
+
+# Keras's modules that `import keras` loads and a training run never uses, each with the heavy
+# import it brings (Keras 3.13-3.15): loaded when first used instead.
+DEFERRED = ("keras.wrappers",  # scikit-learn, SciPy's statistics
+            "keras.src.wrappers",
+            "keras.visualization",  # matplotlib.pyplot
+            "keras.src.visualization")
+
+
+class _OnFirstUse(importlib.abc.Loader):
+    """Runs a module when one of its names is first read, not when it is imported. Unlike the
+    standard library's `LazyLoader`, which runs it on any attribute read, the module's own
+    attributes (`__file__`, `__path__`, `__spec__`) do not: `inspect.getmodule` reads
+    `__file__` of every module in `sys.modules`, and TensorFlow's tracing calls it."""
+
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        lock, started = threading.RLock(), []
+
+        def __getattr__(name: str) -> Any:  # noqa: N807 - a module's own (PEP 562)
+            with lock:
+                if not started:
+                    started.append(True)
+                    try:
+                        self.loader.exec_module(module)
+                    finally:
+                        if module.__dict__.get("__getattr__") is __getattr__:
+                            del module.__getattr__
+            if module.__dict__.get("__getattr__") is __getattr__:  # read while it runs
+                raise AttributeError(f"module {module.__name__!r} has no attribute {name!r}")
+            return getattr(module, name)
+
+        module.__getattr__ = __getattr__
+
+
+class _Deferring(importlib.abc.MetaPathFinder):
+    """Finds the `DEFERRED` modules as Python's path finder does, with a loader that runs
+    each on first use (`_OnFirstUse`)."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name not in DEFERRED:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        spec.loader = _OnFirstUse(spec.loader)
+        return spec
+
+
+@contextmanager
+def optional_parts_deferred() -> Iterator[None]:
+    """Runs the block (the import of TensorFlow and Keras) with `DEFERRED` loaded on first
+    use. A module imported before the block is left as it is."""
+    finder = _Deferring()
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)

@@ -36,16 +36,20 @@ from trainer.config.errors import (
     WorkerLost,
 )
 from trainer.config.messages import one_line
-from trainer.internals.tf_start import SWITCH, stderr_filtered
+from trainer.internals.tf_start import SWITCH, optional_parts_deferred, stderr_filtered
 from trainer.rundir.remote import RunPlace
 from trainer.track.sweep import TrialFailed
 
 
 def tensorflow_started() -> None:
-    """Imports TensorFlow and lists the GPUs (where CUDA's notices come from), quietly."""
+    """Imports TensorFlow and Keras (their optional parts on first use: `optional_parts_deferred`)
+    and lists the GPUs (where CUDA's notices come from), quietly."""
     if os.environ.get(SWITCH) == "1":
+        with optional_parts_deferred():
+            import keras  # noqa: F401
         return
-    with stderr_filtered():
+    with stderr_filtered(), optional_parts_deferred():
+        import keras  # noqa: F401
         import tensorflow as tf
 
         tf.config.list_physical_devices("GPU")
