@@ -110,7 +110,8 @@ def plain_keras(name: str, reorder: bool = False) -> tuple[list, dict[str, list[
         epochs = epochs.map(_reversed)
     validation = build_pipeline(source.validation, Batches(BATCH, 1, source.validation_size),
                                 training=False)
-    history = model.fit(epochs, epochs=scenario.epochs, steps_per_epoch=-(-source.train_size // BATCH),
+    history = model.fit(epochs, epochs=scenario.epochs,
+                        steps_per_epoch=-(-source.train_size // BATCH),
                         validation_data=validation, verbose=0,
                         class_weight=scenario.class_weight,
                         callbacks=[make() for make in scenario.callbacks])
