@@ -3,7 +3,8 @@ model_test.py`, `keras/src/trainers/trainer_test.py`) that trains, trained by tr
 plain Keras's `fit` on one device, side by side (the scenarios: `keras_scenarios.py`).
 
 Each scenario's data are 251 training examples (a last batch of 59, split unevenly over 2
-replicas) and 29 for validation. Plain Keras's `fit` trains it on one device over the
+replicas) and 29 for validation, trained for one epoch (the scenario's `epochs`: two where
+what it tests happens in the second). Plain Keras's `fit` trains it on one device over the
 batches trainer makes (same order); trainer trains it through the whole run
 (`trainer.run.train.train`, the builder, data and config as a user gives them) with
 `loop=fit` on 1 and 2 replicas and `loop=custom` on 2, and with `--workers` also on 2 worker
@@ -48,7 +49,7 @@ sys.path.insert(0, str(HERE))  # `_target_: keras_scenarios.X`
 
 import keras_scenarios as ks  # noqa: E402
 
-BATCH, EPOCHS, SEED, TOLERANCE = 64, 2, 42, 1e-5
+BATCH, SEED, TOLERANCE = 64, 42, 1e-5
 COLUMNS = (("fit", 1), ("fit", 2), ("custom", 2))
 # The 2-workers column's scenarios: list and dict outputs, a subclassed model, a model's own
 # train_step and compute_loss, sample weights.
@@ -103,12 +104,14 @@ def plain_keras(name: str, reorder: bool = False) -> tuple[list, dict[str, list[
         options.pop("steps_per_execution", None)
         model.compile(_optimizer(options.pop("optimizer", None)), **options)
     epochs = build_training_epochs(source.train, Batches(BATCH, 1, source.train_size),
-                                   Epochs(0, EPOCHS), order=Order(seed=runtime_seed(SEED)))
+                                   Epochs(0, scenario.epochs),
+                                   order=Order(seed=runtime_seed(SEED)))
     if reorder:
         epochs = epochs.map(_reversed)
     validation = build_pipeline(source.validation, Batches(BATCH, 1, source.validation_size),
                                 training=False)
-    history = model.fit(epochs, epochs=EPOCHS, steps_per_epoch=-(-source.train_size // BATCH),
+    history = model.fit(epochs, epochs=scenario.epochs,
+                        steps_per_epoch=-(-source.train_size // BATCH),
                         validation_data=validation, verbose=0,
                         class_weight=scenario.class_weight,
                         callbacks=[make() for make in scenario.callbacks])
@@ -119,13 +122,17 @@ def plain_keras(name: str, reorder: bool = False) -> tuple[list, dict[str, list[
 
 def overrides(name: str, loop: str, replicas: int) -> list[str]:
     """The run's Hydra overrides: the scenario's model and data by `_target_`, its own
-    overrides (the YAML path), SGD's fixed rate and the shared batch, seed and epochs."""
+    overrides (the YAML path), SGD's fixed rate and the shared batch, seed and epochs. No
+    best checkpoint: a cell compares the last weights and the logs, which it does not change
+    (it is saved, not loaded: no test split)."""
+    scenario = ks.SCENARIOS[name]
     return [f"model._target_=keras_scenarios.model_{name}",
             f"dataset._target_=keras_scenarios.data_{name}", f"loop={loop}",
-            "accelerator=cpu", f"devices={replicas}", f"epochs={EPOCHS}", f"seed={SEED}",
-            "batch.per_replica=null", f"batch.global_size={BATCH}",
+            "accelerator=cpu", f"devices={replicas}", f"epochs={scenario.epochs}",
+            f"seed={SEED}", "batch.per_replica=null", f"batch.global_size={BATCH}",
             "optimizer.lr_scaling=none", "deterministic=true", "verbose=0",
-            "logger=[]", "checkpoint.monitor=val_loss", *ks.SCENARIOS[name].overrides]
+            "logger=[]", "checkpoint.monitor=val_loss", "checkpoint.save_best=false",
+            *scenario.overrides]
 
 
 def with_trainer(name: str, loop: str, replicas: int) -> tuple[list, dict[str, list[float]]]:

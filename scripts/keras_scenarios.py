@@ -45,6 +45,8 @@ class Scenario:
         callbacks: callback classes plain Keras's fit gets (trainer's by `overrides`).
         classes: the targets are class indices (the Source's `num_classes=2`).
         source: builds the Source itself (a tf.data source of unknown length).
+        epochs: how many epochs both sides train: one crosses the uneven last batch and
+            validates; two where what the scenario tests happens in the second.
     """
 
     build: Callable[..., Any]
@@ -58,6 +60,7 @@ class Scenario:
     classes: bool = False
     source: Callable[..., Any] | None = None
     notes: str = field(default="")
+    epochs: int = 1
 
 
 def _keras():
@@ -973,8 +976,9 @@ SCENARIOS: dict[str, Scenario] = {
                                         overrides=("loss=null", *_SGD)),
     "add_loss": Scenario(add_loss, classes, classes=True),
     "list_inputs": Scenario(list_inputs, two_inputs, (TT + "test_nested_inputs",)),
+    # Stopper stops after 5 batches: in the second epoch, after its first step
     "stop_training": Scenario(example, four_to_three, (TT + "test_stop_loop",),
-                              callbacks=(Stopper,),
+                              callbacks=(Stopper,), epochs=2,
                               overrides=("+callbacks.stopper._target_=keras_scenarios.Stopper",)),
     "constraints": Scenario(constraints, three_to_two, (TT + "test_constraints_are_applied",)),
     "callback_state": Scenario(
