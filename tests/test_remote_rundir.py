@@ -161,9 +161,19 @@ def _wait(predicate, process: subprocess.Popen, timeout: float = 240) -> None:
         time.sleep(0.1)
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    """The uninterrupted local run both stores' killed-and-resumed runs end equal to, made
+    once: a fresh process, as theirs."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    done = run_cli(*LEAN, f"hydra.run.dir={root / 'clean'}", cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return root / "clean"
+
+
 @pytest.mark.parametrize("scheme", ["s3", pytest.param("gs", marks=pytest.mark.long)])
 def test_killed_mid_epoch_at_a_url_resumes_to_the_weights_of_an_uninterrupted_run(
-        scheme, request, tmp_path, capsys, monkeypatch):
+        scheme, request, tmp_path, capsys, monkeypatch, uninterrupted):
     """The issue's measure: a chief killed mid-epoch, a second start refused while it
     trained, the rerun from the URL alone (a new machine: the local mirror wiped) ending
     with an uninterrupted local run's weights; on moto's S3 server, and on the GCS
@@ -172,9 +182,6 @@ def test_killed_mid_epoch_at_a_url_resumes_to_the_weights_of_an_uninterrupted_ru
     starts: in this process TensorFlow has started already, with them on where the CPU
     has AVX-512, and the sides would run other kernels (0.004 apart on such a host)."""
     s3 = request.getfixturevalue({"s3": "s3", "gs": "gcs"}[scheme])
-    clean = tmp_path / "clean"
-    done = run_cli(*LEAN, f"hydra.run.dir={clean}", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
     url = f"{scheme}://{BUCKET}/runs/a"
     chief = start_cli(*LEAN, f"hydra.run.dir={url}", cwd=tmp_path)
     try:
@@ -208,7 +215,7 @@ def test_killed_mid_epoch_at_a_url_resumes_to_the_weights_of_an_uninterrupted_ru
     (copy / "checkpoints").mkdir(parents=True)
     for name in ("last.keras", "last.keras.sha256"):
         s3.fs.get_file(f"{BUCKET}/runs/a/checkpoints/{name}", str(copy / "checkpoints" / name))
-    for a, b in zip(weights(clean), weights(copy), strict=True):
+    for a, b in zip(weights(uninterrupted), weights(copy), strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
 
 
