@@ -184,6 +184,7 @@ def build(run_dir, params, chief, name="epochs.jsonl"):
 '''
 
 
+@pytest.mark.long  # the default run stays under 8 minutes on 2 cores
 def test_a_tracker_of_ones_own_is_a_yaml_file_away(tmp_path, monkeypatch):
     """The command line in this process (`python -m trainer` puts its folder on the path:
     here the test does), the small network."""
