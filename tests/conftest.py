@@ -90,7 +90,7 @@ LONG_LIST = _listed("long_tests.txt")
 EXACT_LIST = _listed("exact_tests.txt")
 
 # Module-scoped fixtures that each make a training run (or build a wheel).
-SHARED_FIXTURES = ("image_run", "finished_run", "finished", "wheel")
+SHARED_FIXTURES = ("image_run", "finished_run", "finished", "wheel", "uninterrupted")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups

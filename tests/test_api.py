@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import trainer
-from tests.conftest import error_lines, run_main
+from tests.conftest import REPO, error_lines, run_main
 from tests.test_data import write_images
 from tests.test_readme_examples import examples
 
@@ -90,7 +90,8 @@ def image_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("predict")
     write_images(root / "images", per_class=15)  # validation: 4 images, for 3 replicas
     run = trainer.fit(["dataset=image_folder", f"dataset.path={root / 'images'}",
-                       "dataset.image_size=16", "batch.per_replica=4", *TINY[:2], "logger=[]"],
+                       "dataset.image_size=16", "batch.per_replica=4", *TINY[:2], "logger=[]",
+                       "model=small"],  # the predictions' order and values are tested
                       run_dir=root / "run")
     new = root / "new"
     write_images(new, classes=("a", "b", "c"), per_class=5)  # 15 images, not a multiple of 4
@@ -129,7 +130,10 @@ def test_predictions_on_1_and_3_replicas_agree_in_order_and_equal_plain_keras(
         "print(json.dumps(model.predict(images, verbose=0).tolist()))\n")
     out = subprocess.run([sys.executable, "-c", script, str(run.checkpoints["best"]),
                           json.dumps(files)], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3",  # small_model:
+                              "PYTHONPATH": os.pathsep.join(  # the run's builder module
+                                  filter(None, [str(REPO / "tests"),
+                                                os.environ.get("PYTHONPATH")]))})
     assert out.returncode == 0, out.stderr[-2000:]
     expected = np.array(json.loads(out.stdout.strip().splitlines()[-1]))
     for name, found in (("1 replica", rows), ("3 replicas", rows3)):

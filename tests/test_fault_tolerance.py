@@ -78,7 +78,10 @@ def test_sigkill_mid_epoch_then_rerun_equals_an_uninterrupted_run(tmp_path):
 
 def test_sigterm_stops_at_a_step_and_resumes_from_it(tmp_path):
     run_dir = tmp_path / "run"
-    args = [*RESUMABLE, "checkpoint.backup_every=0", "epochs=3", f"hydra.run.dir={run_dir}"]
+    # 90 steps an epoch (16 examples a step; the half second below stays well inside the two
+    # epochs left on a fast machine): the stop and the resume are what is tested
+    args = [*RESUMABLE, "batch.per_replica=16", "checkpoint.backup_every=0", "epochs=3",
+            f"hydra.run.dir={run_dir}"]
     process = start_cli(*args, cwd=tmp_path)
     try:
         wait_for(lambda: (run_dir / "backup" / "ckpt-000001-000000000").exists(), process)

@@ -9,7 +9,7 @@ import json
 import socket
 
 import pytest
-from conftest import TINY, error_lines, run_cli, run_main
+from conftest import TINY, error_lines, run_main
 
 from trainer.config.errors import ConfigError
 from trainer.run.train import train
@@ -185,15 +185,18 @@ def build(run_dir, params, chief, name="epochs.jsonl"):
 
 
 @pytest.mark.long  # the default run stays under 8 minutes on 2 cores
-def test_a_tracker_of_ones_own_is_a_yaml_file_away(tmp_path):
+def test_a_tracker_of_ones_own_is_a_yaml_file_away(tmp_path, monkeypatch):
+    """The command line in this process (`python -m trainer` puts its folder on the path:
+    here the test does), the small network."""
     (tmp_path / "my_tracker.py").write_text(OWN_TRACKER)
+    monkeypatch.syspath_prepend(str(tmp_path))
     (tmp_path / "conf" / "logger").mkdir(parents=True)
     (tmp_path / "conf" / "logger" / "mine.yaml").write_text(
         "mine:\n  _target_: my_tracker.build\n  name: epochs.jsonl\n")
     run_dir = tmp_path / "run"
     tiny = [o for o in TINY if not o.startswith("logger=")]
-    out = run_cli("--config-dir", str(tmp_path / "conf"), *tiny, "logger=[mine,csv]",
-                  "epochs=2", f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=300)
+    out = run_main("--config-dir", str(tmp_path / "conf"), *tiny, "logger=[mine,csv]",
+                   "model=small", "epochs=2", f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     rows = [json.loads(line) for line in (run_dir / "epochs.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [0, 1] and "val_loss" in rows[0]

@@ -30,6 +30,8 @@ BIN = Path(sys.executable).parent
 # RESUMABLE at 16 examples a step: one epoch of 90 steps, a backup every 10.
 LEAN = [*RESUMABLE, "batch.per_replica=16", "checkpoint.backup_every=10", "epochs=1"]
 BUCKET = "runs"
+# The runs that train at a URL: the small network (tests/small_model.py); the place is tested.
+SMALL = [*TINY, "model=small"]
 
 
 def free_port() -> int:
@@ -161,9 +163,19 @@ def _wait(predicate, process: subprocess.Popen, timeout: float = 240) -> None:
         time.sleep(0.1)
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    """The uninterrupted local run both stores' killed-and-resumed runs end equal to, made
+    once: a fresh process, as theirs."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    done = run_cli(*LEAN, f"hydra.run.dir={root / 'clean'}", cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return root / "clean"
+
+
 @pytest.mark.parametrize("scheme", ["s3", pytest.param("gs", marks=pytest.mark.long)])
 def test_killed_mid_epoch_at_a_url_resumes_to_the_weights_of_an_uninterrupted_run(
-        scheme, request, tmp_path, capsys, monkeypatch):
+        scheme, request, tmp_path, capsys, monkeypatch, uninterrupted):
     """The issue's measure: a chief killed mid-epoch, a second start refused while it
     trained, the rerun from the URL alone (a new machine: the local mirror wiped) ending
     with an uninterrupted local run's weights; on moto's S3 server, and on the GCS
@@ -172,9 +184,6 @@ def test_killed_mid_epoch_at_a_url_resumes_to_the_weights_of_an_uninterrupted_ru
     starts: in this process TensorFlow has started already, with them on where the CPU
     has AVX-512, and the sides would run other kernels (0.004 apart on such a host)."""
     s3 = request.getfixturevalue({"s3": "s3", "gs": "gcs"}[scheme])
-    clean = tmp_path / "clean"
-    done = run_cli(*LEAN, f"hydra.run.dir={clean}", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
     url = f"{scheme}://{BUCKET}/runs/a"
     chief = start_cli(*LEAN, f"hydra.run.dir={url}", cwd=tmp_path)
     try:
@@ -208,7 +217,7 @@ def test_killed_mid_epoch_at_a_url_resumes_to_the_weights_of_an_uninterrupted_ru
     (copy / "checkpoints").mkdir(parents=True)
     for name in ("last.keras", "last.keras.sha256"):
         s3.fs.get_file(f"{BUCKET}/runs/a/checkpoints/{name}", str(copy / "checkpoints" / name))
-    for a, b in zip(weights(clean), weights(copy), strict=True):
+    for a, b in zip(weights(uninterrupted), weights(copy), strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
 
 
@@ -441,7 +450,7 @@ def test_a_run_at_gcs_finishes_there_and_evaluates_and_resumes_from_the_url(gcs,
     from trainer.predict import predict_run
 
     url = f"gs://{BUCKET}/runs/g"
-    done = run_main(*TINY, "epochs=1", "logger=[tensorboard]", f"hydra.run.dir={url}",
+    done = run_main(*SMALL, "epochs=1", "logger=[tensorboard]", f"hydra.run.dir={url}",
                     cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     held = _stored(gcs.fs, f"{BUCKET}/runs/g")
@@ -450,7 +459,7 @@ def test_a_run_at_gcs_finishes_there_and_evaluates_and_resumes_from_the_url(gcs,
     assert any(rel.startswith("tensorboard/") and ".tfevents." in rel for rel in held)
     assert "lease.json" not in held and not any(".tmp" in rel for rel in held)
     assert len([rel for rel in held if rel.endswith("/state.json")]) == 1
-    again = run_main(*TINY, "epochs=1", f"hydra.run.dir={url}", cwd=tmp_path)
+    again = run_main(*SMALL, "epochs=1", f"hydra.run.dir={url}", cwd=tmp_path)
     assert again.returncode == EXIT_CONFIG and error_lines(again.stderr) == [
         f"error: run directory {url} holds a finished run (summary.json); choose a new "
         f"hydra.run.dir, or pass resume={url} to continue it"]
@@ -461,7 +470,7 @@ def test_a_run_at_gcs_finishes_there_and_evaluates_and_resumes_from_the_url(gcs,
     predicted = predict_run(url, str(tmp_path / "x.npy"))
     assert predicted["rows"] == 3 and predicted["output"] == f"{url}/predictions.csv"
     assert gcs.fs.cat_file(f"{BUCKET}/runs/g/predictions.csv").count(b"\n") == 4
-    more = run_main(*TINY, "epochs=2", f"resume={url}", cwd=tmp_path)
+    more = run_main(*SMALL, "epochs=2", f"resume={url}", cwd=tmp_path)
     assert more.returncode == 0, more.stderr[-3000:]
     summary = json.loads(gcs.fs.cat_file(f"{BUCKET}/runs/g/summary.json"))
     assert summary["epochs_done"] == 2
@@ -681,18 +690,6 @@ def test_two_workers_at_one_url_train_once_and_only_the_chief_writes_there(s3, t
         f"{p.name}" for p in (tmp_path / "scratch" / "trainer-scratch").glob("*-run")]
 
 
-@pytest.mark.long
-def test_trainer_fit_takes_a_url(s3, tmp_path, monkeypatch):
-    import trainer
-
-    monkeypatch.chdir(tmp_path)
-    result = trainer.fit([*TINY, "epochs=1"], run_dir=f"s3://{BUCKET}/runs/api")
-    held = _stored(s3.fs, f"{BUCKET}/runs/api")
-    assert "summary.json" in held and "lease.json" not in held
-    assert result.summary == json.loads(s3.fs.cat_file(f"{BUCKET}/runs/api/summary.json"))
-    assert result.checkpoints["best"] == f"s3://{BUCKET}/runs/api/checkpoints/best.keras"
-
-
 def _digits_npy(path: Path) -> Path:
     from sklearn.datasets import load_digits
 
@@ -719,16 +716,17 @@ def test_fit_at_a_url_names_the_url_and_predict_writes_into_the_bucket(s3, tmp_p
 
     monkeypatch.chdir(tmp_path)
     url, other = f"s3://{BUCKET}/runs/api", f"s3://{BUCKET}/runs/other"
-    result = trainer.fit([*TINY], run_dir=url)
+    result = trainer.fit(SMALL, run_dir=url)
     assert result.run_dir == url and result.summary["run_dir"] == url
+    assert "lease.json" not in _stored(s3.fs, f"{BUCKET}/runs/api")
     assert result.checkpoints["best"] == f"{url}/checkpoints/best.keras"
     assert result.summary == json.loads(s3.fs.cat_file(f"{BUCKET}/runs/api/summary.json"))
-    second = trainer.fit([*TINY], run_dir=other)  # a place of its own, in this process
+    second = trainer.fit(SMALL, run_dir=other)  # a place of its own, in this process
     assert second.run_dir == other and second.summary["run_dir"] == other
     assert json.loads(s3.fs.cat_file(f"{BUCKET}/runs/other/summary.json"))["run_dir"] == other
     assert _no_scratch(tmp_path) == []
     with pytest.raises(trainer.TrainerError) as refused:
-        trainer.fit([*TINY], run_dir=url)
+        trainer.fit(SMALL, run_dir=url)
     assert url in str(refused.value) and "trainer-scratch" not in str(refused.value)
     assert trainer.evaluate(url)["checkpoint"] == f"{url}/checkpoints/best.keras"
     x = _digits_npy(tmp_path / "x.npy")
@@ -750,7 +748,7 @@ def test_a_url_set_in_an_experiment_file_trains_there(s3, tmp_path, monkeypatch)
     own.mkdir(parents=True)
     (own / "at_url.yaml").write_text("# @package _global_\nhydra:\n  run:\n"
                                      f"    dir: s3://{BUCKET}/runs/exp\n")
-    done = run_main("--config-dir", str(tmp_path / "conf"), *TINY, "experiment=at_url",
+    done = run_main("--config-dir", str(tmp_path / "conf"), *SMALL, "experiment=at_url",
                     cwd=tmp_path)
     assert done.returncode == 0, error_lines(done.stderr)[-3:]
     held = _stored(s3.fs, f"{BUCKET}/runs/exp")

@@ -4,16 +4,14 @@ end with the chosen checkpoint, and `trainer.evaluate split=test` on any replica
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
-from conftest import REPO
 
+from tests.conftest import run_main
 from tests.test_data import write_images
 from trainer.config.errors import ConfigError
 from trainer.data import digits, image_folder
@@ -156,13 +154,17 @@ def test_tfds_without_validation_carves_it_and_reads_test_once_at_the_end(make_r
 
 
 @pytest.mark.long
-def test_test_split_evaluated_on_1_3_4_replicas_equals_numpy_over_every_example(tmp_path):
+def test_test_split_evaluated_on_1_3_4_replicas_equals_numpy_over_every_example(tmp_path,
+                                                                               capsys):
+    """The run and `python -m trainer.evaluate RUN split=test devices=N` in this process
+    (its TensorFlow has 4 logical CPUs already): 180 test examples, never a multiple of the
+    global batch on any of the counts."""
     from trainer.evaluate import load_checkpoint
+    from trainer.evaluate import main as evaluate
 
     run_dir = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-m", "trainer", "epochs=1", "verbose=0",
-                          "logger=[]", "dataset.image_size=8", f"hydra.run.dir={run_dir}"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = run_main("epochs=1", "verbose=0", "logger=[]", "dataset.image_size=8", "model=small",
+                   f"hydra.run.dir={run_dir}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads((run_dir / "summary.json").read_text())
 
@@ -175,12 +177,11 @@ def test_test_split_evaluated_on_1_3_4_replicas_equals_numpy_over_every_example(
     loss = float(np.mean(-np.log(probabilities[np.arange(len(labels)), labels])))
     assert len(labels) == 180
     assert summary["test_metrics"]["accuracy"] == pytest.approx(accuracy, abs=1e-6)
+    capsys.readouterr()
     for replicas in (1, 3, 4):
-        out = subprocess.run([sys.executable, "-m", "trainer.evaluate", str(run_dir),
-                              "split=test", "accelerator=cpu", f"devices={replicas}"],
-                             cwd=REPO, capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr[-2000:]
-        result = json.loads(out.stdout)
+        assert evaluate([str(run_dir), "split=test", "accelerator=cpu",
+                         f"devices={replicas}"]) == 0
+        result = json.loads(capsys.readouterr().out)
         assert result["split"] == "test" and result["examples"] == 180
         assert result["replicas"] == replicas
         assert result["metrics"]["accuracy"] == pytest.approx(accuracy, abs=1e-6)
