@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 from PIL import Image
 
-from tests.conftest import TINY, run_cli
+from tests.conftest import TINY, run_main
 from trainer.track.report import COLUMNS, ScalingReport, main, scaling_rows
 
 
@@ -37,7 +37,7 @@ def test_speedup_and_efficiency():
 @pytest.mark.long  # a sweep of three training processes; the rows' arithmetic runs by default
 def test_report_of_a_real_sweep(tmp_path):
     sweep = tmp_path / "sweep"
-    out = run_cli("-m", "accelerator=cpu", "devices=1,2", *TINY, f"hydra.sweep.dir={sweep}",
+    out = run_main("-m", "accelerator=cpu", "devices=1,2", *TINY, f"hydra.sweep.dir={sweep}",
                   cwd=tmp_path, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     table = (sweep / "scaling.md").read_text().splitlines()

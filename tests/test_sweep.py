@@ -7,7 +7,7 @@ import json
 
 import pytest
 import yaml
-from conftest import TINY, error_lines, run_cli, run_main
+from conftest import TINY, error_lines, run_main
 
 from trainer.config.errors import EXIT_DIVERGED, ConfigError
 from trainer.run.train import train
@@ -121,7 +121,7 @@ QUICK = [*TINY, "dataset.image_size=8"]
 def test_optuna_search_goes_on_past_a_failed_trial_and_tables_every_trial(tmp_path):
     sweep = tmp_path / "sweep"
     # lr from {0.001, 1e30}: the sampler's seed (1234) picks 1e30 for some of the 4 trials
-    out = run_cli("-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=4", *QUICK,
+    out = run_main("-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=4", *QUICK,
                   "optimizer.lr=choice(0.001,1e30)", f"hydra.sweep.dir={sweep}", cwd=tmp_path,
                   timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -151,7 +151,7 @@ def test_optuna_search_goes_on_past_a_failed_trial_and_tables_every_trial(tmp_pa
 @pytest.mark.long
 def test_a_grid_sweep_runs_every_job_and_names_the_failed_one(tmp_path):
     sweep = tmp_path / "sweep"
-    out = run_cli("-m", *QUICK, "optimizer.lr=0.001,1e30", f"hydra.sweep.dir={sweep}",
+    out = run_main("-m", *QUICK, "optimizer.lr=0.001,1e30", f"hydra.sweep.dir={sweep}",
                   cwd=tmp_path, timeout=300)
     assert out.returncode == EXIT_DIVERGED  # the failed job's own exit code
     assert (sweep / "0" / "summary.json").is_file()  # the good job ran and finished
@@ -166,7 +166,7 @@ def test_a_grid_sweep_runs_every_job_and_names_the_failed_one(tmp_path):
 @pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
 def test_launcher_plugins_give_each_job_its_own_devices(tmp_path, launcher):
     sweep = tmp_path / "sweep"
-    out = run_cli("-m", f"hydra/launcher={launcher}", "accelerator=cpu", "devices=1,2",
+    out = run_main("-m", f"hydra/launcher={launcher}", "accelerator=cpu", "devices=1,2",
                   *QUICK, f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     summaries = [json.loads((sweep / str(i) / "summary.json").read_text()) for i in (0, 1)]
