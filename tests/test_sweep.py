@@ -1,5 +1,6 @@
 """Sweeps: the number a job returns to an optimizing sweeper, the trial table, failed
-trials, and Hydra's Optuna sweeper and joblib / submitit_local launchers end to end."""
+trials, and Hydra's Optuna sweeper and joblib / submitit_local launchers end to end (their
+sweeps over 1 and 2 logical replicas also end with a real scaling report)."""
 
 from __future__ import annotations
 
@@ -174,6 +175,39 @@ def test_launcher_plugins_give_each_job_its_own_devices(tmp_path, launcher):
     assert [s["replicas"] for s in summaries] == [1, 2]
     assert [len(s["devices"]) for s in summaries] == [1, 2]
     assert "# Trials: 2 (2 completed, 0 failed)" in (sweep / "trials.md").read_text()
+    assert_scaling_report(sweep)
+
+
+def assert_scaling_report(sweep) -> None:
+    """A sweep over devices=1,2 ends with its scaling report: a row per job, each cell its
+    job's summary's, the picture, and `python -m trainer.track.report` writes it again."""
+    from PIL import Image
+
+    from trainer.track.report import COLUMNS, main
+
+    table = (sweep / "scaling.md").read_text().splitlines()
+    header = next(line for line in table if line.startswith("| devices"))
+    assert header == "| " + " | ".join(COLUMNS) + " |"
+    rows = [line.split(" | ") for line in table if line.startswith("| /cpu")]
+    assert len(rows) == 2
+    for row, job in zip(rows, ("0", "1"), strict=True):
+        summary = json.loads((sweep / job / "summary.json").read_text())
+        cells = dict(zip(COLUMNS, [c.strip("| ") for c in row], strict=True))
+        assert int(cells["replicas"]) == summary["replicas"]
+        assert int(cells["global batch"]) == summary["batch"]["global"]
+        assert int(cells["micro-batch"]) == summary["batch"]["per_replica"] == 64
+        assert int(cells["accumulate"]) == summary["batch"]["accumulate"] == 1
+        assert float(cells["examples/s"]) == pytest.approx(summary["examples_per_sec"], rel=1e-2)
+        assert float(cells["val accuracy"]) == pytest.approx(
+            summary["validation_metrics"]["accuracy"], rel=1e-3)
+        assert float(cells["test accuracy"]) == pytest.approx(
+            summary["test_metrics"]["accuracy"], rel=1e-3)
+    assert float(dict(zip(COLUMNS, rows[0], strict=True))["speed-up"].strip()) == 1.0
+    with Image.open(sweep / "scaling.png") as image:
+        image.verify()
+        assert image.format == "PNG" and image.size[0] > 100
+    (sweep / "scaling.md").unlink()
+    assert main([str(sweep)]) == 0 and (sweep / "scaling.md").is_file()
 
 
 def test_a_sweeper_direction_against_the_metric_is_one_line_before_any_job(tmp_path):
