@@ -97,7 +97,7 @@ for name, args in json.loads(sys.argv[1]):
     try:
         runpy.run_path(sys.argv[0], run_name="__main__")
     except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else 1
+        code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
     except Exception:  # one script's failure is its own test's, not the others'
         traceback.print_exc()
         code = 1
