@@ -15,6 +15,7 @@ import pytest
 from tests.conftest import make_config, run_cli
 from trainer.run.end.summary import exactness, random_layers
 from trainer.run.prepare.preflight import ONEDNN, exact_kernels, preflight
+from trainer.run.train import train
 
 
 def test_deterministic_switches_onednn_off_unless_the_user_chose():
@@ -86,11 +87,12 @@ def cli_weights(tmp_path, name: str, *overrides: str, env: dict | None = None):
     return summary, model.get_weights()
 
 
-@pytest.mark.long  # three fresh processes: the variable counts only as TensorFlow starts
+@pytest.mark.long  # two fresh processes: the variable counts only as TensorFlow starts
 def test_devices_computing_the_same_micro_batches_end_within_1e_5(tmp_path, monkeypatch):
     """1 replica with 2 micro-batches of 32 and 2 replicas of 32 (measured: 1e-7 apart,
     with oneDNN on or off and one thread per kernel or TensorFlow's); the summary says
-    oneDNN was off, and keeps a value the user set."""
+    oneDNN was off, and keeps a value the user set (read by the pre-flight from the
+    environment, so that run is in this process)."""
     monkeypatch.delenv(ONEDNN, raising=False)
     one, w1 = cli_weights(tmp_path, "one", "devices=1", "batch.accumulate=auto",
                               "batch.max_per_replica=32")
@@ -101,5 +103,6 @@ def test_devices_computing_the_same_micro_batches_end_within_1e_5(tmp_path, monk
     assert "oneDNN's CPU kernels off" in two["deterministic"]
     assert ("micro-batches of 32 (batch.accumulate=auto batch.max_per_replica=32)"
             in one["deterministic"])
-    forced, _ = cli_weights(tmp_path, "forced", "devices=1", env={ONEDNN: "1"})
+    monkeypatch.setenv(ONEDNN, "1")
+    forced = train(make_config(*EXACT, "devices=1"), run_dir=tmp_path / "forced")
     assert "oneDNN's CPU kernels on (TF_ENABLE_ONEDNN_OPTS=1" in forced["deterministic"]

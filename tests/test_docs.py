@@ -172,7 +172,7 @@ TESTED_BY = {
     "python -m trainer -m accelerator=cpu devices=1,2,4 epochs=2":
         "tests/test_cli.py::test_sweep_over_devices_gives_each_job_its_devices",
     "python -m trainer.track.report multirun/<date>/<time>":
-        "tests/test_report.py::test_report_of_a_real_sweep",
+        "tests/test_sweep.py::test_launcher_plugins_give_each_job_its_own_devices",
     "python -m trainer batch.per_replica=null batch.global_size=2048 batch.max_per_replica=256 "
     "batch.accumulate=auto": RUNS_AS_WRITTEN,
     # docs/own-task.md

@@ -24,6 +24,8 @@ def test_the_classic_examples_are_there():
 
 # MobileNetV2 and the 32x32 tower network take 10-30 s each: with the long tests
 HEAVY = {"cats_vs_dogs_mobilenet", "digits_towers"}
+# The smallest input of the network an experiment file trains at a larger one.
+SMALLEST = {"cats_vs_dogs_mobilenet": 32, "digits_towers": 8}
 
 
 @pytest.mark.parametrize("experiment", [pytest.param(e, marks=pytest.mark.long) if e in HEAVY
@@ -32,8 +34,9 @@ def test_experiment_runs_one_short_epoch(make_run, tmp_path: Path, experiment):
     # ImageNet weights need a network this machine does not have: the same network from
     # scratch (the offline error itself is tested in test_zoo.py)
     offline = ["model.weights=null"] if experiment == "cats_vs_dogs_mobilenet" else []
-    # the network's smallest input, not the file's 224x224 (what composes and runs is tested)
-    offline += ["dataset.image_size=32"] if experiment == "cats_vs_dogs_mobilenet" else []
+    # the network's smallest input, not the file's 224x224 or 32x32 (what composes and runs
+    # is tested)
+    offline += [f"dataset.image_size={SMALLEST[experiment]}"] if experiment in SMALLEST else []
     tfds_dir = [] if experiment.startswith("digits") else [f"dataset.data_dir={tmp_path / 'tfds'}"]
     cfg = make_run(f"experiment={experiment}", *SHORT, *offline, *tfds_dir)
     with tfds.testing.mock_data(num_examples=10, policy=tfds.testing.MockPolicy.USE_CODE):

@@ -1,4 +1,5 @@
-"""The scaling report: its arithmetic, and a real sweep over 1 and 2 logical replicas."""
+"""The scaling report: its arithmetic. A real sweep's report, over 1 and 2 logical replicas,
+is checked on the launcher tests' sweeps (tests/test_sweep.py: `assert_scaling_report`)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,8 @@ import json
 
 import pytest
 from omegaconf import OmegaConf
-from PIL import Image
 
-from tests.conftest import TINY, run_cli
-from trainer.track.report import COLUMNS, ScalingReport, main, scaling_rows
+from trainer.track.report import ScalingReport, main, scaling_rows
 
 
 def fake_summary(replicas, rate, accuracy=0.9):
@@ -32,37 +31,6 @@ def test_speedup_and_efficiency():
     tested = fake_summary(1, 90.0)
     tested["test_metrics"] = {"accuracy": 0.87}
     assert scaling_rows([tested])[0]["test accuracy"] == 0.87
-
-
-@pytest.mark.long  # a sweep of three training processes; the rows' arithmetic runs by default
-def test_report_of_a_real_sweep(tmp_path):
-    sweep = tmp_path / "sweep"
-    out = run_cli("-m", "accelerator=cpu", "devices=1,2", *TINY, f"hydra.sweep.dir={sweep}",
-                  cwd=tmp_path, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    table = (sweep / "scaling.md").read_text().splitlines()
-    header = next(line for line in table if line.startswith("| devices"))
-    assert header == "| " + " | ".join(COLUMNS) + " |"
-    rows = [line.split(" | ") for line in table if line.startswith("| /cpu")]
-    assert len(rows) == 2
-    for row, job in zip(rows, ("0", "1"), strict=True):
-        summary = json.loads((sweep / job / "summary.json").read_text())
-        cells = dict(zip(COLUMNS, [c.strip("| ") for c in row], strict=True))
-        assert int(cells["replicas"]) == summary["replicas"]
-        assert int(cells["global batch"]) == summary["batch"]["global"]
-        assert int(cells["micro-batch"]) == summary["batch"]["per_replica"] == 64
-        assert int(cells["accumulate"]) == summary["batch"]["accumulate"] == 1
-        assert float(cells["examples/s"]) == pytest.approx(summary["examples_per_sec"], rel=1e-2)
-        assert float(cells["val accuracy"]) == pytest.approx(
-            summary["validation_metrics"]["accuracy"], rel=1e-3)
-        assert float(cells["test accuracy"]) == pytest.approx(
-            summary["test_metrics"]["accuracy"], rel=1e-3)
-    assert float(dict(zip(COLUMNS, rows[0], strict=True))["speed-up"].strip()) == 1.0
-    with Image.open(sweep / "scaling.png") as image:
-        image.verify()
-        assert image.format == "PNG" and image.size[0] > 100
-    (sweep / "scaling.md").unlink()
-    assert main([str(sweep)]) == 0 and (sweep / "scaling.md").is_file()
 
 
 def test_report_command_errors(tmp_path):

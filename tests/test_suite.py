@@ -12,13 +12,33 @@ import pytest
 
 from tests.conftest import LONG_LIST, REPO, SLOW_LIST
 
+# One collection of the whole suite, each id printed after "slow " where it is marked slow
+# (by its decorator or by the slow list, as pytest_collection_modifyitems marks it).
+_COLLECT = """
+import sys
 
-def _collected(marks: str) -> list[str]:
-    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0",
-                           "-m", marks, "-p", "no:randomly"], cwd=REPO, capture_output=True,
+import pytest
+
+
+class Marks:
+    def pytest_collection_finish(self, session):
+        for item in session.items:
+            print(("slow " if item.get_closest_marker("slow") else "every ") + item.nodeid)
+
+
+sys.exit(pytest.main(["--collect-only", "-q", "-n", "0", "-m", "", "-p", "no:randomly"],
+                     plugins=[Marks()]))
+"""
+
+
+def _collected() -> tuple[set[str], list[str]]:
+    """(every test's id, the ids marked slow), from one collection in a fresh process."""
+    done = subprocess.run([sys.executable, "-c", _COLLECT], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    return [line for line in done.stdout.splitlines() if "::" in line]
+    marked = [line.split(" ", 1) for line in done.stdout.splitlines()
+              if line.startswith(("slow tests/", "every tests/"))]
+    return {test for _, test in marked}, [test for mark, test in marked if mark == "slow"]
 
 
 def test_each_slow_line_says_its_time_after_its_reason():
@@ -31,10 +51,9 @@ def test_each_slow_line_says_its_time_after_its_reason():
             assert reason.startswith("# "), line  # the comment above its group says why
 
 
-@pytest.mark.long  # collects the whole suite twice in fresh processes
+@pytest.mark.long  # collects the whole suite in a fresh process
 def test_at_most_20_slow_tests_and_every_listed_id_exists():
-    every = set(_collected(""))
+    every, slow = _collected()
     assert SLOW_LIST <= every, sorted(SLOW_LIST - every)
     assert LONG_LIST <= every, sorted(LONG_LIST - every)
-    slow = _collected("slow")
-    assert len(slow) <= 20, slow
+    assert slow and len(slow) <= 20, slow

@@ -1,5 +1,6 @@
 """Sweeps: the number a job returns to an optimizing sweeper, the trial table, failed
-trials, and Hydra's Optuna sweeper and joblib / submitit_local launchers end to end."""
+trials, and Hydra's Optuna sweeper and joblib / submitit_local launchers end to end (their
+sweeps over 1 and 2 logical replicas also end with a real scaling report)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 
 import pytest
 import yaml
-from conftest import TINY, error_lines, run_cli, run_main
+from conftest import TINY, error_lines, run_main
 
 from trainer.config.errors import EXIT_DIVERGED, ConfigError
 from trainer.run.train import train
@@ -120,12 +121,13 @@ QUICK = [*TINY, "dataset.image_size=8"]
 @pytest.mark.long
 def test_optuna_search_goes_on_past_a_failed_trial_and_tables_every_trial(tmp_path):
     sweep = tmp_path / "sweep"
-    # lr from {0.001, 1e30}: the sampler's seed (1234) picks 1e30 for some of the 4 trials
-    out = run_cli("-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=4", *QUICK,
+    # lr from {0.001, 1e30}: the sampler's seed (1234) picks 1e30 for the first 2 of the 3
+    # trials, 0.001 for the third
+    out = run_main("-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=3", *QUICK,
                   "optimizer.lr=choice(0.001,1e30)", f"hydra.sweep.dir={sweep}", cwd=tmp_path,
                   timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    trials = [json.loads((sweep / str(i) / "trial.json").read_text()) for i in range(4)]
+    trials = [json.loads((sweep / str(i) / "trial.json").read_text()) for i in range(3)]
     failed = [t for t in trials if t["status"] == "failed"]
     done = [t for t in trials if t["status"] == "completed"]
     assert failed and done, trials
@@ -137,7 +139,7 @@ def test_optuna_search_goes_on_past_a_failed_trial_and_tables_every_trial(tmp_pa
         summary = json.loads((sweep / str(t["job"]) / "summary.json").read_text())
         assert t["value"] == summary["validation_metrics"]["accuracy"]
     table = (sweep / "trials.md").read_text()
-    assert table.startswith(f"# Trials: 4 ({len(done)} completed, {len(failed)} failed); "
+    assert table.startswith(f"# Trials: 3 ({len(done)} completed, {len(failed)} failed); "
                             "val_accuracy, highest first")
     best = max(done, key=lambda t: t["value"])
     assert f"Best: job {best['job']}, val_accuracy = {best['value']:.6g}" in table
@@ -151,7 +153,7 @@ def test_optuna_search_goes_on_past_a_failed_trial_and_tables_every_trial(tmp_pa
 @pytest.mark.long
 def test_a_grid_sweep_runs_every_job_and_names_the_failed_one(tmp_path):
     sweep = tmp_path / "sweep"
-    out = run_cli("-m", *QUICK, "optimizer.lr=0.001,1e30", f"hydra.sweep.dir={sweep}",
+    out = run_main("-m", *QUICK, "optimizer.lr=0.001,1e30", f"hydra.sweep.dir={sweep}",
                   cwd=tmp_path, timeout=300)
     assert out.returncode == EXIT_DIVERGED  # the failed job's own exit code
     assert (sweep / "0" / "summary.json").is_file()  # the good job ran and finished
@@ -166,13 +168,46 @@ def test_a_grid_sweep_runs_every_job_and_names_the_failed_one(tmp_path):
 @pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
 def test_launcher_plugins_give_each_job_its_own_devices(tmp_path, launcher):
     sweep = tmp_path / "sweep"
-    out = run_cli("-m", f"hydra/launcher={launcher}", "accelerator=cpu", "devices=1,2",
+    out = run_main("-m", f"hydra/launcher={launcher}", "accelerator=cpu", "devices=1,2",
                   *QUICK, f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     summaries = [json.loads((sweep / str(i) / "summary.json").read_text()) for i in (0, 1)]
     assert [s["replicas"] for s in summaries] == [1, 2]
     assert [len(s["devices"]) for s in summaries] == [1, 2]
     assert "# Trials: 2 (2 completed, 0 failed)" in (sweep / "trials.md").read_text()
+    assert_scaling_report(sweep)
+
+
+def assert_scaling_report(sweep) -> None:
+    """A sweep over devices=1,2 ends with its scaling report: a row per job, each cell its
+    job's summary's, the picture, and `python -m trainer.track.report` writes it again."""
+    from PIL import Image
+
+    from trainer.track.report import COLUMNS, main
+
+    table = (sweep / "scaling.md").read_text().splitlines()
+    header = next(line for line in table if line.startswith("| devices"))
+    assert header == "| " + " | ".join(COLUMNS) + " |"
+    rows = [line.split(" | ") for line in table if line.startswith("| /cpu")]
+    assert len(rows) == 2
+    for row, job in zip(rows, ("0", "1"), strict=True):
+        summary = json.loads((sweep / job / "summary.json").read_text())
+        cells = dict(zip(COLUMNS, [c.strip("| ") for c in row], strict=True))
+        assert int(cells["replicas"]) == summary["replicas"]
+        assert int(cells["global batch"]) == summary["batch"]["global"]
+        assert int(cells["micro-batch"]) == summary["batch"]["per_replica"] == 64
+        assert int(cells["accumulate"]) == summary["batch"]["accumulate"] == 1
+        assert float(cells["examples/s"]) == pytest.approx(summary["examples_per_sec"], rel=1e-2)
+        assert float(cells["val accuracy"]) == pytest.approx(
+            summary["validation_metrics"]["accuracy"], rel=1e-3)
+        assert float(cells["test accuracy"]) == pytest.approx(
+            summary["test_metrics"]["accuracy"], rel=1e-3)
+    assert float(dict(zip(COLUMNS, rows[0], strict=True))["speed-up"].strip()) == 1.0
+    with Image.open(sweep / "scaling.png") as image:
+        image.verify()
+        assert image.format == "PNG" and image.size[0] > 100
+    (sweep / "scaling.md").unlink()
+    assert main([str(sweep)]) == 0 and (sweep / "scaling.md").is_file()
 
 
 def test_a_sweeper_direction_against_the_metric_is_one_line_before_any_job(tmp_path):
