@@ -102,8 +102,8 @@ def test_the_refresh_command_writes_what_pip_c_accepts(tmp_path):
 
 
 def test_ci_and_the_readme_install_with_the_constraints():
-    assert "uv pip install --quiet --python .venv/bin/python -e '.[dev]' -c constraints.txt" \
-        in (REPO / ".ci" / "run").read_text()
+    assert ("uv pip install --quiet --compile-bytecode --python .venv/bin/python -e '.[dev]' "
+            "-c constraints.txt") in (REPO / ".ci" / "run").read_text()
     assert "pip install -e '.[dev]' -c constraints.txt" in (REPO / "README.md").read_text()
 
 
