@@ -3,9 +3,9 @@
 scikit-learn splits them (`train_test_split`, stratified, a fixed seed) the first time a
 split is asked for; the split's arrays are then kept in trainer's cache (`digits/` under
 `TRAINER_CACHE_DIR`, else `~/.cache/trainer`), by scikit-learn's version and the fractions,
-and read from there: importing scikit-learn costs about 0.9 CPU s, paid otherwise by every
-run, sweep job and worker that trains on the digits. A cache file that cannot be read is
-split again and written again.
+written whole (`trainer.rundir.atomic.written`), and read from there: importing
+scikit-learn costs about 0.9 CPU s, paid otherwise by every run, sweep job and worker that
+trains on the digits. A cache file that cannot be read is split again and written again.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.metadata
-import os
-import threading
 import zipfile
 
 import numpy as np
@@ -22,6 +20,7 @@ import tensorflow as tf
 
 from trainer.data.fingerprint import cache_dir
 from trainer.data.pipeline import Source
+from trainer.rundir.atomic import written
 
 # The split is fixed, whatever the run's seed, so every run validates on the same images.
 SPLIT_SEED = 0
@@ -74,14 +73,9 @@ def split(validation_fraction: float, test_fraction: float) -> dict[str, np.ndar
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         pass  # not kept yet, or damaged: split again
     held = _split_by_sklearn(validation_fraction, test_fraction)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.npz")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(tmp, key=np.array(key), **held)
-        os.replace(tmp, path)
-    except OSError:  # a cache that cannot be written is left out: the next run splits again
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+    # a cache that cannot be written is left out: the next run splits again
+    with contextlib.suppress(OSError), written(path) as tmp, open(tmp, "wb") as file:
+        np.savez(file, key=np.array(key), **held)
     return held
 
 
