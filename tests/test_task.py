@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -78,17 +79,40 @@ def diabetes_baseline() -> float:
     return float(np.mean(((y_val - y_train.mean()) / y_train.std()) ** 2))
 
 
+def source_copy(into: Path) -> Path:
+    """The checkout's own files (no .git, .venv, build/ or egg-info), copied: the wheel is
+    built from them, so building never writes into the checkout other tests import from."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                             "--exclude-standard"], cwd=REPO, capture_output=True)
+    if listed.returncode == 0 and listed.stdout:
+        names = [n for n in listed.stdout.decode().split("\0") if n]
+        for name in names:
+            if (REPO / name).is_file():
+                (into / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(REPO / name, into / name)
+        return into
+    skip = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__",
+                                  "outputs", "multirun", ".pytest_cache", ".ruff_cache")
+    return Path(shutil.copytree(REPO, into, ignore=skip, dirs_exist_ok=True))
+
+
+def run_or_fail(command: list[str]) -> None:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    if done.returncode:
+        pytest.fail(f"{' '.join(command[2:5])} failed ({done.returncode}):\n"
+                    f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     """trainer built as a wheel and installed non-editable into a folder of its own."""
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "--no-build-isolation", "-w", str(out / "dist"), str(REPO)],
-                   check=True, capture_output=True, timeout=300)
+    source = source_copy(out / "source")
+    run_or_fail([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                 "--no-build-isolation", "-w", str(out / "dist"), str(source)])
     site = out / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
-                    str(site), *map(str, (out / "dist").glob("*.whl"))],
-                   check=True, capture_output=True, timeout=300)
+    run_or_fail([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
+                 str(site), *map(str, (out / "dist").glob("*.whl"))])
     return site
 
 
