@@ -4,6 +4,7 @@ otherwise leave its list silently, and run where it should not)."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -57,3 +58,56 @@ def test_at_most_20_slow_tests_and_every_listed_id_exists():
     assert SLOW_LIST <= every, sorted(SLOW_LIST - every)
     assert LONG_LIST <= every, sorted(LONG_LIST - every)
     assert slow and len(slow) <= 20, slow
+
+
+# A module-scoped fixture shared by a group of tests, marked as tests/conftest.py marks them.
+_GROUPED = """
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def shared():
+    with open(os.environ["LOG"], "a") as log:
+        log.write(f"made {os.getpid()}\\n")
+
+
+@pytest.mark.parametrize("n", range(3))
+def test_alone(n):
+    pass
+
+
+@pytest.mark.parametrize("n", range(6))
+def test_together(n, shared):
+    with open(os.environ["LOG"], "a") as log:
+        log.write(f"ran {os.getpid()}\\n")
+"""
+_MARKS = """
+import pytest
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "shared" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group("grouped.shared"))
+"""
+
+
+def test_tests_sharing_a_run_go_to_one_test_process(tmp_path):
+    """`--dist loadgroup` (pyproject's addopts) keeps a group's tests in one test process, so
+    its shared run is made once: pytest 9.2 with pytest-xdist 3.8 silently spread them (both
+    processes made each shared run)."""
+    (tmp_path / "test_grouped.py").write_text(_GROUPED)
+    (tmp_path / "conftest.py").write_text(_MARKS)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    log = tmp_path / "log"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist",
+                           "loadgroup", "-p", "no:cacheprovider", str(tmp_path)],
+                          cwd=tmp_path, env={**os.environ, "LOG": str(log)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = log.read_text().split()
+    assert lines.count("made") == 1 and lines.count("ran") == 6, lines
+    assert len(set(lines[1::2])) == 1, lines  # one process made the run and ran every test
