@@ -264,7 +264,7 @@ def test_an_evaluator_killed_mid_run_leaves_training_going(tmp_path, launches):
     import time
 
     run_dir = tmp_path / "run"
-    launch = launches(2, *multiworker.COMMON, "epochs=3", "--evaluator",
+    launch = launches(2, *multiworker.SIGNALLED, "epochs=3", "--evaluator",
                       f"hydra.run.dir={run_dir}")
     multiworker.wait_for(lambda: "[evaluator] evaluator: epoch 1:" in launch.output, 240,
                          launch, "the evaluator's first epoch")

@@ -30,8 +30,12 @@ pytestmark = pytest.mark.multiworker
 # SGD: the sums of per-replica gradients differ from one replica's in the last bits, and
 # Adam's first steps (about lr * sign(gradient)) turn that into 1e-2 where a gradient is near
 # zero; with SGD 2 workers and 1 agree to 2e-7.
-COMMON = ["dataset.image_size=8", "logger=[]", "model.dropout=0", "seed=42",
-          "optimizer=sgd_momentum_cosine", "optimizer.lr=0.05"]
+# The network: tests/small_model.py (one conv layer) where the cluster is tested, not the
+# network; a worker's run is then about 3 s shorter. The tests that signal a worker while it
+# trains take SIGNALLED, the default network, whose steps are slow enough to stop mid-epoch.
+SIGNALLED = ["dataset.image_size=8", "logger=[]", "model.dropout=0", "seed=42",
+             "optimizer=sgd_momentum_cosine", "optimizer.lr=0.05"]
+COMMON = [*SIGNALLED, "model._target_=tests.small_model.build"]
 
 
 
@@ -136,11 +140,13 @@ def assert_same_weights(actual: Path, expected: Path, atol: float) -> None:
         np.testing.assert_allclose(a, b, atol=atol, rtol=0)
 
 
-def reference(tmp_path: Path, tiny_config, name: str, *overrides: str) -> Path:
-    """The same training on one device in this process, with the same global batch (and the
-    default network the worker processes train: `model=small` exists in this process only)."""
+def reference(tmp_path: Path, tiny_config, name: str, *overrides: str,
+              signalled: bool = False) -> Path:
+    """The same training on one device in this process, with the same global batch and
+    network (COMMON's, or SIGNALLED's where `signalled`)."""
     run_dir = tmp_path / name
-    train(tiny_config(*COMMON, "model=cnn", "devices=1", "loop=custom", *overrides),
+    base = [*SIGNALLED, "model=cnn"] if signalled else COMMON
+    train(tiny_config(*base, "devices=1", "loop=custom", *overrides),
           run_dir=run_dir)
     return run_dir
 
@@ -221,7 +227,7 @@ def test_the_readmes_two_output_example_trains_on_two_workers_like_one(tmp_path,
 
 def test_killed_worker_stops_the_other_and_the_run_resumes(tmp_path, launches):
     run_dir = tmp_path / "run"
-    args = [*COMMON, "epochs=3", "deterministic=true", "batch.per_replica=8",
+    args = [*SIGNALLED, "epochs=3", "deterministic=true", "batch.per_replica=8",
             "checkpoint.backup_every=10", f"hydra.run.dir={run_dir}"]
     launch = launches(2, *args)
     backups = run_dir / "backup"
@@ -260,7 +266,7 @@ def test_stuck_worker_fails_the_run_after_the_step_timeout(tmp_path, launches):
     """A peer alive but stuck (SIGSTOP): the survivor's watchdog ends the run after
     strategy.timeout_s, sooner than TensorFlow's heartbeats (~10 s) notice anything."""
     run_dir = tmp_path / "run"
-    launch = launches(2, *COMMON, "epochs=20", "batch.per_replica=8", "strategy.timeout_s=3",
+    launch = launches(2, *SIGNALLED, "epochs=20", "batch.per_replica=8", "strategy.timeout_s=3",
                       f"hydra.run.dir={run_dir}", grace=3)
     backups = run_dir / "backup"
     wait_for(lambda: backups.is_dir() and any(p.name.startswith("ckpt-000001-")
@@ -282,7 +288,7 @@ def test_sigterm_to_one_worker_stops_all_at_one_step(tmp_path, launches):
     """A preempted machine: only worker 1 gets SIGTERM; all stop together, the chief backs up
     at that step, and launching again continues from there."""
     run_dir = tmp_path / "run"
-    args = [*COMMON, "epochs=3", "batch.per_replica=8", "checkpoint.nan_check_every=5",
+    args = [*SIGNALLED, "epochs=3", "batch.per_replica=8", "checkpoint.nan_check_every=5",
             f"hydra.run.dir={run_dir}"]
     launch = launches(2, *args)
     backups = run_dir / "backup"
@@ -309,7 +315,7 @@ def test_sigterm_to_one_worker_stops_all_at_one_step(tmp_path, launches):
 
 def test_ctrl_c_stops_every_worker(tmp_path, launches):
     run_dir = tmp_path / "run"
-    launch = launches(2, *COMMON, "epochs=50", "batch.per_replica=8",
+    launch = launches(2, *SIGNALLED, "epochs=50", "batch.per_replica=8",
                       f"hydra.run.dir={run_dir}")
     wait_for(lambda: (run_dir / "backup").is_dir() and any((run_dir / "backup").iterdir()),
              240, launch, "first backup")

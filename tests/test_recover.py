@@ -126,7 +126,7 @@ def test_two_workers_recover_from_a_blow_up_together_as_one_device_does(
     assert found == {"epoch": 1, "step": 7, "restored": "ckpt-000000-000000004",
                      "skipped": [5, 7]}
     one = tmp_path / "one"
-    alone = train(tiny_config(*COMMON, "model=cnn", "devices=1", "loop=custom", *batch),
+    alone = train(tiny_config(*COMMON, "devices=1", "loop=custom", *batch),
                   run_dir=one, callbacks=[BlowUpAt(6)])
     assert [r["skipped"] for r in alone["recovered"]] == [[5, 7]]
     assert_same_weights(run_dir, one, atol=1e-5)

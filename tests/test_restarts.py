@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from tests.test_multiworker import COMMON, assert_same_weights, launches, reference
+from tests.test_multiworker import COMMON, SIGNALLED, assert_same_weights, launches, reference
 from trainer.distribute.restarts import (
     Failure,
     newest_backup,
@@ -83,7 +83,7 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_an_uninterrupted_one(
     batch = ["batch.per_replica=null", "batch.global_size=64", "epochs=2", "optimizer.lr=0.01",
              "deterministic=true", "checkpoint.backup_every=5"]
     run_dir = tmp_path / "run"
-    launch = launches(2, *COMMON, *batch, f"hydra.run.dir={run_dir}", "--max-restarts", "2",
+    launch = launches(2, *SIGNALLED, *batch, f"hydra.run.dir={run_dir}", "--max-restarts", "2",
                       grace=10)
     backups = run_dir / "backup"
     deadline = time.monotonic() + 240
@@ -107,7 +107,7 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_an_uninterrupted_one(
     assert summary["restarts"]["steps_trained_again"] >= 0
     assert summary["resumed_from"]["epoch"] == 2
     assert summary["resumed_from"]["step"] == int(said[0][1].rsplit("-", 1)[1])
-    expected = reference(tmp_path, tiny_config, "one", *batch)
+    expected = reference(tmp_path, tiny_config, "one", *batch, signalled=True)
     assert_same_weights(run_dir, expected, atol=1e-5)
 
 

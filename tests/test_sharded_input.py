@@ -92,7 +92,7 @@ def test_two_workers_read_an_image_folder_once_between_them_and_train_like_one(
 
     monkeypatch.setenv("READ_LOG", str(one))
     expected = tmp_path / "alone"
-    train(tiny_config(*COMMON, "model=cnn", "devices=1", "loop=custom", *batch, *data),
+    train(tiny_config(*COMMON, "devices=1", "loop=custom", *batch, *data),
           run_dir=expected)
     by_worker, alone = reads(two), reads(one)
     assert len(by_worker) == 2 and len(alone) == 1
@@ -123,7 +123,7 @@ def test_tfrecord_shards_of_an_image_folder_train_on_two_workers_like_one(
     assert summary["input"]["reads"] == ("each of 2 workers reads, decodes and caches only its "
                                          "share of every global batch")
     expected = tmp_path / "alone"
-    train(tiny_config(*COMMON, "model=cnn", "devices=1", "loop=custom", *batch, *data),
+    train(tiny_config(*COMMON, "devices=1", "loop=custom", *batch, *data),
           run_dir=expected)
     assert_same_weights(run_dir, expected, atol=1e-5)
 
@@ -150,6 +150,6 @@ def test_tfrecord_shards_resized_uncached_on_one_lane_train_on_two_workers_like_
     launch = launches(2, *COMMON, *batch, *data, f"hydra.run.dir={run_dir}")
     assert launch.wait(timeout=400) == 0, launch.output[-3000:]
     expected = tmp_path / "alone"
-    train(tiny_config(*COMMON, "model=cnn", "devices=1", "loop=custom", *batch, *data),
+    train(tiny_config(*COMMON, "devices=1", "loop=custom", *batch, *data),
           run_dir=expected)
     assert_same_weights(run_dir, expected, atol=1e-5)
