@@ -74,13 +74,13 @@ def read(value):
     return read_pipeline({"_target_": "trainer.data.digits.load", "service": value}).served
 
 
-def _batches(served, place, lanes, cache, drop=False):
+def _batches(served, place, lanes, cache, drop=False, examples=103):
     rng = np.random.default_rng(0)
-    x = rng.random((103, 3, 3, 1), dtype=np.float32)
-    y = np.eye(3, dtype=np.float32)[np.arange(103) % 3]
+    x = rng.random((examples, 3, 3, 1), dtype=np.float32)
+    y = np.eye(3, dtype=np.float32)[np.arange(examples) % 3]
     dataset = tf.data.Dataset.from_tensor_slices((x, y))
     epochs = build_training_epochs(
-        dataset, Batches(16, 2, 103, drop), Epochs(1, 3, 1),
+        dataset, Batches(16, 2, examples, drop), Epochs(1, 3, 1),
         prep=Prep(lambda a, b: (a * 2, b), cache=cache), order=Order(7, 40, lanes),
         place=place, augment=["flip", "mixup"], service=served)
     return list(epochs.as_numpy_iterator())
@@ -113,7 +113,12 @@ def test_a_dispatcher_of_several_workers_is_one_line(stopped_after):
     svc = tf.data.experimental.service
     dispatcher = svc.DispatchServer(svc.DispatcherConfig(port=0))
     address = dispatcher.target.partition("://")[2]
-    workers = [svc.WorkerServer(svc.WorkerConfig(dispatcher_address=address)) for _ in range(2)]
+    # A worker starts its task of a new job at its next heartbeat to the dispatcher (every
+    # 30 s by default): the second task then often began after the first had delivered the
+    # whole split, in place, in every try. Heartbeats every 50 ms and a split of 2000 examples
+    # make the two copies overlap.
+    workers = [svc.WorkerServer(svc.WorkerConfig(dispatcher_address=address,
+                                                 heartbeat_interval_ms=50)) for _ in range(2)]
     try:
         deadline = time.monotonic() + 30  # both registered: a job then has a task on each
         while dispatcher._num_workers() < 2 and time.monotonic() < deadline:
@@ -125,7 +130,7 @@ def test_a_dispatcher_of_several_workers_is_one_line(stopped_after):
         caught = None
         for _ in range(5):
             try:
-                _batches(served, None, 1, "none")
+                _batches(served, None, 1, "none", examples=2000)
             except tf.errors.InvalidArgumentError as error:
                 caught = error
                 break
