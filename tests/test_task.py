@@ -80,20 +80,12 @@ def diabetes_baseline() -> float:
 
 
 def source_copy(into: Path) -> Path:
-    """The checkout's own files (no .git, .venv, build/ or egg-info), copied: the wheel is
-    built from them, so building never writes into the checkout other tests import from."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
-                             "--exclude-standard"], cwd=REPO, capture_output=True)
-    if listed.returncode == 0 and listed.stdout:
-        names = [n for n in listed.stdout.decode().split("\0") if n]
-        for name in names:
-            if (REPO / name).is_file():
-                (into / name).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(REPO / name, into / name)
-        return into
+    """The checkout without .git, .venv, build/, egg-info, caches or run outputs, copied: the
+    wheel is built from it, so building never writes into the checkout other tests import
+    from."""
     skip = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__",
                                   "outputs", "multirun", ".pytest_cache", ".ruff_cache")
-    return Path(shutil.copytree(REPO, into, ignore=skip, dirs_exist_ok=True))
+    return Path(shutil.copytree(REPO, into, ignore=skip))
 
 
 def run_or_fail(command: list[str]) -> None:
