@@ -79,6 +79,34 @@ def hold_first_replicas_weights(strategy: Any, model: keras.Model) -> None:
     take_chiefs(strategy, model.weights)
 
 
+def weights_digest(strategy: Any, model: keras.Model) -> bytes | None:
+    """A digest of the model's weights where every replica of this process holds the same
+    values (then an evaluation scores exactly what `last.keras` holds); None where two
+    replicas differ (batch normalization's own statistics per replica), or where replicas
+    live in other processes (several workers: comparing them would take a collective).
+
+    It reads every weight once (a model of 14 MB: about 20 ms)."""
+    import hashlib
+
+    import numpy as np
+    import tensorflow as tf
+
+    if (strategy.num_replicas_in_sync > 1
+            and strategy.num_replicas_in_sync != len(strategy.extended.worker_devices)):
+        return None
+    digest = hashlib.blake2b(digest_size=16)
+    for weight in model.weights:
+        value = weight.value
+        copies = (value.values if isinstance(value, tf.distribute.DistributedValues)
+                  else (value,))
+        first = np.asarray(copies[0])
+        if any(not np.array_equal(first, np.asarray(other)) for other in copies[1:]):
+            return None
+        digest.update(f"{weight.path}{first.dtype}{first.shape}".encode())
+        digest.update(first.tobytes())
+    return digest.digest()
+
+
 def take_chiefs(strategy: Any, variables: list) -> None:
     """Assigns every replica of every worker the values the chief's first replica holds
     (one all-reduce to which only it contributes). Every worker must call it at the same

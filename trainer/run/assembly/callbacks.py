@@ -14,6 +14,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from trainer.distribute.multiworker import weights_digest
 from trainer.internals.keras_callbacks import CheckpointHooks, ProgbarAt
 from trainer.run.prepare.sidecar import EvaluatorDir, await_result, clear_result, merged
 from trainer.rundir.atomic import commit, copy, temporary, write_json, written
@@ -349,3 +350,45 @@ class HandOff(keras.callbacks.Callback):
         write_json(self.place.logs(epoch + 1),
                    {k: float(v) for k, v in (logs or {}).items()
                     if isinstance(v, (int, float, np.number)) or np.ndim(v) == 0})
+
+
+class LastValidation(keras.callbacks.Callback):
+    """Keeps the last validation run during training, with a digest of the weights it
+    scored (`trainer.distribute.multiworker.weights_digest`), so the run's final validation
+    can take those numbers instead of a second pass over the same split: only where the
+    model still holds exactly those weights on every replica (no moving average swapped
+    in, no best weights restored, no callback's change since) and nothing else differs.
+
+    Args:
+        strategy: the run's strategy (the digest compares its replicas' copies).
+    """
+
+    def __init__(self, strategy: Any) -> None:
+        super().__init__()
+        self.strategy = strategy
+        self._training = False
+        self._found: tuple[bytes, dict[str, float]] | None = None
+
+    def on_train_begin(self, logs=None):
+        self._training, self._found = True, None
+
+    def on_train_end(self, logs=None):
+        self._training = False
+
+    def on_test_end(self, logs=None):
+        if not self._training:
+            return
+        digest = weights_digest(self.strategy, self.model)
+        try:
+            numbers = {k: float(v) for k, v in (logs or {}).items()}
+        except (TypeError, ValueError):
+            numbers = None  # not numbers: evaluate again
+        self._found = None if digest is None or not numbers else (digest, numbers)
+
+    def reusable(self) -> dict[str, float] | None:
+        """The last validation's numbers where the model still holds the weights it scored
+        on every replica; None where the final validation must run."""
+        if self._found is None:
+            return None
+        digest, numbers = self._found
+        return dict(numbers) if weights_digest(self.strategy, self.model) == digest else None

@@ -18,6 +18,7 @@ from trainer.run.assembly.callbacks import (
     AtomicModelCheckpoint,
     HandOff,
     KeepBestCheckpoints,
+    LastValidation,
     StepWatchdog,
     Throughput,
 )
@@ -46,14 +47,15 @@ class Callbacks:
     kept: Any = None  # the k best checkpoints (checkpoint.keep_best), after best.keras
     trial: Any = None  # a job of trainer's Optuna sweeper: its trial (trainer.track.pruning)
     handoff: Any = None  # with an evaluator: each epoch's backup into its inbox (the chief's)
+    validated: Any = None  # the last validation in training, which the final one may reuse
 
     def all(self) -> list:
         """Built-in ones first (the watchdog last of them), then the user's. The backup
         follows the checkpoints: at an epoch's end it copies the best one just written; the
         curves follow the backup, whose history then holds the epoch; the Optuna trial
         follows the trackers, which log a pruned trial's last epoch too."""
-        found = [self.throughput, *self.checkpoints, self.kept, self.backup, self.handoff,
-                 self.curves,
+        found = [self.throughput, self.validated, *self.checkpoints, self.kept, self.backup,
+                 self.handoff, self.curves,
                  *self.trackers, self.trial, self.watchdog, *self.user]
         return [c for c in found if c is not None]
 
@@ -112,9 +114,9 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
         watchdog = StepWatchdog(timeout, on_stuck(timeout, run.is_chief, run_dir, backup))
     return Callbacks(
         throughput=Throughput(run.data.source.train_size, run.batch.global_size, started),
-        backup=backup, checkpoints=tuple(saved), trackers=trackers, watchdog=watchdog,
-        user=(*user, *check_given_callbacks(extra)), kept=kept,
-        handoff=HandOff.of(backup, run_dir) if evaluator and run.is_chief else None,
+        validated=LastValidation(run.strategy), backup=backup, checkpoints=tuple(saved),
+        trackers=trackers, watchdog=watchdog, user=(*user, *check_given_callbacks(extra)),
+        kept=kept, handoff=HandOff.of(backup, run_dir) if evaluator and run.is_chief else None,
         trial=optuna_trial(spec.optimized_metric, run.logged, run.workers),
         curves=Curves(run_dir, lambda: backup.history, saving.monitor if saving.save_best
                       else None, best_mode) if run.is_chief else None)

@@ -67,7 +67,8 @@ def final_evaluations(run: Run, callbacks: Callbacks, trained: Trained, epochs: 
                       test_with: str, request: StopRequest, startup_s: float | None,
                       average_best: int = 0) -> Outcome:
     """Validation, then test, once each, then the averaged model's test where the run
-    keeps one; a stopped run is not evaluated (other workers may be gone)."""
+    keeps one; a stopped run is not evaluated (other workers may be gone). The validation
+    is training's last where it scored the weights the model holds (`LastValidation`)."""
     done, model = trained.epochs_done, run.model
     if callbacks.backup.interrupted:
         return Outcome(trained.history, {}, done, False, startup_s=startup_s,
@@ -78,9 +79,7 @@ def final_evaluations(run: Run, callbacks: Callbacks, trained: Trained, epochs: 
         ensure_last(callbacks.checkpoints[0], model, done - 1)
     evaluating = time.perf_counter()
     run_dir = callbacks.backup.store.directory.parent
-    hold_first_replicas_weights(run.strategy, model)  # last.keras's, on every replica
-    final = ({} if run.data.validation is None
-             else evaluate_split(run, run.data.validation, trained.loop))
+    final = final_validation(run, callbacks, trained)
     stop_if_asked(request, "the final validation", run_dir, run.is_chief)
     # before a test checkpoint's load, which restores that epoch's optimizer (its EMA) too
     averaged = averaged_weights(run, callbacks, average_best)
@@ -101,6 +100,19 @@ def final_evaluations(run: Run, callbacks: Callbacks, trained: Trained, epochs: 
     return Outcome(trained.history, final, done, trained.stopped_early and done < epochs,
                    test, None if checkpoint is None else str(checkpoint), startup_s,
                    trained.build_s, time.perf_counter() - evaluating, tested)
+
+
+def final_validation(run: Run, callbacks: Callbacks, trained: Trained) -> dict[str, float]:
+    """The validation split scored with the weights `last.keras` holds, on every replica
+    (they are made the first replica's): training's last validation where it scored these
+    very weights on every replica (`LastValidation`; a second pass would repeat it), else
+    one pass now. Empty without a validation split."""
+    reused = (callbacks.validated.reusable() if callbacks.validated is not None
+              and trained.trained and run.data.validation is not None else None)
+    hold_first_replicas_weights(run.strategy, run.model)  # last.keras's, on every replica
+    if run.data.validation is None or reused is not None:
+        return reused or {}
+    return evaluate_split(run, run.data.validation, trained.loop)
 
 
 def averaged_weights(run: Run, callbacks: Callbacks, average_best: int) -> Averaged | None:
