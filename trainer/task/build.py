@@ -8,6 +8,7 @@ both loops log the same names.
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import re
@@ -422,7 +423,12 @@ def default_loss() -> str:
 
 def default_optimizer() -> dict[str, Any]:
     """The optimizer node of the default `optimizer` group option (`conf/config.yaml`'s
-    defaults list: `adam`)."""
+    defaults list: `adam`), a fresh copy each call."""
+    return copy.deepcopy(_default_optimizer())
+
+
+@functools.cache  # the package's own files: read once per process, not twice per run
+def _default_optimizer() -> dict[str, Any]:
     root = config_dir()
     defaults = OmegaConf.to_container(OmegaConf.load(root / "config.yaml")).get("defaults", [])
     chosen = next((d["optimizer"] for d in defaults
