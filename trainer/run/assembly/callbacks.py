@@ -375,8 +375,15 @@ class LastValidation(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         self._training = False
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
     def on_test_end(self, logs=None):
         if not self._training:
+            return
+        epochs = (self.params or {}).get("epochs")  # Keras's fit says how many
+        if epochs is not None and getattr(self, "_epoch", None) != epochs - 1:
+            self._found = None  # not the last epoch's: reading the weights would be waste
             return
         digest = weights_digest(self.strategy, self.model)
         try:
