@@ -530,8 +530,8 @@ def test_one_fit_run_makes_every_check_and_parses_every_value_once(tmp_path, mon
     both before the pre-flight: in a process whose TensorFlow started (this one),
     `trainer.child.needed` parses `devices` and resolves the cluster to decide whether the
     run needs a fresh process, and `trainer.api` resolves the cluster to send a non-chief
-    worker's `.hydra/` elsewhere.
-    Folding both into the pre-flight's one reading is the run's-place work still open."""
+    worker's `.hydra/` elsewhere. Both are pure readings of the composed config, made before
+    the pre-flight decides where the run writes."""
     import trainer
 
     calls = _count_checks(monkeypatch)

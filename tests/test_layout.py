@@ -459,7 +459,7 @@ def test_the_private_names_check_sees_each_kind_of_contact_and_the_list_is_used(
 # The modules of a run's place (a run directory at a URL): the place is one object, opened
 # once per command and passed to what writes or names the run, never a process-wide table.
 PLACE_MODULES = ("rundir/remote.py", "rundir/lease.py", "rundir/backup.py",
-                 "run/prepare/at_url.py")
+                 "run/prepare/place.py")
 MUTABLE_CALLS = {"dict", "list", "set", "defaultdict", "OrderedDict", "WeakValueDictionary",
                  "WeakKeyDictionary"}
 
@@ -498,3 +498,17 @@ def test_the_registry_check_sees_a_planted_table():
                "seen = []\ndef f():\n    global seen\n")
     assert [r.split(" ")[1] for r in _registries(planted, "planted")] == [
         "_mirrors", "_names", "seen", "global"]
+
+
+def test_the_runs_place_is_opened_from_the_composed_config_not_the_command_line():
+    """The run's place is opened once, from the composed config (`place.opened`), by the
+    command line and `trainer.fit` alike: no module reads the command line's arguments for
+    a run directory or a cluster (what `run/at_url.py` did, with a chief rule of its own),
+    and the chief is `Cluster.is_chief` of the one reading (`cluster_of_config`)."""
+    place = (PACKAGE / "run" / "prepare" / "place.py").read_text(encoding="utf-8")
+    assert "argv" not in place and "OverridesParser" not in place
+    assert "cluster_of_config(" in place and "is_chief" in place
+    for entry in ("__main__.py", "api.py"):
+        source = (PACKAGE / entry).read_text(encoding="utf-8")
+        assert "opened(run)" in source, entry
+    assert not (PACKAGE / "run" / "prepare" / "at_url.py").exists()

@@ -320,7 +320,8 @@ def test_no_credentials_is_one_line(s3, tmp_path, monkeypatch):
         "GOOGLE_APPLICATION_CREDENTIALS for gs://"]
 
 
-def test_a_missing_package_an_interpolation_or_unknown_scheme_is_one_line(tmp_path, monkeypatch):
+def test_a_missing_package_or_scheme_is_one_line_and_an_interpolation_resolved(tmp_path,
+                                                                               monkeypatch):
     import fsspec  # noqa: F401 - its registry module, whose name the package shadows
 
     monkeypatch.setitem(sys.modules, "s3fs", None)  # as where it is not installed
@@ -330,15 +331,26 @@ def test_a_missing_package_an_interpolation_or_unknown_scheme_is_one_line(tmp_pa
     assert error_lines(done.stderr) == [
         "error: a run directory at s3://bucket/a needs s3fs: pip install 'trainer[remote]' "
         "(or s3fs)"]
-    done = run_main(*TINY, "hydra.run.dir=s3://bucket/${now:%H}", cwd=tmp_path)
-    assert error_lines(done.stderr) == [
-        "error: a run directory at a URL is taken as written, without Hydra's interpolations; "
-        "spell it out (e.g. with the shell's $(date)); received s3://bucket/${now:%H}"]
+    # an interpolation is resolved once, as the config is composed: the URL is its value
+    done = run_main(*TINY, "hydra.run.dir=s3://bucket/${now:%Y}", cwd=tmp_path)
+    assert re.fullmatch(r"error: a run directory at s3://bucket/20\d\d needs s3fs: .*",
+                        error_lines(done.stderr)[0]), done.stderr[-2000:]
     done = run_main(*TINY, "hydra.run.dir=nosuchscheme://bucket/a", cwd=tmp_path)
     assert done.returncode == EXIT_CONFIG
     assert error_lines(done.stderr) == [
         "error: a run directory at nosuchscheme://bucket/a: fsspec knows no scheme "
         "nosuchscheme://; use s3://, gs:// or another fsspec URL"]
+
+
+def test_a_sweeps_directory_at_a_url_is_one_line_before_any_job(tmp_path):
+    """A sweep's directory at a URL (the command line's, or a config file's) is refused in
+    one line, from the composed config, before a job runs or a local `s3:` folder is made."""
+    done = run_main("-m", *TINY, "hydra.sweep.dir=s3://runs/sweep", "epochs=1,2", cwd=tmp_path)
+    assert done.returncode == EXIT_CONFIG
+    assert error_lines(done.stderr) == [
+        "error: a sweep's directory cannot be a URL yet (hydra.sweep.dir=s3://runs/sweep); "
+        "sweep into a local directory, or run each job with hydra.run.dir=URL"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 @pytest.fixture
@@ -640,11 +652,28 @@ def _write(root: Path, backup: str, content: bytes) -> None:
         (root / backup / name).write_bytes(content)
 
 
+def _composed_run(*args: str):
+    from trainer.config.compose import composed
+    from trainer.config.schema import register_configs
+
+    register_configs()
+    return composed(list(args))
+
+
 def test_only_the_chief_of_a_cluster_takes_the_url():
-    """The chief is the cluster's one rule (`Cluster.is_chief`, as the pre-flight resolves
-    the cluster): a lone `cluster.task_index`, or a lone `SLURM_PROCID` outside a step of
-    several tasks, describes no cluster, so the process writes the URL."""
-    from trainer.run.prepare.at_url import is_chief
+    """The chief is the cluster's one rule (`Cluster.is_chief`, read from the composed
+    config's `cluster` node as the pre-flight reads it): a lone `cluster.task_index`, or a
+    lone `SLURM_PROCID` outside a step of several tasks, describes no cluster, so the
+    process writes the URL."""
+    from omegaconf import OmegaConf
+
+    from trainer.run.prepare.place import writes_url
+
+    cfg = _composed_run().cfg
+
+    def chief(environ: dict[str, str], **cluster: Any) -> bool:
+        node = OmegaConf.merge(cfg, {"cluster": cluster})
+        return writes_url(node, "s3://runs/r", environ)
 
     def tf_config(kind: str, index: int, chief: bool = False) -> dict[str, str]:
         cluster = {"worker": ["a:1", "b:1"], **({"chief": ["c:1"]} if chief else {})}
@@ -655,16 +684,16 @@ def test_only_the_chief_of_a_cluster_takes_the_url():
         return {"SLURM_STEP_NODELIST": "n[1-2]", "SLURM_PROCID": str(procid),
                 "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
 
-    workers = "cluster.workers=[127.0.0.1:1,127.0.0.1:2]"
-    assert is_chief([], {}) and is_chief([workers, "cluster.task_index=0"], {})
-    assert not is_chief([workers, "cluster.task_index=1"], {})
-    assert is_chief(["cluster.task_index=1"], {})  # no cluster: a run of its own
-    assert is_chief([], tf_config("worker", 0)) and is_chief([], tf_config("chief", 0, True))
-    assert not is_chief([], tf_config("worker", 1))
-    assert not is_chief([], tf_config("worker", 0, chief=True))
-    assert is_chief([workers, "cluster.task_index=0"], tf_config("worker", 1))  # the line wins
-    assert not is_chief([], slurm(1)) and is_chief([], slurm(0))
-    assert is_chief([], {"SLURM_PROCID": "2"})  # a batch script's shell: no step
+    workers = ["127.0.0.1:1", "127.0.0.1:2"]
+    assert chief({}) and chief({}, workers=workers, task_index=0)
+    assert not chief({}, workers=workers, task_index=1)
+    assert chief({}, task_index=1)  # no cluster: a run of its own
+    assert chief(tf_config("worker", 0)) and chief(tf_config("chief", 0, True))
+    assert not chief(tf_config("worker", 1))
+    assert not chief(tf_config("worker", 0, chief=True))
+    assert chief(tf_config("worker", 1), workers=workers, task_index=0)  # the config wins
+    assert not chief(slurm(1)) and chief(slurm(0))
+    assert chief({"SLURM_PROCID": "2"})  # a batch script's shell: no step
 
 
 @pytest.mark.long
@@ -741,13 +770,14 @@ def test_fit_at_a_url_names_the_url_and_predict_writes_into_the_bucket(s3, tmp_p
 
 
 def test_a_url_set_in_an_experiment_file_trains_there(s3, tmp_path, monkeypatch):
-    """A config file's URL is the run's place, as the command line's is; its local copy is
-    kept, as asked (`TRAINER_KEEP_SCRATCH=1`)."""
+    """A config file's URL is the run's place, as the command line's is, its interpolations
+    resolved once; its local copy is kept, as asked (`TRAINER_KEEP_SCRATCH=1`)."""
     monkeypatch.setenv("TRAINER_KEEP_SCRATCH", "1")
+    monkeypatch.setenv("EXP_NAME", "exp")
     own = tmp_path / "conf" / "experiment"
     own.mkdir(parents=True)
     (own / "at_url.yaml").write_text("# @package _global_\nhydra:\n  run:\n"
-                                     f"    dir: s3://{BUCKET}/runs/exp\n")
+                                     f"    dir: s3://{BUCKET}/runs/${{oc.env:EXP_NAME}}\n")
     done = run_main("--config-dir", str(tmp_path / "conf"), *SMALL, "experiment=at_url",
                     cwd=tmp_path)
     assert done.returncode == 0, error_lines(done.stderr)[-3:]
@@ -772,26 +802,36 @@ def test_a_store_gone_is_not_read_as_denied_from_the_digits_of_its_port():
 
 def test_an_evaluator_beside_workers_at_a_url_is_one_line():
     """The evaluator reads the chief's files on a shared file system: a run directory at a
-    URL with one is refused before any lease or download."""
+    URL with one is refused before any lease or download (`cluster.evaluator`, an
+    `evaluator` job in `TF_CONFIG` as `trainer.launch --evaluator` sets it, or the
+    evaluator's own task)."""
     from trainer.config.errors import ConfigError
-    from trainer.run.prepare.at_url import at_url, with_evaluator
+    from trainer.run.prepare.place import opened
 
+    refused = r"not at a URL \(s3://runs/r\)"
     described = {"cluster": {"worker": ["127.0.0.1:1"], "evaluator": ["127.0.0.1:2"]},
                  "task": {"type": "worker", "index": 0}}
-    assert with_evaluator([], {"TF_CONFIG": json.dumps(described)})
     evaluator = {**described, "task": {"type": "evaluator", "index": 0}}
-    assert with_evaluator([], {"TF_CONFIG": json.dumps(evaluator)})
-    assert with_evaluator(["cluster.evaluator=127.0.0.1:5000"], {})
-    assert not with_evaluator(["cluster.evaluator=null"], {})
-    assert not with_evaluator([], {"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1"]}})})
-    with pytest.raises(ConfigError, match=r"not at a URL \(s3://runs/r\)"):
-        with at_url(["trainer", "hydra.run.dir=s3://runs/r", "cluster.evaluator=127.0.0.1:5"]):
+    run = _composed_run("hydra.run.dir=s3://runs/r")
+    for environ in (described, evaluator):
+        with pytest.raises(ConfigError, match=refused):
+            with opened(run, {"TF_CONFIG": json.dumps(environ)}):
+                pass
+    beside = _composed_run("hydra.run.dir=s3://runs/r", "cluster.evaluator=127.0.0.1:5",
+                           "cluster.workers=[127.0.0.1:3,127.0.0.1:4]")
+    with pytest.raises(ConfigError, match=refused):
+        with opened(beside, {}):
+            pass
+    two = _composed_run("hydra.run.dir=s3://runs/a", "resume=s3://runs/b")
+    with pytest.raises(ConfigError, match=r"one run directory at a URL per command; "
+                                          r"received \['s3://runs/a', 's3://runs/b'\]"):
+        with opened(two, {}):
             pass
 
 
 def test_the_evaluator_task_at_a_url_is_refused_by_the_one_rule(tmp_path, monkeypatch):
     """`TF_CONFIG`'s evaluator task with the run directory at a URL (named on the command
-    line, or by a config file) meets the refusal `at_url` writes, before any store is
+    line, or by a config file) meets the refusal `place.opened` writes, before any store is
     reached: one line, exit 2."""
     described = {"cluster": {"worker": ["127.0.0.1:1"], "evaluator": ["127.0.0.1:2"]},
                  "task": {"type": "evaluator", "index": 0}}

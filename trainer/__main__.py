@@ -20,12 +20,11 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from trainer.config.compose import composed
+from trainer.config.compose import Composed, composed
 from trainer.config.schema import config_dir, register_configs
 from trainer.distribute.cluster import evaluator_task
 from trainer.internals.hydra_app import args_parser
 from trainer.run import process
-from trainer.run.prepare.at_url import RunPlace, check_configured, run_at_url
 from trainer.run.prepare.jobs import (
     check_sweep_direction,
     dispatches_jobs,
@@ -33,6 +32,7 @@ from trainer.run.prepare.jobs import (
     register_sweeper,
     run_sweep_job,
 )
+from trainer.run.prepare.place import RunPlace, for_hydra, opened
 from trainer.run.prepare.preflight import Checked, preflight
 from trainer.run.prepare.startup import Finished, begin, launch
 
@@ -93,25 +93,39 @@ def main() -> None:
     argv = list(sys.argv)
     with process.signals_raise():
         try:
-            # A run directory at a URL: Hydra and the run see its local mirror (the place
-            # `at_url` opens, and refuses beside an evaluator).
-            run_at_url(sys.argv, lambda place: _command(sys.argv[1:], place))
+            _command(sys.argv[1:])
         except process.STOPS as error:
             process.exit_with(error)
         finally:
             sys.argv[:] = argv
 
 
-def _command(args: list[str], place: RunPlace | None) -> None:
+def _command(args: list[str]) -> None:
     """`TF_CONFIG`'s evaluator task validates beside the workers; any other runs."""
     if evaluator_task(os.environ.get("TF_CONFIG")):
         raise SystemExit(_evaluate_beside(args))
-    _run(args, place)
+    if is_sweep_job():
+        _hydra_app(None)()  # a sweep's job: it checks in its own Hydra job
+        return
+    if args_parser().parse_args(args).multirun:
+        check_sweep_direction(args)
+        _hydra_app(None)()
+        return
+    run = composed(args)
+    if run is None:  # --cfg, --help: no run
+        _hydra_app(None)()
+        return
+    # The run's place, opened from the composed config (a URL's mirror and lease; None: a
+    # local directory, opened with its lock by the pre-flight); Hydra's job runs there.
+    with opened(run) as (there, place):
+        sys.argv.extend(for_hydra(run, there))
+        _run(there, place)
 
 
-def _run(args: list[str], place: RunPlace | None) -> None:
+def _run(run: Composed, place: RunPlace | None) -> None:
     """Checks the run before Hydra's job, then runs the job."""
-    if _precheck(args, place) and not any(a.startswith("hydra.output_subdir=") for a in args):
+    args = sys.argv[1:]
+    if _precheck(run, place) and not any(a.startswith("hydra.output_subdir=") for a in args):
         _later.append(True)
         sys.argv.append(LATER)
     # The checked run's owner is held around Hydra's job too: a start that ends before the
@@ -120,7 +134,7 @@ def _run(args: list[str], place: RunPlace | None) -> None:
         _hydra_app(place)()
 
 
-def _precheck(args: list[str], place: RunPlace | None) -> bool:
+def _precheck(run: Composed, place: RunPlace | None) -> bool:
     """Before Hydra writes `.hydra/` and its log into the run directory: checks the config
     and its run directory, holding its lock, for the job to run.
 
@@ -128,15 +142,6 @@ def _precheck(args: list[str], place: RunPlace | None) -> bool:
         Whether the run directory has a `.hydra/` already, which Hydra's job is then not to
         write (the run records it once checked: `_record`).
     """
-    if is_sweep_job():
-        return False  # a sweep's job: it checks in its own Hydra job
-    if args_parser().parse_args(args).multirun:
-        check_sweep_direction(args)
-        return False
-    run = composed(args)
-    if run is None:
-        return False
-    check_configured(run.logs)  # a config file's URL: the command runs again with it named
     try:
         _checked.append(preflight(run.cfg, run.logs, choices=run.choices, at=place))
     except InterpolationResolutionError:
@@ -153,7 +158,8 @@ def _evaluate_beside(args: list[str]) -> int:
         print("error: the evaluator validates one run: give it the chief's hydra.run.dir; "
               f"received: {' '.join(args)}", file=sys.stderr, flush=True)
         return 2
-    check_configured(run.logs)  # a config file's URL: `at_url` refuses it beside workers
+    with opened(run):  # a run directory at a URL: refused beside the workers, in one line
+        pass
     os.environ.pop("TF_CONFIG", None)  # it is no member of the workers' cluster
     timeout = run.cfg.strategy.start_timeout_s
 

@@ -39,13 +39,7 @@ from trainer.config.outcome import as_overrides, one_error
 from trainer.config.schema import register_configs
 from trainer.distribute.cluster import cluster_of_config
 from trainer.run import process
-from trainer.run.prepare.at_url import (
-    RunPlace,
-    check_configured,
-    checkpoints_at,
-    is_url,
-    run_at_url,
-)
+from trainer.run.prepare.place import RunPlace, checkpoints_at, is_url, opened
 from trainer.run.prepare.startup import Finished, begin
 from trainer.rundir.layout import RunDir
 
@@ -174,8 +168,7 @@ def _fit(given: list[str], config_dir: str | Path | None, run_dir: str | Path | 
             raise ConfigError("trainer.fit runs one config; a sweep (-m) is the command "
                               "line's: call fit in a loop, or run python -m trainer -m ...")
         register_configs()
-        # a run directory at a URL: the run writes its local mirror; the Result names the URL
-        return run_at_url(args, lambda place: _at(_run(args, given, callbacks, place), place))
+        return _run(args, given, callbacks)
 
 
 def _at(found: Any, place: RunPlace | None) -> Any:
@@ -185,28 +178,33 @@ def _at(found: Any, place: RunPlace | None) -> Any:
     return Result(summary=found.summary, run_dir=place.url)
 
 
-def _run(args: list[str], given: list[str], callbacks: tuple = (),
-         place: RunPlace | None = None) -> Result:
+def _run(args: list[str], given: list[str], callbacks: tuple = ()) -> Result:
     """Composes and runs `fit`'s command line (`args`), with the given Keras callbacks, at
-    the place `at_url` opened for it (None: a local run directory)."""
+    the run's place (`trainer.run.prepare.place.opened`: a run directory at a URL runs in
+    its local mirror, and the Result names the URL)."""
     with one_error():
         run = child.composed_once(args)
         if run is None:
             raise ConfigError(f"trainer.fit trains one config; {' '.join(given)} is a command "
                               f"of the command line's: python -m trainer {' '.join(given)}")
-        check_configured(run.logs)  # a config file's URL: run again with it named
-        cluster = cluster_of_config(run.cfg.cluster, os.environ)
-        if cluster is not None and not cluster.is_chief:
-            return _as_worker(run, place)
-        # `.hydra/` once the run's data is checked too: a refused rerun leaves it as it was
-        record = partial(_save_config, Path(run.logs), run.cfg, run.overrides)
-        found = begin(run.cfg, run.logs, process.start_run, choices=run.choices,
-                      record=record, callbacks=callbacks, at=place)
-        if isinstance(found, Finished):
-            return _result(found.run_dir)
-        if run.cfg.get("tune") is not None:
-            return found  # what the tuner found (trainer.tune)
-        return _result(Path(run.cfg.get("resume") or run.logs))
+        with opened(run) as (there, place):
+            return _at(_run_at(there, callbacks, place), place)
+
+
+def _run_at(run: Composed, callbacks: tuple, place: RunPlace | None) -> Result:
+    """`_run` for the run as it runs at its place (`place`: a URL's; None: local)."""
+    cluster = cluster_of_config(run.cfg.cluster, os.environ)
+    if cluster is not None and not cluster.is_chief:
+        return _as_worker(run, place)
+    # `.hydra/` once the run's data is checked too: a refused rerun leaves it as it was
+    record = partial(_save_config, Path(run.logs), run.cfg, run.overrides)
+    found = begin(run.cfg, run.logs, process.start_run, choices=run.choices,
+                  record=record, callbacks=callbacks, at=place)
+    if isinstance(found, Finished):
+        return _result(found.run_dir)
+    if run.cfg.get("tune") is not None:
+        return found  # what the tuner found (trainer.tune)
+    return _result(Path(run.cfg.get("resume") or run.logs))
 
 
 def _global_size_alone(overrides: list[str]) -> list[str]:

@@ -21,7 +21,7 @@ from trainer.config.errors import ConfigError
 from trainer.config.given import holding
 from trainer.config.outcome import as_overrides, one_error
 from trainer.run import process
-from trainer.run.prepare.at_url import reading
+from trainer.run.prepare.place import reading
 from trainer.run.prepare.reopen import SPLITS, take_choice
 
 process.quiet_logs()

@@ -58,8 +58,8 @@ from trainer.config.given import holding
 from trainer.config.messages import one_line
 from trainer.config.outcome import as_overrides, kind_of, one_error
 from trainer.run import process
-from trainer.run.prepare.at_url import RunPlace, deliver, is_url, output_at, reading, written
 from trainer.run.prepare.inputs import conform, describe, non_finite, rows
+from trainer.run.prepare.place import RunPlace, deliver, is_url, output_at, reading, written
 from trainer.run.prepare.reopen import Reopened, reopen, take_option, unfinished
 
 process.quiet_logs()

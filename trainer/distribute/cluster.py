@@ -130,18 +130,6 @@ def evaluator_task(tf_config: str | None) -> bool:
     return isinstance(task, dict) and task.get("type") == "evaluator"
 
 
-def has_evaluator_job(tf_config: str | None) -> bool:
-    """Whether `TF_CONFIG`'s cluster has an `evaluator` job (what `trainer.launch
-    --evaluator` sets on every task); False for no or unreadable JSON (the pre-flight says
-    why, in one line)."""
-    try:
-        config = json.loads(tf_config or "{}")
-    except json.JSONDecodeError:
-        return False
-    cluster = config.get("cluster") if isinstance(config, dict) else None
-    return isinstance(cluster, dict) and bool(cluster.get("evaluator"))
-
-
 def from_tf_config(text: str) -> Cluster | None:
     """Parses `TF_CONFIG`; None when it describes no cluster."""
     try:

@@ -6,7 +6,7 @@ directory where `TRAINER_SCRATCH` is unset). Before the run starts (its lease he
 `trainer.rundir.lease`), the mirror is made an exact copy of what the URL holds (`pull`),
 so the rules of a local run directory (refuse a finished run, a changed config, resume from
 the newest backup) run on it unchanged. The run's place (`RunPlace`: the mirror, and the
-lease) is opened once for the command (`trainer.run.prepare.at_url`), held by the run's
+lease) is opened once for the command (`trainer.run.prepare.place`), held by the run's
 owner, and closed at the command's end. After every backup (`RunPlace.committed`, called by
 `trainer.rundir.backup.BackupStore` once the backup is renamed into place, in the thread
 that completes backups beside training) and at the run's end (`RunPlace.close`), the files

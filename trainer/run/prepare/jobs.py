@@ -7,11 +7,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from trainer.config.compose import KNOWN_ERRORS, compose_from_args
 from trainer.config.errors import ConfigError
 from trainer.distribute.cluster import resolve_cluster
+from trainer.rundir.remote import is_url
 from trainer.track.sweep import (
     CHILD_ENV,
     check_optuna_search,
@@ -58,8 +59,9 @@ def run_sweep_job(cfg: DictConfig, full_error: bool) -> Any:
 
 
 def check_sweep_direction(args: list[str]) -> None:
-    """Refuses a sweeper direction against the optimized metric before the first job, and a
-    search by trainer's Optuna sweeper that cannot work (`check_optuna_search`).
+    """Refuses a sweeper direction against the optimized metric before the first job, a
+    search by trainer's Optuna sweeper that cannot work (`check_optuna_search`), and a
+    sweep's directory at a URL.
 
     Composed from the overrides every job shares (the swept ones left out): where those
     alone do not compose or resolve (`optimizer=sgd,rmsprop optimizer.momentum=0.9`), each
@@ -71,6 +73,11 @@ def check_sweep_direction(args: list[str]) -> None:
         return
     if cfg is None:  # --cfg, --help: no sweep runs
         return
+    swept = OmegaConf.select(cfg, "hydra.sweep.dir")
+    if swept is not None and is_url(swept):
+        raise ConfigError(f"a sweep's directory cannot be a URL yet (hydra.sweep.dir={swept}); "
+                          "sweep into a local directory, or run each job with "
+                          "hydra.run.dir=URL")
     metric = cfg.get("optimized_metric")
     if metric:
         direction(metric, cfg.hydra.sweeper)

@@ -3,7 +3,7 @@
 The pre-flight (`trainer.run.prepare.preflight`) takes the run directory's lock and hands
 the run over as a `Checked` value with its `Owner`, which holds the run's place too
 (`trainer.rundir.remote.RunPlace`: for a run directory at a URL, its mirror and lease,
-opened and closed around the whole command by `trainer.run.prepare.at_url`); the start-up
+opened and closed around the whole command by `trainer.run.prepare.place`); the start-up
 sequence (`trainer.run.prepare.startup`: the command line, `trainer.fit` and `train(cfg)`
 alike) holds the owner around the run, and the run's session (`trainer.run.session.Session`,
 once TensorFlow runs) gives it its own guards. When the run ends, well or not, the owner

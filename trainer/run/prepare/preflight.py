@@ -134,7 +134,7 @@ def preflight(cfg: DictConfig, logs: str | Path | None = None,
         run_dir: where the run writes when it is not `logs` (`train(cfg, run_dir)`).
         choices: the config groups' choices (`{"model": "cnn"}`); None reads Hydra's job.
         environ: the environment that describes a cluster (`TF_CONFIG`, SLURM's).
-        at: the run's place at a URL (`trainer.run.prepare.at_url`), which its owner holds;
+        at: the run's place at a URL (`trainer.run.prepare.place`), which its owner holds;
             None: the local run directory is its place.
 
     Returns:

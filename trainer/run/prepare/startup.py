@@ -57,7 +57,7 @@ def begin(cfg: DictConfig, logs: str | Path | None, start: Start,
         choices: the config groups' choices (`{"model": "cnn"}`); None reads Hydra's job.
         record: writes the run's `.hydra/` (see `launch`); None: written already.
         callbacks: extra Keras callbacks, after the built-in and the configured ones.
-        at: the run's place at a URL (`trainer.run.prepare.at_url`), which the run's owner
+        at: the run's place at a URL (`trainer.run.prepare.place`), which the run's owner
             holds; None: a local run directory.
 
     Returns:
