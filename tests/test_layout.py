@@ -512,3 +512,41 @@ def test_the_runs_place_is_opened_from_the_composed_config_not_the_command_line(
         source = (PACKAGE / entry).read_text(encoding="utf-8")
         assert "opened(run)" in source, entry
     assert not (PACKAGE / "run" / "prepare" / "at_url.py").exists()
+
+
+# The modules that write a file other than through `trainer.rundir.atomic` (temporary name,
+# rename, checksum), and why: none of them writes a run's artefact.
+BY_HAND = {
+    "child.py": "the payloads a fresh process and its parent hand each other",
+    "run/tune.py": "the spec a try of tune=batch reads, in a temporary folder",
+    "data/fingerprint.py": "the data's hash cache, beside the data, named per thread",
+    "rundir/backup.py": "a backup's files, inside its temporary folder renamed whole",
+    "run/prepare/reopen.py": "a finished run's config, in a temporary folder Hydra reads",
+}
+WRITES = ("write_text(", "write_bytes(", "os.replace(", ".rename(", "os.link(",
+          "shutil.copy", "copyfile(", "OmegaConf.save(", ".savefig(")
+
+
+def test_every_artefact_is_written_by_the_one_writer():
+    """A run's files are written one way (`trainer.rundir.atomic`: a temporary name, a
+    rename, a checksum where asked): no module writes, renames or links a file by hand but
+    the few listed, none of which writes a run's artefact. A planted hand-written file is
+    caught."""
+    def by_hand(source: str) -> list[str]:
+        calls = [line.strip() for line in source.splitlines()
+                 if any(w in line for w in WRITES) and not line.strip().startswith("#")]
+        return [c for c in calls if not c.startswith(("atomic.", "write_text(", "def "))
+                and "(tmp" not in c]  # a temporary name of the one writer's (`written`)
+
+    assert by_hand('    (run / "summary.json").write_text(text)\n')
+    assert not by_hand('    write_text(run / "summary.json", text)\n')
+    assert not by_hand('        figure.savefig(tmp, format="png")\n')
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel == "rundir/atomic.py" or rel in BY_HAND:
+            continue
+        calls = by_hand(path.read_text(encoding="utf-8"))
+        if calls:
+            found[rel] = calls
+    assert found == {}

@@ -34,7 +34,7 @@ from trainer.run.prepare.jobs import (
 )
 from trainer.run.prepare.place import RunPlace, for_hydra, opened
 from trainer.run.prepare.preflight import Checked, preflight
-from trainer.run.prepare.startup import Finished, begin, launch
+from trainer.run.prepare.startup import Finished, begin, launch, record_config
 
 process.quiet_logs()
 register_configs()
@@ -182,11 +182,9 @@ def _record(cfg: DictConfig) -> None:
     hydra_cfg.hydra.output_subdir = ".hydra"
     hydra_cfg.hydra.overrides.hydra = [o for o in hydra_cfg.hydra.overrides.hydra
                                        if o != LATER]
-    folder = Path(hydra_cfg.hydra.runtime.output_dir) / ".hydra"
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, node in (("config.yaml", cfg), ("hydra.yaml", hydra_cfg),
-                       ("overrides.yaml", hydra_cfg.hydra.overrides.task)):
-        (folder / name).write_text(OmegaConf.to_yaml(node), encoding="utf-8")
+    record_config(hydra_cfg.hydra.runtime.output_dir,
+                  {"config.yaml": cfg, "hydra.yaml": hydra_cfg,
+                   "overrides.yaml": hydra_cfg.hydra.overrides.task})
 
 
 def cli() -> None:

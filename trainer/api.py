@@ -40,7 +40,7 @@ from trainer.config.schema import register_configs
 from trainer.distribute.cluster import cluster_of_config
 from trainer.run import process
 from trainer.run.prepare.place import RunPlace, checkpoints_at, is_url, opened
-from trainer.run.prepare.startup import Finished, begin
+from trainer.run.prepare.startup import Finished, begin, record_config
 from trainer.rundir.layout import RunDir
 
 
@@ -279,10 +279,7 @@ def tune(overrides: Sequence[str] = (), what: str = "lr",
 
 def _save_config(logs: Path, cfg: Any, overrides: list[str]) -> None:
     """`.hydra/config.yaml` and `overrides.yaml`, as a command-line run has them."""
-    folder = logs / ".hydra"
-    folder.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, folder / "config.yaml")
-    OmegaConf.save(OmegaConf.create(overrides), folder / "overrides.yaml")
+    record_config(logs, {"config.yaml": cfg, "overrides.yaml": OmegaConf.create(overrides)})
 
 
 def _result(run_dir: Path) -> Result:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.config.errors import EXIT_CONFIG
+from trainer.rundir.atomic import write_json
 
 RESTARTS = "TRAINER_RESTARTS"
 STEPS_AGAIN = "TRAINER_STEPS_AGAIN"
@@ -104,8 +105,7 @@ def steps_again(backup: str | None, progress: Path) -> int:
 
 def write_progress(path: str, epoch: int, step: int, steps_per_epoch: int) -> None:
     """Writes where a failing chief got to (`steps_again` reads it), for its launcher."""
-    Path(path).write_text(json.dumps({"epoch": epoch, "step": step,
-                                      "steps_per_epoch": steps_per_epoch}))
+    write_json(Path(path), {"epoch": epoch, "step": step, "steps_per_epoch": steps_per_epoch})
 
 
 def requeue_left(max_restarts: int, environ: dict[str, str]) -> bool:

@@ -20,6 +20,7 @@ RUN_DIR/
   input_cache/          dataset.cache=disk: worker-W/SPLIT[-lane-L].* (tf.data's files)
   summary.json          written last: the run finished
   trial.json            a sweep job's outcome
+  mlflow_run.json       logger=[mlflow]: the MLflow run a resumed run continues
   evaluator/            an evaluator beside the workers: what the chief and it hand each
                         other (`EvaluatorDir`; `trainer.run.prepare.sidecar`)
   lease.json            at a URL only: the one writer's lease (`trainer.rundir.lease`)
@@ -39,6 +40,7 @@ from trainer.rundir.atomic import temporary
 
 LOCK = ".lock"
 LEASE = "lease.json"  # at a URL: the one writer's lease
+MLFLOW_RUN = "mlflow_run.json"  # logger=[mlflow]: the MLflow run a resumed run continues
 SUMMARY = "summary.json"  # written last: the run finished
 STATE = "state.json"  # a backup's: written after its other files
 # A backup's files besides `STATE`: the weights, or a copy of the checkpoint written at the

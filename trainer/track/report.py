@@ -18,6 +18,8 @@ from typing import Any
 import yaml
 from hydra.experimental.callback import Callback
 
+from trainer.rundir.atomic import write_text, written
+
 COLUMNS = ("devices", "replicas", "micro-batch", "accumulate", "global batch", "scaled lr",
            "time (s)", "first step (s)", "examples/s", "speed-up", "efficiency", "val accuracy",
            "test accuracy")
@@ -132,7 +134,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
+    with written(path) as tmp:
+        fig.savefig(tmp, format="png")
     plt.close(fig)
 
 
@@ -151,7 +154,7 @@ def write_report(sweep_dir: str | Path) -> tuple[Path, Path] | None:
     first = summaries[0]
     title = f"# Scaling: {first['model']} on {first['dataset']}\n\n"
     table_path, plot_path = sweep_dir / "scaling.md", sweep_dir / "scaling.png"
-    table_path.write_text(title + markdown_table(rows) + "\n\n![speed-up](scaling.png)\n")
+    write_text(table_path, title + markdown_table(rows) + "\n\n![speed-up](scaling.png)\n")
     plot(rows, plot_path)
     return table_path, plot_path
 

@@ -16,7 +16,8 @@ import keras
 from hydra.utils import instantiate
 
 from trainer.config.errors import ConfigError
-from trainer.rundir.layout import RunDir
+from trainer.rundir.atomic import write_json
+from trainer.rundir.layout import MLFLOW_RUN, RunDir
 from trainer.rundir.resume import flatten
 from trainer.track.loggers import _drop, built_in, local_path, sqlite_path
 
@@ -102,14 +103,14 @@ class MlflowTracker(Tracker):
                              self.client.create_experiment(
                                  name, artifact_location=str(artifacts) if artifacts
                                  else None))
-        kept = self.run_dir / "mlflow_run.json"
+        kept = self.run_dir / MLFLOW_RUN
         self.run_id = self._continued(kept)
         if self.run_id is None:
             run = self.client.create_run(
                 experiment_id, run_name=options.get("run_name") or self.run_dir.name,
                 tags={str(k): str(v) for k, v in (options.get("tags") or {}).items()})
             self.run_id = run.info.run_id
-            kept.write_text(json.dumps({"run_id": self.run_id, "tracking_uri": self.uri}))
+            write_json(kept, {"run_id": self.run_id, "tracking_uri": self.uri})
             self._log_params(params)
         self.log_checkpoint = bool(options.get("log_checkpoint", True))
         # The run's own folder of artifacts (an existing experiment keeps its location).

@@ -23,6 +23,7 @@ from trainer.config.errors import ConfigError
 from trainer.data.image_folder import split_files
 from trainer.data.pipeline import DataError
 from trainer.data.tfrecords.reader import CLASSES, COUNTS, FILES, IMAGE, LABEL, tf_reason
+from trainer.rundir import atomic
 
 ON_BAD = ("fail", "skip")
 
@@ -72,8 +73,8 @@ def write(images: str, out: str, shards: int, validation_fraction: float = 0.1,
     except BaseException:
         _remove(target, written, created)  # a refused write leaves no shard behind
         raise
-    (target / CLASSES).write_text("".join(f"{c}\n" for c in classes), encoding="utf-8")
-    (target / COUNTS).write_text(json.dumps({**counts, FILES: written}, indent=1) + "\n")
+    atomic.write_text(target / CLASSES, "".join(f"{c}\n" for c in classes))
+    atomic.write_text(target / COUNTS, json.dumps({**counts, FILES: written}, indent=1) + "\n")
     return Written(counts, skipped)
 
 
@@ -111,7 +112,7 @@ def _counted(written: dict[str, dict[str, int]], files: dict[str, list],
 def _remove(target: Path, written: dict[str, Any], created: bool) -> None:
     for name in written:
         (target / name).unlink(missing_ok=True)
-    for name in target.glob("*-of-*.tmp"):
+    for name in target.glob(f"{atomic.TMP}*-of-*"):
         name.unlink(missing_ok=True)
     if created:
         shutil.rmtree(target, ignore_errors=True)
@@ -130,13 +131,12 @@ def _write_role(target: Path, role: str, items: list[tuple[str, int]], count: in
         part = items[len(items) * shard // count:len(items) * (shard + 1) // count]
         name = f"{role}-{shard:05d}-of-{count:05d}"
         records = 0
-        with tf.io.TFRecordWriter(str(target / f"{name}.tmp")) as out:
+        with atomic.written(target / name) as tmp, tf.io.TFRecordWriter(str(tmp)) as out:
             for file, label in part:
                 data = _decoded(Path(file), on_bad, skipped)
                 if data is not None:
                     out.write(_example(Path(file), data, label, root).SerializeToString())
                     records += 1
-        (target / f"{name}.tmp").rename(target / name)
         written[name] = {"records": records, "bytes": (target / name).stat().st_size}
     return written
 

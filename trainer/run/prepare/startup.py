@@ -21,10 +21,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from trainer.config.errors import NothingToDo
 from trainer.run.prepare.preflight import Checked, preflight
+from trainer.rundir.atomic import write_text
 from trainer.rundir.remote import RunPlace
 
 # Starts a checked run with extra callbacks; returns its summary (or what a tuner found).
@@ -94,3 +95,11 @@ def launch(checked: Checked, start: Start, record: Callable[[], None] | None = N
             else:
                 record()
         return start(checked, callbacks)
+
+
+def record_config(logs: str | Path, nodes: dict[str, Any]) -> None:
+    """Writes the run's `.hydra/` as Hydra's job writes it (`config.yaml`, `overrides.yaml`,
+    `hydra.yaml`: each `{name: node}` as YAML), each file through the one writer."""
+    folder = Path(logs) / ".hydra"
+    for name, node in nodes.items():
+        write_text(folder / name, OmegaConf.to_yaml(node))
