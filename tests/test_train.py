@@ -66,6 +66,23 @@ def test_weak_scaling_run(finished, replicas):
     assert (tmp_path / "checkpoints" / "best.keras").is_file()
 
 
+def test_a_later_run_in_a_process_counts_its_start_up_from_its_own_checks(tiny_config,
+                                                                          tmp_path,
+                                                                          monkeypatch):
+    """The summary's "start-up before it" is the process's age for its first run (the
+    imports count), and for a later run (a second `trainer.fit` in one script) only what
+    came before that run's own first step: never the runs before it."""
+    import time
+
+    from trainer.run.session import Session
+
+    monkeypatch.setattr(Session, "runs_in_process", 1)  # a run before this one, here
+    cfg = tiny_config("devices=1", "export=false")
+    began = time.perf_counter()
+    summary = train(cfg, run_dir=tmp_path)
+    assert 0 < summary["time"]["startup_s"] <= time.perf_counter() - began
+
+
 @pytest.mark.long  # the default run stays under 8 minutes on 2 cores
 def test_strong_scaling_splits_the_global_batch(tiny_config, tmp_path):
     cfg = tiny_config("accelerator=cpu", "devices=4", "batch.per_replica=null",

@@ -2,7 +2,8 @@
 wrapper `compile` puts around a loss function, the metric `compile` resolves a name to, the
 compiled loss's entries, a compiled model's own `compile` arguments, and saving a model's
 weights into a `.keras` archive of trainer's, or taking them into memory to be written later
-as the `.weights.h5` file `save_weights` writes (a backup's, beside training)."""
+as the `.weights.h5` file `save_weights` writes (a backup's, beside training); the saving
+walk's attribute skip-sets computed once per process (`keep_skipsets`)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,32 @@ from keras.src.trainers.compile_utils import CompileMetrics, get_metric
 from trainer.internals import check_version
 
 check_version("keras", keras.__version__)
+
+
+def keep_skipsets() -> None:
+    """Makes Keras's saving walk compute each object type's attribute skip-set once per
+    process. Keras 3.13-3.15's `saving_lib.get_attr_skipset` reads its cache under
+    `saving_attr_skiplist_<type>` but stores it under `saving_attr_skipset_<type>`, so the
+    cache never hits: every layer walked builds a reference `Layer()` again (about 1 ms).
+    That is 0.1 s of every `model.save` and backup of MobileNetV2 (157 layers), half of the
+    walk. A set depends only on the type (the `dir()` of a fresh reference object of a
+    Keras class), so one per type per process is what the cache meant to keep. Idempotent;
+    installed when this module is imported."""
+    original = saving_lib.get_attr_skipset
+    if getattr(original, "kept_by_trainer", False):
+        return
+    kept: dict[str, set[str]] = {}
+
+    def get_attr_skipset(obj_type: str) -> set[str]:
+        if obj_type not in kept:
+            kept[obj_type] = original(obj_type)
+        return kept[obj_type]
+
+    get_attr_skipset.kept_by_trainer = True
+    saving_lib.get_attr_skipset = get_attr_skipset
+
+
+keep_skipsets()
 
 
 def wrapped_loss(function: Callable, name: str | None, **keywords: Any) -> keras.losses.Loss:

@@ -24,6 +24,7 @@ A decide module: no TensorFlow (the session's guards are its own methods).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,11 +48,13 @@ class Owner:
             (`trainer.rundir.remote.RunPlace`: the local folder, or a URL's mirror and
             lease); None: another worker's run, which writes no run directory.
         session: the run's session once it exists (see `adopt`).
+        began: when the pre-flight made it (`time.perf_counter()`).
     """
 
     def __init__(self, lock: RunLock | None = None, fresh: Sequence[Fresh] = (),
                  place: RunPlace | None = None) -> None:
         self.lock, self.fresh, self.place = lock, tuple(fresh), place
+        self.began = time.perf_counter()  # the pre-flight's start: the run's own clock
         self.session: Any = None
         self._held = False
         self._ended = False
