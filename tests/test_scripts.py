@@ -39,7 +39,9 @@ SMOKE = {
     # at the URL only: the disk side is the same runs without moto's server
     "bench_backup.py": ([*TINY_RUN, "--places", "url"],
                         [r"median ratio backup / none at an S3 URL \(moto, 127\.0\.0\.1\) over 1 "
-                         r"pairs: \d"]),
+                         r"pairs: \d.*accounted in the backup runs: the step loop in backups "
+                         r"[\d.]+% of the timed time \+ the writer's CPU [\d.]+% of the cores' "
+                         r"= 1\.\d"]),
     "bench_fingerprint.py": (["--images", "20", "--rounds", "1"],
                              [r"fingerprint, cold \(20 files hashed\) +[\d.]+ +[\d.]+%",
                               r"fingerprint, warm \(cache hits\) +[\d.]+ +[\d.]+%"]),
