@@ -78,29 +78,23 @@ def backups_off(off: bool, clock):
 
     saved, waited, completed = BackupStore.save, BackupStore.wait, BackupStore._complete
 
-    def timed(method):
+    def timed(method, counter: str = "in_backups", now=time.perf_counter):
+        """`method`, adding its time while `clock` times to `clock.<counter>` (the writer's
+        CPU: `time.thread_time` in its own thread)."""
         def call(self, *args, **kwargs):
-            began = time.perf_counter()
+            began = now()
             try:
                 return method(self, *args, **kwargs)
             finally:
                 if clock.began is not None and clock.ended is None:
-                    clock.in_backups += time.perf_counter() - began
+                    setattr(clock, counter, getattr(clock, counter) + now() - began)
         return call
-
-    def writer_timed(self, *args, **kwargs):  # in the writer's thread: its own CPU time
-        began = time.thread_time()
-        try:
-            return completed(self, *args, **kwargs)
-        finally:
-            if clock.began is not None and clock.ended is None:
-                clock.writer_cpu += time.thread_time() - began
 
     if off:
         BackupStore.save = lambda self, model, epoch, step, *a, **k: self.path(epoch, step)
     else:
         BackupStore.save, BackupStore.wait = timed(saved), timed(waited)
-        BackupStore._complete = writer_timed
+        BackupStore._complete = timed(completed, "writer_cpu", time.thread_time)
     try:
         yield
     finally:
