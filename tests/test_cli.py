@@ -309,6 +309,45 @@ def test_a_normal_run_prints_nothing_on_stderr(finished):
     assert shown.returncode == 0 and shown.stderr.strip(), shown.stderr[-3000:]
 
 
+USER_SCRIPT = """
+import sys
+import trainer
+import keras, numpy as np, tensorflow as tf
+
+def make():
+    x = np.random.RandomState(0).rand(64, 8, 8, 1).astype("float32")
+    return tf.data.Dataset.from_tensor_slices((x, np.arange(64) % 3)).batch(16)
+
+def build():
+    m = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(),
+                          keras.layers.Dense(3, activation="softmax")])
+    m.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    return m
+
+trainer.fit(["accelerator=cpu", "devices=2", "epochs=1", "verbose=0"], run_dir=sys.argv[1],
+            model=build, data=make)
+"""
+
+
+@pytest.mark.long
+def test_a_users_script_that_imports_tensorflow_after_trainer_prints_nothing_on_stderr(
+        tmp_path):
+    """`import trainer` then the user's own `import tensorflow` (the usual top of a script),
+    and `trainer.fit` of a `tf.data.Dataset` with integer labels on 2 devices: neither
+    TensorFlow's start-up notices nor its C++ warnings during the run reach stderr;
+    `TRAINER_TF_LOGS=1` brings them back."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HYDRA_FULL_ERROR", "TF_CPP_MIN_LOG_LEVEL", "TRAINER_TF_LOGS")}
+    (tmp_path / "script.py").write_text(USER_SCRIPT)
+    for switch, run in (("0", "quiet"), ("1", "shown")):
+        out = subprocess.run([sys.executable, "script.py", str(tmp_path / run)], cwd=tmp_path,
+                             env={**env, "TRAINER_TF_LOGS": switch,
+                                  "PYTHONPATH": str(Path(__file__).parent.parent)},
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert (out.stderr == "") == (switch == "0"), out.stderr[-3000:]
+
+
 @pytest.mark.parametrize("bad, message", [
     (lambda p: p.write_bytes(b""), "is empty (0 bytes)"),
     (lambda p: p.write_text("hello, not an image"), "is not a JPG image"),

@@ -9,13 +9,16 @@ The Python API (see `trainer.api`):
     trainer.predict(result.run_dir, "new_images/")
     trainer.tune(["accelerator=cpu", "devices=2"], what="lr")
 
-Nothing heavy is imported by `import trainer`: each name loads on first use.
+Nothing heavy is imported by `import trainer`: each name loads on first use. A script that
+imports TensorFlow after trainer imports it quietly (`trainer.internals.tf_start`).
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
+
+from trainer.internals.tf_start import quiet_when_imported
 
 __version__ = "0.1.0"
 __all__ = ["Result", "TrainerError", "evaluate", "fit", "predict", "tune"]
@@ -30,3 +33,6 @@ def __getattr__(name: str) -> Any:
         # the command-line modules, callable as the API's functions
         return importlib.import_module(f"trainer.{name}")
     raise AttributeError(f"module 'trainer' has no attribute {name!r}")
+
+
+quiet_when_imported()

@@ -9,6 +9,13 @@ TensorFlow 2.19-2.21 (`TESTED`), whose files and wording the pattern names.
 every line that is not one of these notices, so anything unexpected still shows. No
 TensorFlow import here: the command that starts TensorFlow decides when.
 
+`quiet_when_imported` (called by `import trainer`) does the same for a user's script that
+imports TensorFlow itself after trainer (`import trainer; import tensorflow as tf`): the
+first import of `tensorflow` runs inside `stderr_filtered`, and TensorFlow's C++ INFO and
+WARNING lines are left out (`TF_CPP_MIN_LOG_LEVEL=2` unless set). A script that imported
+TensorFlow before trainer keeps what TensorFlow printed then; `TRAINER_TF_LOGS=1` shows
+everything.
+
 `optional_parts_deferred` runs that import with two of Keras's public modules loaded on first
 use rather than at import: `keras.wrappers` (its scikit-learn wrappers import scikit-learn and
 SciPy's statistics) and `keras.visualization` (it imports `matplotlib.pyplot`). Keras imports
@@ -166,3 +173,44 @@ def optional_parts_deferred() -> Iterator[None]:
         yield
     finally:
         sys.meta_path.remove(finder)
+
+
+class _Quieted(importlib.abc.Loader):
+    """Runs a module (the `tensorflow` package, and what its import brings) inside
+    `stderr_filtered`."""
+
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        with stderr_filtered():
+            self.loader.exec_module(module)
+
+
+class _QuietTensorFlow(importlib.abc.MetaPathFinder):
+    """Finds `tensorflow` as Python's path finder does, with its import quieted
+    (`_Quieted`); leaves `sys.meta_path` once it has found it."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != "tensorflow":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        spec.loader = _Quieted(spec.loader)
+        return spec
+
+
+def quiet_when_imported() -> None:
+    """Makes a later first `import tensorflow` in this process quiet (see the module's doc);
+    nothing where TensorFlow is imported already, or `TRAINER_TF_LOGS=1`. Idempotent."""
+    if "tensorflow" in sys.modules or os.environ.get(SWITCH) == "1":
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if not any(isinstance(finder, _QuietTensorFlow) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _QuietTensorFlow())
