@@ -221,7 +221,6 @@ def run_main(*args: str, cwd: Path, timeout: float = 300):
             logger.propagate = propagate
             logger.disabled = False
         logging.config._clearExistingHandlers = clear_handlers
-        entry._checked.clear()
         GlobalHydra.instance().clear()
         HydraConfig.instance().cfg = None  # train() without run_dir must not find this job's
     return subprocess.CompletedProcess(["trainer", *args], code, out.getvalue(), err.getvalue())

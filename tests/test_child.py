@@ -26,7 +26,7 @@ from conftest import REPO
 
 import trainer
 from trainer import child
-from trainer.child import composed_once, fresh_reason, needed
+from trainer.child import fresh_reason
 from trainer.config.compose import composed
 from trainer.distribute.devices import ONEDNN_STAYS_ON, set_determinism
 from trainer.internals.tf_runtime import onednn_enabled
@@ -276,16 +276,10 @@ def test_what_this_process_has_stays_here(monkeypatch):
     """In the test process (4 logical CPUs started): `devices=2` runs here, `devices=6` does
     not; `deterministic=true` with oneDNN's kernels on runs here only where the user asked
     for them (`TF_ENABLE_ONEDNN_OPTS=1`)."""
-    calls = []
-    monkeypatch.setattr(child, "composed", lambda args: calls.append(args) or composed(args))
+    def needed(args: list[str]):
+        return child.needed(composed(args))
+
     assert needed(["accelerator=cpu", "devices=2"]) is None
-    # the run here reuses that composition, once, for the same arguments alone
-    assert composed_once(["accelerator=cpu", "devices=2"]).cfg.devices == 2
-    assert len(calls) == 1
-    composed_once(["accelerator=cpu", "devices=2"])
-    needed(["accelerator=cpu", "devices=2"])
-    assert composed_once(["accelerator=cpu", "devices=3"]).cfg.devices == 3
-    assert len(calls) == 4
     fresh = needed(["accelerator=cpu", "devices=6"])
     assert fresh.plan.names == tuple(f"/cpu:{i}" for i in range(6))
     if not onednn_enabled():

@@ -206,7 +206,7 @@ def test_ctrl_c_during_start_up_is_one_line_and_exit_130(tmp_path):
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
-        while not (run_dir / ".hydra").is_dir():  # Hydra is running the job: start-up
+        while not (run_dir / "trainer.log").is_file():  # Hydra is running the job: start-up
             assert process.poll() is None and time.monotonic() < deadline
             time.sleep(0.02)
         process.send_signal(signal.SIGINT)

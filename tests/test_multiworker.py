@@ -358,7 +358,7 @@ def test_two_processes_started_by_hand(tmp_path, how):
     assert summary["cluster"]["source"] == how.split()[0]
     assert summary["cluster"]["tasks"] == addresses and summary["cluster"]["task_id"] == 0
     # The other worker's own Hydra directory keeps only its config and log.
-    assert sorted(p.name for p in (tmp_path / "run1").iterdir()) == [".hydra", "__main__.log"]
+    assert sorted(p.name for p in (tmp_path / "run1").iterdir()) == [".hydra", "trainer.log"]
     assert "worker 1 of 2 finished" in logs[1]
 
 
@@ -447,7 +447,7 @@ def test_a_faked_slurm_step_trains_as_two_workers_like_one_and_only_the_chief_lo
 
     # Only the chief logged: one CSV (a row per epoch), one MLflow run; task 1 wrote nothing.
     assert len((tmp_path / "run0" / "metrics.csv").read_text().splitlines()) == 1 + 2
-    assert sorted(p.name for p in (tmp_path / "run1").iterdir()) == [".hydra", "__main__.log"]
+    assert sorted(p.name for p in (tmp_path / "run1").iterdir()) == [".hydra", "trainer.log"]
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("trainer").experiment_id])
     assert len(runs) == 1 and runs[0].info.run_name == "run0"

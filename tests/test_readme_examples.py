@@ -75,13 +75,16 @@ HEAVY = {command for command in AS_WRITTEN if "model=keras_app" in command}
     ids=lambda command: re.sub(r"\W+", "_", command.removeprefix("python -m trainer"))[:60]
     or "default")
 def test_a_documented_command_runs(tmp_path, command):
-    """A command of the README or docs/ as written, one epoch, quiet, in its own directory."""
+    """A command of the README or docs/ as written (one epoch, quiet), from an empty folder
+    and with no `hydra.run.dir`, as a user types it: its run is one folder under outputs/,
+    the one the summary printed."""
     args = shlex.split(command)
     assert args[:3] == ["python", "-m", "trainer"]
     quiet = [] if any(a.startswith("logger=") for a in args) else ["logger=[]"]
-    run_dir = tmp_path / "run"
-    out = run_main(*args[3:], "epochs=1", "verbose=0", *quiet, f"hydra.run.dir={run_dir}",
-                   cwd=tmp_path)
+    out = run_main(*args[3:], "epochs=1", "verbose=0", *quiet, cwd=tmp_path)
     assert out.returncode == 0 and error_lines(out.stderr) == [], out.stderr[-3000:]
+    [run_dir] = [p.parent for p in (tmp_path / "outputs").rglob(".hydra")]
+    assert re.search(rf"run directory +{run_dir.relative_to(tmp_path)}\n", out.stdout)
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["epochs_done"] == 1 and "Summary" in out.stdout

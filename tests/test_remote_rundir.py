@@ -467,7 +467,7 @@ def test_a_run_at_gcs_finishes_there_and_evaluates_and_resumes_from_the_url(gcs,
     assert done.returncode == 0, done.stderr[-3000:]
     held = _stored(gcs.fs, f"{BUCKET}/runs/g")
     assert {"summary.json", ".hydra/config.yaml", "checkpoints/best.keras", "curves.png",
-            "__main__.log", "model_inputs.json"} <= set(held)
+            "trainer.log", "model_inputs.json"} <= set(held)
     assert any(rel.startswith("tensorboard/") and ".tfevents." in rel for rel in held)
     assert "lease.json" not in held and not any(".tmp" in rel for rel in held)
     assert len([rel for rel in held if rel.endswith("/state.json")]) == 1
@@ -713,7 +713,7 @@ def test_two_workers_at_one_url_train_once_and_only_the_chief_writes_there(s3, t
     assert summary["workers"] == 2 and summary["cluster"]["task_id"] == 0
     held = _stored(s3.fs, f"{BUCKET}/runs/mw")
     assert "lease.json" not in held and [r for r in held if r.endswith(".log")] == [
-        "__main__.log"]
+        "trainer.log"]
     assert b"task_index: 0" in s3.fs.cat_file(f"{BUCKET}/runs/mw/.hydra/config.yaml")
     assert sorted(p.name for p in (tmp_path / "scratch" / "trainer-scratch").iterdir()) == [
         f"{p.name}" for p in (tmp_path / "scratch" / "trainer-scratch").glob("*-run")]

@@ -127,7 +127,8 @@ def test_sigterm_at_start_up_is_one_line_and_leaves_nothing(tmp_path):
     process = start_cli("epochs=1", "verbose=0", "logger=[]", f"hydra.run.dir={run_dir}",
                      cwd=tmp_path)
     try:
-        wait_for(lambda: (run_dir / ".hydra" / "config.yaml").exists(), process)
+        # Hydra's job has started (its log), TensorFlow not yet
+        wait_for(lambda: (run_dir / "trainer.log").exists(), process)
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=60)
     finally:

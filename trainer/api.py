@@ -13,8 +13,10 @@ notebook) as the run cannot have it (more devices, oneDNN's kernels off for
 `deterministic=true`, a cluster's worker), `fit` runs the same call in a fresh child process
 (`trainer.child`) and returns its `Result`.
 
-What the API does not do: sweeps (`-m`; call `fit` in a loop, or use Hydra's command line),
-and `${hydra:...}` interpolations, which need a running Hydra job.
+What the API does not do: sweeps (`-m`; call `fit` in a loop, or use Hydra's command line).
+A run starts the one way the command line starts it (`start_composed`): `${hydra:...}`
+reads the run's own composition, and the run keeps its log (`trainer.log`) beside the
+process's own logging.
 """
 
 from __future__ import annotations
@@ -24,23 +26,21 @@ import os
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from trainer import child
-from trainer.config.compose import Composed
+from trainer.config.compose import Composed, composed
 from trainer.config.errors import ConfigError
 from trainer.config.given import NODES, holding
 from trainer.config.given import overrides as named_by
 from trainer.config.outcome import as_overrides, one_error
+from trainer.config.overrides import is_multirun, sets, value
 from trainer.config.schema import register_configs
 from trainer.distribute.cluster import cluster_of_config
 from trainer.run import process
 from trainer.run.prepare.place import RunPlace, checkpoints_at, is_url, opened
-from trainer.run.prepare.startup import Finished, begin, record_config
+from trainer.run.prepare.startup import Finished, start_composed
 from trainer.rundir.layout import RunDir
 
 
@@ -117,15 +117,15 @@ def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
         given = as_overrides(overrides, "trainer.fit")
         extra = _callbacks(callbacks)
         _builder_not_model(model)
-        named = _named(model=model, data=data)
+        run = _composed(given, config_dir, run_dir, _named(model=model, data=data))
         # TensorFlow started in this process, as this run cannot have it (trainer.child)
-        fresh = child.needed(_args([*named, *_global_size_alone(given)], config_dir, run_dir))
+        fresh = child.needed(run)
         if fresh is not None:
             return child.fit_in_child(fresh, fit, dict(
                 overrides=given, config_dir=config_dir, run_dir=run_dir, model=model,
                 data=data, callbacks=list(extra)))
         with holding(**_objects(given, model=model, data=data)):
-            return _fit(given, config_dir, run_dir, named, extra)
+            return _run(run, extra)
 
 
 def _builder_not_model(model: Any) -> None:
@@ -157,18 +157,21 @@ def _args(given: list[str], config_dir: str | Path | None,
     return [*args, f"hydra.run.dir={run_dir}"] if run_dir is not None else args
 
 
-def _fit(given: list[str], config_dir: str | Path | None, run_dir: str | Path | None,
-         named: list[str], callbacks: tuple = ()) -> Result:
-    """`fit` once its objects are held: `named` are the overrides that name them;
-    `callbacks` the Keras callbacks given to the call."""
-    with one_error():
-        given = [*named, *_global_size_alone(given)]
-        args = _args(given, config_dir, run_dir)
-        if any(a in ("-m", "--multirun") for a in args):
-            raise ConfigError("trainer.fit runs one config; a sweep (-m) is the command "
-                              "line's: call fit in a loop, or run python -m trainer -m ...")
-        register_configs()
-        return _run(args, given, callbacks)
+def _composed(given: list[str], config_dir: str | Path | None, run_dir: str | Path | None,
+              named: list[str]) -> Composed:
+    """`fit`'s one composition: its command line (`named` are the overrides that name the
+    objects it was given) composed as `python -m trainer` composes it."""
+    given = [*named, *_global_size_alone(given)]
+    args = _args(given, config_dir, run_dir)
+    if is_multirun(args):
+        raise ConfigError("trainer.fit runs one config; a sweep (-m) is the command "
+                          "line's: call fit in a loop, or run python -m trainer -m ...")
+    register_configs()
+    run = composed(args)
+    if run is None:
+        raise ConfigError(f"trainer.fit trains one config; {' '.join(given)} is a command "
+                          f"of the command line's: python -m trainer {' '.join(given)}")
+    return run
 
 
 def _at(found: Any, place: RunPlace | None) -> Any:
@@ -178,28 +181,21 @@ def _at(found: Any, place: RunPlace | None) -> Any:
     return Result(summary=found.summary, run_dir=place.url)
 
 
-def _run(args: list[str], given: list[str], callbacks: tuple = ()) -> Result:
-    """Composes and runs `fit`'s command line (`args`), with the given Keras callbacks, at
-    the run's place (`trainer.run.prepare.place.opened`: a run directory at a URL runs in
-    its local mirror, and the Result names the URL)."""
-    with one_error():
-        run = child.composed_once(args)
-        if run is None:
-            raise ConfigError(f"trainer.fit trains one config; {' '.join(given)} is a command "
-                              f"of the command line's: python -m trainer {' '.join(given)}")
-        with opened(run) as (there, place):
-            return _at(_run_at(there, callbacks, place), place)
+def _run(run: Composed, callbacks: tuple = ()) -> Result:
+    """Runs `fit`'s composition with the given Keras callbacks, at the run's place
+    (`trainer.run.prepare.place.opened`: a run directory at a URL runs in its local mirror,
+    and the Result names the URL)."""
+    with one_error(), opened(run) as (there, place):
+        return _at(_run_at(there, callbacks, place), place)
 
 
 def _run_at(run: Composed, callbacks: tuple, place: RunPlace | None) -> Result:
-    """`_run` for the run as it runs at its place (`place`: a URL's; None: local)."""
+    """`_run` for the run as it runs at its place (`place`: a URL's; None: local), started
+    the one way the command line starts it (`start_composed`)."""
     cluster = cluster_of_config(run.cfg.cluster, os.environ)
     if cluster is not None and not cluster.is_chief:
         return _as_worker(run, place)
-    # `.hydra/` once the run's data is checked too: a refused rerun leaves it as it was
-    record = partial(_save_config, Path(run.logs), run.cfg, run.overrides)
-    found = begin(run.cfg, run.logs, process.start_run, choices=run.choices,
-                  record=record, callbacks=callbacks, at=place)
+    found = start_composed(run, process.start_run, place, callbacks)
     if isinstance(found, Finished):
         return _result(found.run_dir)
     if run.cfg.get("tune") is not None:
@@ -212,21 +208,19 @@ def _global_size_alone(overrides: list[str]) -> list[str]:
     `batch.global_size` and not `batch.per_replica`: the global batch alone sets the batch,
     as `fit(batch_size=N)` does, instead of being refused beside the default per-replica
     batch."""
-    keys = {o.lstrip("+~").split("=", 1)[0]: o.split("=", 1)[-1] for o in overrides}
-    if keys.get("batch.global_size", "null") == "null" or "batch.per_replica" in keys:
+    if value(overrides, "batch.global_size") in (None, "null") or sets(
+            overrides, "batch.per_replica"):
         return overrides
     return [*overrides, "batch.per_replica=null"]
 
 
 def _as_worker(run: Composed, place: RunPlace | None = None) -> Result:
     """A worker of a cluster other than the chief (the same script started on every
-    machine): the chief writes the run directory, so this worker's own `.hydra/` goes to a
-    temporary directory, never into the chief's, and its `Result` holds its own summary
+    machine): the chief writes the run directory, so this worker's own `.hydra/` and log go
+    to a temporary directory, never into the chief's, and its `Result` holds its own summary
     (the run's history, as the chief's) with the run directory the call named."""
     with tempfile.TemporaryDirectory(prefix="trainer-worker-") as logs:
-        record = partial(_save_config, Path(logs), run.cfg, run.overrides)
-        found = begin(run.cfg, logs, process.start_run, choices=run.choices, record=record,
-                      at=place)
+        found = start_composed(run.at(logs), process.start_run, place)
     if isinstance(found, Finished):
         return _result(found.run_dir)
     return Result(summary=found, run_dir=Path(run.cfg.get("resume") or run.logs))
@@ -251,9 +245,8 @@ def _objects(overrides: list[str], **objects: Any) -> dict[str, Any]:
     set no `dataset.cache`)."""
     held = {role: obj for role, obj in objects.items()
             if obj is not None and not isinstance(obj, str)}
-    sets_batch = any(o.lstrip("+~").startswith(("batch.per_replica", "batch.global_size"))
-                     for o in overrides)
-    sets_cache = any(o.lstrip("+~").startswith("dataset.cache") for o in overrides)
+    sets_batch = sets(overrides, "batch.per_replica", "batch.global_size")
+    sets_cache = sets(overrides, "dataset.cache")
     given = objects.get("data") is not None
     return {**held, "batch_from_data": given and not sets_batch,
             "cache_from_data": given and not sets_cache}
@@ -275,11 +268,6 @@ def tune(overrides: Sequence[str] = (), what: str = "lr",
     with one_error():  # as fit checks them: one string would be read character by character
         given = as_overrides(overrides, "trainer.tune")
     return fit([*given, f"tune={what}"], config_dir, run_dir, model=model, data=data)
-
-
-def _save_config(logs: Path, cfg: Any, overrides: list[str]) -> None:
-    """`.hydra/config.yaml` and `overrides.yaml`, as a command-line run has them."""
-    record_config(logs, {"config.yaml": cfg, "overrides.yaml": OmegaConf.create(overrides)})
 
 
 def _result(run_dir: Path) -> Result:

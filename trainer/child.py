@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import ast
 import codecs
-import contextvars
 import os
 import pickle
 import signal
@@ -45,21 +44,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from trainer.config.compose import Composed, composed
+from trainer.config.compose import Composed
 from trainer.config.errors import ConfigError
 from trainer.config.outcome import TrainerError
-from trainer.config.schema import register_configs
 from trainer.config.validate import parse_devices
 from trainer.distribute.cluster import Cluster, cluster_of_config, slurm_devices
 from trainer.distribute.device_plan import DevicePlan, memory_option, plan_devices
-from trainer.distribute.launch import describe_exit
+from trainer.processes import describe_exit, environment, python, spawn
 from trainer.run.prepare.preflight import ONEDNN, exact_kernels
 
 # Set in the child's environment: it runs the call itself, never in another child.
 CHILD = "TRAINER_FIT_CHILD"
-# What `needed` composed, for `composed_once` (per thread, as `trainer.fit` may run in several).
-_composed: contextvars.ContextVar[tuple[tuple[str, ...], Composed | None] | None] = (
-    contextvars.ContextVar("trainer_child_composed", default=None))
 # How long a child asked to stop (Ctrl-C here) gets to write its backup and end.
 STOP_GRACE_S = 60.0
 
@@ -109,35 +104,18 @@ def fresh_reason(missing: list[str], kind: str, have: int, onednn_fixed: bool,
     return None
 
 
-def needed(args: list[str]) -> Fresh | None:
-    """Whether `trainer.fit`'s command line (`args`) needs a fresh process: only where
+def needed(run: Composed) -> Fresh | None:
+    """Whether the run `trainer.fit` composed (`run`) needs a fresh process: only where
     TensorFlow's runtime started already, and the run needs what it fixed.
 
     Returns:
         Why and with which devices, or None to run here.
     """
-    _composed.set(None)  # what an earlier call composed is never this call's
     if os.environ.get(CHILD) or "tensorflow" not in sys.modules:
         return None  # not imported: not started (importing it starts nothing)
     from trainer.internals.tf_runtime import runtime_started
 
-    if not runtime_started():
-        return None
-    register_configs()
-    run = composed(args)
-    fresh = None if run is None else _needs(run.cfg)
-    if fresh is None:
-        _composed.set((tuple(args), run))  # the run's own composition: it runs here
-    return fresh
-
-
-def composed_once(args: list[str]) -> Composed | None:
-    """`composed(args)`, reusing what `needed` composed for the same arguments in this
-    call (composing takes about half a second)."""
-    found, _ = _composed.get(), _composed.set(None)
-    if found is not None and found[0] == tuple(args):
-        return found[1]
-    return composed(args)
+    return _needs(run.cfg) if runtime_started() else None
 
 
 def _needs(cfg: Any) -> Fresh | None:
@@ -264,11 +242,10 @@ def _part(call: Mapping[str, Any], where: str) -> Any:
 def _run_child(sent: Path, outcome: Path, environ: dict[str, str]) -> int:
     """Starts the child (`environ` added to this environment), streams its output here,
     and waits; Ctrl-C is passed on."""
-    env = {**os.environ, **environ, CHILD: "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "trainer.child", str(sent), str(outcome)], env=env,
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        start_new_session=True)  # a terminal's Ctrl-C reaches it once, from here
+    # its own session: a terminal's Ctrl-C reaches it once, from here
+    proc = spawn(python(str(sent), str(outcome), module="trainer.child"),
+                 environment({**environ, CHILD: "1"}), stdin=subprocess.PIPE,
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     relays = [threading.Thread(target=_relay, args=(pipe, out), daemon=True)
               for pipe, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))]
     for relay in relays:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import yaml
 from hydra.errors import (
@@ -24,7 +24,7 @@ from hydra.errors import (
     OverrideParseException,
     SearchPathException,
 )
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from trainer.config.errors import ConfigError
@@ -77,37 +77,73 @@ def compose_from_args(args: list[str]) -> DictConfig | None:
 
 @dataclass(frozen=True)
 class Composed:
-    """A config as the command line would run it, with what Hydra's node said of it.
+    """A config as the command line would run it, composed once, with what Hydra's node
+    said of it.
 
     Attributes:
         cfg: the config, without its `hydra` node (what the pre-flight checks).
-        logs: `hydra.run.dir`: where the run's `.hydra/` and log go.
+        logs: `hydra.run.dir`: where the run's `.hydra/` and log go, resolved once (a
+            `${now:...}` in it is read at composition, never again).
         overrides: the task's overrides, as `.hydra/overrides.yaml` keeps them.
         choices: the config groups' choices (`{"model": "cnn", ...}`).
+        job: the same composition with its `hydra` node, the run directory pinned to `logs`
+            (`hydra.run.dir`, `hydra.runtime.output_dir`): what Hydra's job runs with,
+            `${hydra:...}` reads and `.hydra/hydra.yaml` keeps; None where none was composed.
     """
 
     cfg: DictConfig
     logs: str
     overrides: list[str]
     choices: dict[str, str]
+    job: DictConfig | None = None
+
+    def at(self, logs: str) -> Composed:
+        """The same run with its `.hydra/` and log in `logs` (a URL's mirror, another
+        worker's own directory)."""
+        return replace(self, logs=logs, job=_pinned(self.job, logs))
 
 
 def composed(args: list[str]) -> Composed | None:
-    """The one run these arguments describe (`compose_from_args`), Hydra's node taken out;
-    None for commands that run no single job. The command line's pre-flight and
-    `trainer.fit` read a config this way alike."""
-    cfg = compose_from_args(args)
-    if cfg is None:
+    """The one run these arguments describe (`compose_from_args`), its run directory
+    resolved once; None for commands that run no single job. The command line,
+    `trainer.fit` and the launcher read a config this way alike."""
+    job = compose_from_args(args)
+    if job is None:
         return None
     # The overrides as typed: `+x=${hydra:runtime.output_dir}/f` is text here, resolved by
     # the job that reads it (resolving it now needs a running Hydra job).
-    task = OmegaConf.select(cfg, "hydra.overrides.task")
-    found = Composed(cfg, OmegaConf.select(cfg, "hydra.run.dir"),
-                     OmegaConf.to_container(task, resolve=False) if task else [],
-                     dict(OmegaConf.select(cfg, "hydra.runtime.choices") or {}))
+    task = OmegaConf.select(job, "hydra.overrides.task")
+    logs = OmegaConf.select(job, "hydra.run.dir")
+    logs = None if logs is None else local_path(str(logs))
+    cfg = job.copy()
     with open_dict(cfg):
         del cfg["hydra"]
-    return found
+    return Composed(cfg, logs, OmegaConf.to_container(task, resolve=False) if task else [],
+                    dict(OmegaConf.select(job, "hydra.runtime.choices") or {}),
+                    _pinned(job, logs))
+
+
+def local_path(run_dir: str) -> str:
+    """A run directory as the path it names: `file:///tmp/x` is `/tmp/x` (a `file://` URL
+    names a local folder; kept as text it made a folder named `file:`)."""
+    if run_dir.lower().startswith("file://"):
+        path = run_dir[len("file://"):]
+        if not path.startswith("/"):
+            raise ConfigError(f"a file:// run directory names an absolute local path "
+                              f"(file:///tmp/run); received: {run_dir}")
+        return path
+    return run_dir
+
+
+def _pinned(job: DictConfig | None, logs: str | None) -> DictConfig | None:
+    """A composition with its run directory fixed to `logs`: `${now:...}` read once."""
+    if job is None or logs is None:
+        return job
+    job = job.copy()
+    with read_write(job.hydra), open_dict(job.hydra):
+        job.hydra.run.dir = logs
+        job.hydra.runtime.output_dir = os.path.abspath(logs)
+    return job
 
 
 def check_config_dir(folder: str) -> None:

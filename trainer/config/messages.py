@@ -6,6 +6,7 @@ import re
 
 from hydra.errors import MissingConfigException, OverrideParseException
 
+from trainer.config.overrides import split
 from trainer.config.schema import config_dir
 
 
@@ -50,8 +51,8 @@ def quoting_hint(override: str) -> str | None:
     """The one line for an override whose unquoted value holds characters Hydra's grammar
     takes only inside quotes (a path with `é`, `(`, `#`), with the override quoted; None
     where quoting is not the cure."""
-    key, equals, value = override.partition("=")
-    if not equals or not value or value[0] in "'\"":
+    key, value = split(override)
+    if not value or value[0] in "'\"":
         return None
     odd = sorted({c for c in value if not UNQUOTED.fullmatch(c)}, key=value.index)
     if not odd or "'" in value and '"' in value:

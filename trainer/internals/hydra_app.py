@@ -6,7 +6,11 @@ needs it."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
+
+from omegaconf import open_dict, read_write
 
 from trainer.internals import check_version
 
@@ -43,3 +47,47 @@ def load_configuration(search: Any, config_name: str, overrides: list[str], run_
     _checked()
     return ConfigLoaderImpl(config_search_path=search).load_configuration(
         config_name=config_name, overrides=overrides, run_mode=run_mode, from_shell=from_shell)
+
+
+@contextmanager
+def job_config(job: Any) -> Iterator[None]:
+    """`HydraConfig` set to a composed config's `hydra` node for the block (`${hydra:...}`
+    reads it), as Hydra's job sets it; what was set before (a user's own app) comes back."""
+    from hydra.core.hydra_config import HydraConfig
+
+    before = HydraConfig.instance().cfg
+    HydraConfig.instance().set_config(job)
+    try:
+        yield
+    finally:
+        HydraConfig.instance().cfg = before
+
+
+def run_job(job: Any, task: Callable[[], Any], configure_logging: bool) -> Any:
+    """Hydra's own job runner (`hydra.core.utils.run_job`) on a config composed already:
+    the run directory made, `hydra.job.chdir` and `hydra.job.env_set` honoured, the job's
+    logging configured (`configure_logging`; else left as the process has it), the
+    `hydra.callbacks` told of the job; never a second composition. `.hydra/` is not written
+    here (the run records it once checked). Returns what `task` returned; raises what it
+    raised."""
+    from hydra._internal.callbacks import Callbacks
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.config_search_path_impl import ConfigSearchPathImpl
+    from hydra.core.utils import JobStatus
+    from hydra.core.utils import run_job as hydra_run_job
+    from hydra.types import HydraContext
+
+    _checked()
+    job = job.copy()
+    with read_write(job.hydra), open_dict(job.hydra):
+        job.hydra.output_subdir = None
+    # run_job reads no config (it is composed): the loader is there for its signature
+    context = HydraContext(config_loader=ConfigLoaderImpl(ConfigSearchPathImpl()),
+                           callbacks=Callbacks(job))
+    found = hydra_run_job(lambda _cfg: task(), job, "hydra.run.dir", None, context,
+                          configure_logging=configure_logging)
+    if found.status == JobStatus.FAILED:
+        # as the task raised it: `return_value` would first print Hydra's own "Error
+        # executing job" line
+        raise found._return_value
+    return found._return_value

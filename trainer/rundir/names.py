@@ -16,6 +16,9 @@ PATH_MAX = 1024 if os.uname().sysname == "Darwin" else 4096
 # Room left in the path for what trainer writes inside the run directory
 # (`checkpoints/.tmp-<pid>-best.keras.sha256`, `backup/ckpt-<epoch>-<step>/...`).
 INSIDE = 128
+# The operating system's own trees: a run directory there is a mistake, never a run's place.
+SYSTEM = ("/proc", "/sys", "/dev", "/boot", "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32",
+          "/lib64", "/libx32", "/run", "/var/lib", "/var/run", "/System", "/Library")
 
 
 def check_name(run_dir: str | Path, option: str = "hydra.run.dir") -> None:
@@ -54,3 +57,30 @@ def check_name(run_dir: str | Path, option: str = "hydra.run.dir") -> None:
         raise ConfigError(f"run directory path is {size} bytes long; with the files a run "
                           f"writes inside it, it must stay under {PATH_MAX - INSIDE}: choose a "
                           f"shorter {option}")
+    check_place(Path(run_dir), option)
+
+
+def check_place(run_dir: Path, option: str = "hydra.run.dir") -> None:
+    """Refuses a run directory that cannot be a run's: the file system's root, a folder of
+    the operating system's (`/etc`, `/proc`, `/usr/...`) or a top-level one itself (`/tmp`,
+    `/home`), and a path under a file.
+
+    Raises:
+        ConfigError: naming the path and what to give instead.
+    """
+    path = Path(os.path.realpath(os.path.abspath(run_dir)))
+    what = None
+    if path == Path(path.anchor):
+        what = "is the file system's root"
+    elif any(path == Path(top) or Path(top) in path.parents for top in SYSTEM):
+        what = "is in a folder of the operating system's"
+    elif path.parent == Path(path.anchor) and path.is_dir():
+        what = "is a top-level folder of the file system, not a run's own"
+    else:
+        above = next((p for p in path.parents if p.exists()), None)
+        if above is not None and not above.is_dir():
+            what = f"is under {above}, which is a file, not a folder"
+    if what is not None:
+        raise ConfigError(f"{option}={run_dir} {what}; give a directory of the run's own, "
+                          f"e.g. {option}=runs/NAME, or leave {option} out for "
+                          "outputs/DATE/TIME")

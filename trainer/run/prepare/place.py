@@ -53,7 +53,7 @@ from trainer.rundir.remote import (
     upload,
 )
 
-__all__ = ["RunPlace", "deliver", "for_hydra", "is_url", "opened", "reading", "written"]
+__all__ = ["RunPlace", "deliver", "is_url", "opened", "reading", "written"]
 # The config's keys that name a run directory: `hydra.run.dir` (Composed.logs) and `resume`.
 KEYS = ("hydra.run.dir", "resume")
 
@@ -139,27 +139,13 @@ def _there(run: Composed, found: dict[str, str], place: RunPlace) -> Composed:
     """`run` with its URLs replaced by the local directories it runs in: the place's mirror;
     for another worker's `resume=`, the chief's mirror, which the workers compare at their
     rendezvous (the chief alone reads it)."""
-    logs = str(place.root) if "hydra.run.dir" in found else run.logs
+    there = run.at(str(place.root)) if "hydra.run.dir" in found else run
     if "resume" not in found:
-        return replace(run, logs=logs)
+        return there
     cfg = run.cfg.copy()
     with open_dict(cfg):
         cfg.resume = str(place.root if place.role == "run" else scratch(found["resume"], "run"))
-    return replace(run, cfg=cfg, logs=logs)
-
-
-def for_hydra(run: Composed, there: Composed) -> list[str]:
-    """The overrides that give Hydra's job the run's local directories (`there`, from
-    `opened`) where the composed config (`run`) names URLs: Hydra writes `.hydra/` and its
-    log into the mirror, and a config that reads the running job
-    (`${hydra:runtime.output_dir}`) reads the mirror. The last of equal keys is the one
-    Hydra takes."""
-    found = []
-    if there.logs != run.logs:
-        found.append(f"hydra.run.dir={there.logs}")
-    if there.cfg.get("resume") != run.cfg.get("resume"):
-        found.append(f"resume={there.cfg.resume}")
-    return found
+    return replace(there, cfg=cfg)
 
 
 def _close(place: RunPlace, error: BaseException | None) -> None:
