@@ -232,16 +232,17 @@ def test_launcher_bad_arguments(tmp_path, args, line):
 
 
 def test_launcher_stops_on_a_config_error_without_leaving_anything(tmp_path):
-    """Workers fail at compose time: exit 2 at once, the error relayed with its prefix."""
+    """The launcher composes the workers' config first (their run directory): a config that
+    does not compose is its one line, exit 2, before any worker starts."""
     result = subprocess.run(
         [sys.executable, "-m", "trainer.launch", "--workers", "2", "model.widht=3",
          f"hydra.run.dir={tmp_path / 'run'}"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
         env={**_env(), "TMPDIR": str(tmp_path)})
     assert result.returncode == 2, result.stdout + result.stderr
-    # The first worker's one-line error is relayed; the other may be stopped before its own.
-    errors = [line for line in result.stdout.splitlines() if "] error:" in line]
-    assert errors and all("widht" in line for line in errors), result.stdout
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "widht" in lines[0], lines
+    assert "[launch]" not in result.stdout  # no worker started
     assert not (tmp_path / "run" / "summary.json").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("trainer-launch-")]
 

@@ -15,6 +15,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "trainer"
 FLOORS = {"internals": -1, "config": 0, "plan": 1, "rundir": 2, "distribute": 3, "data": 4,
           "models": 5, "task": 6, "track": 7, "run": 8}
 TOP = 9
+# Leaf modules at the package's top: they import nothing of ours, so every floor may import
+# them (the version; the one way a fresh process starts).
+LEAVES = {"trainer.version": -2, "trainer.processes": -2}
 
 
 def _modules() -> dict[str, Path]:
@@ -56,6 +59,8 @@ def _graph() -> dict[str, set[str]]:
 
 
 def _floor(module: str) -> int:
+    if module in LEAVES:
+        return LEAVES[module]
     parts = module.split(".")
     return FLOORS.get(parts[1], TOP) if len(parts) > 1 else TOP
 
@@ -110,6 +115,77 @@ def test_config_imports_nothing_of_ours_and_nothing_imports_main():
     assert [f"{a} -> {b}" for a, targets in graph.items() if a.startswith("trainer.internals")
             for b in targets if not b.startswith("trainer.internals")] == []
     assert [a for a, targets in graph.items() if "trainer.__main__" in targets] == []
+
+
+def test_the_leaves_import_nothing_of_ours_and_nothing_imports_the_packages_top():
+    """A leaf imports nothing of ours; and no module imports a name from `trainer` itself
+    (`from trainer import __version__`: an arrow to the top of the house)."""
+    graph = _graph()
+    assert {leaf: graph[leaf] for leaf in LEAVES} == {leaf: set() for leaf in LEAVES}
+    modules = _modules()
+    upward = []
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "trainer" and not node.level:
+                upward += [f"{name}: from trainer import {alias.name}" for alias in node.names
+                           if f"trainer.{alias.name}" not in modules]
+    assert upward == []
+
+
+def _calls_in(path: Path, wanted: set[str]) -> list[str]:
+    """The dotted names of `wanted` (`subprocess.Popen`, `sys.executable`) a file reads."""
+    found = []
+    shown = path.relative_to(PACKAGE.parent) if PACKAGE.parent in path.parents else path
+    for node in ast.walk(ast.parse(path.read_text())):
+        # a call (`subprocess.Popen(...)`, not the type in an annotation), or a read of
+        # `sys.executable`
+        target = node.func if isinstance(node, ast.Call) else node
+        if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+                and (target is not node or target.attr == "executable")):
+            dotted = f"{target.value.id}.{target.attr}"
+            if dotted in wanted:
+                found.append(f"{shown}:{node.lineno} {dotted}")
+        elif isinstance(node, ast.ImportFrom) and node.module in ("subprocess", "multiprocessing"):
+            found.append(f"{shown}:{node.lineno} from {node.module}")
+        elif isinstance(node, ast.Import) and any(
+                a.name == "multiprocessing" for a in node.names):
+            found.append(f"{shown}:{node.lineno} multiprocessing")
+    return found
+
+
+SOURCES = [*PACKAGE.rglob("*.py"), *(PACKAGE.parent / "hydra_plugins").rglob("*.py")]
+STARTS = {"subprocess.Popen", "subprocess.run", "subprocess.call", "subprocess.check_call",
+          "subprocess.check_output", "os.fork", "os.spawnv", "os.execv", "os.execvp",
+          "os.posix_spawn", "sys.executable"}
+
+
+def test_a_fresh_process_is_started_one_way():
+    """Every fresh process (`trainer.fit`'s child, a sweep's job, a `tune=batch` try, the
+    launcher's workers) starts through `trainer.processes`; nothing else starts one."""
+    starts = [hit for path in SOURCES for hit in _calls_in(path, STARTS)]
+    assert starts and all(hit.startswith("trainer/processes.py:") for hit in starts), starts
+    users = sorted(str(path.relative_to(PACKAGE.parent)) for path in SOURCES
+                   if "from trainer.processes import" in path.read_text())
+    assert {"trainer/child.py", "trainer/track/sweep.py", "trainer/run/tune.py",
+            "trainer/distribute/launch.py"} <= set(users), users
+
+
+def test_a_planted_process_start_is_seen(tmp_path):
+    planted = tmp_path / "x.py"
+    planted.write_text("import subprocess, sys\nsubprocess.run([sys.executable])\n")
+    assert len(_calls_in(planted, STARTS)) == 2
+
+
+OVERRIDE_TEXT = ('.split("=", 1)', '.partition("=")', 'lstrip("+~")', '.startswith("hydra.')
+
+
+def test_override_text_is_read_in_one_place():
+    """Only `trainer.config.overrides` splits an override's text into key and value."""
+    found = [f"{path.relative_to(PACKAGE.parent)}: {pattern}" for path in SOURCES
+             for pattern in OVERRIDE_TEXT if pattern in path.read_text()
+             and path != PACKAGE / "config" / "overrides.py"]
+    assert found == []
+    assert '.partition("=")' in (PACKAGE / "config" / "overrides.py").read_text()
 
 
 def test_below_run_nothing_imports_run():

@@ -82,16 +82,16 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_an_uninterrupted_one(
     # test_two_workers_train_like_one), so one device in this process is the reference.
     batch = ["batch.per_replica=null", "batch.global_size=64", "epochs=2", "optimizer.lr=0.01",
              "deterministic=true", "checkpoint.backup_every=5"]
-    run_dir = tmp_path / "run"
-    launch = launches(2, *SIGNALLED, *batch, f"hydra.run.dir={run_dir}", "--max-restarts", "2",
-                      grace=10)
-    backups = run_dir / "backup"
+    # `${now:...}` to the microsecond: read once by the launcher, for every worker and every
+    # restart (read again, the restart would train from scratch in another folder)
+    launch = launches(2, *SIGNALLED, *batch, "hydra.run.dir=runs/r-${now:%H-%M-%S-%f}",
+                      "--max-restarts", "2", grace=10)
     deadline = time.monotonic() + 240
-    while not (backups.is_dir() and any(p.name.startswith("ckpt-000001-")
-                                        and not p.name.endswith("-000000000")
-                                        for p in backups.iterdir())):
+    while not any(p.name.startswith("ckpt-000001-") and not p.name.endswith("-000000000")
+                  for p in (tmp_path / "runs").glob("*/backup/*")):
         assert launch.proc.poll() is None and time.monotonic() < deadline, launch.output[-3000:]
         time.sleep(0.1)
+    [run_dir] = (tmp_path / "runs").iterdir()
     os.kill(launch.worker_pid(1), signal.SIGKILL)
     assert launch.wait(timeout=300) == 0, launch.output[-3000:]
     output = launch.output
@@ -102,6 +102,7 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_an_uninterrupted_one(
     # a survivor's own line says which peer it lost: none of TensorFlow's records of it
     assert not re.search(r"^\[worker \d\] ([EW]\d{4} |/job:)", output, re.M), output[-3000:]
     assert "retracing" not in output
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == [run_dir.name]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["restarts"]["count"] == 1
     assert summary["restarts"]["steps_trained_again"] >= 0

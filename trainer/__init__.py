@@ -19,9 +19,9 @@ import importlib
 from typing import Any
 
 from trainer.internals.tf_start import quiet_when_imported
+from trainer.version import __version__
 
-__version__ = "0.1.0"
-__all__ = ["Result", "TrainerError", "evaluate", "fit", "predict", "tune"]
+__all__ = ["Result", "TrainerError", "__version__", "evaluate", "fit", "predict", "tune"]
 
 
 def __getattr__(name: str) -> Any:

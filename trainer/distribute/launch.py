@@ -41,7 +41,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
+from trainer.config.compose import KNOWN_ERRORS, composed
 from trainer.config.errors import EXIT_CONFIG, EXIT_WORKER_LOST
+from trainer.config.messages import one_line
+from trainer.config.overrides import under, value, without
+from trainer.config.schema import register_configs
 from trainer.distribute.rendezvous import IN_USE
 from trainer.distribute.restarts import (
     PROGRESS,
@@ -54,6 +58,7 @@ from trainer.distribute.restarts import (
     steps_again,
 )
 from trainer.internals.tf_start import SWITCH, PeerLossLines
+from trainer.processes import describe_exit, environment, python, spawn
 
 EXIT_SIGINT = 130
 SETTLE = 3.0  # seconds a lost peer's own end may take to show (see Launcher._cause)
@@ -85,11 +90,6 @@ def tf_configs(addresses: Sequence[str], evaluator: str | None = None) -> list[s
             for kind, i in tasks]
 
 
-def _value(overrides: Sequence[str], key: str) -> str | None:
-    found = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+~") == key]
-    return found[-1] if found else None
-
-
 def worker_commands(workers: int, overrides: Sequence[str], run_dir: str,
                     scratch: Path, evaluator: bool = False) -> list[list[str]]:
     """The command line of each worker, then the evaluator's (with `evaluator`: it reads the
@@ -102,13 +102,14 @@ def worker_commands(workers: int, overrides: Sequence[str], run_dir: str,
         scratch: a temporary directory for the other workers' Hydra directories.
         evaluator: one more command, for the evaluator.
     """
-    common = [o for o in overrides if not o.startswith("hydra.run.dir=")]
-    if _value(overrides, "strategy") is None and _value(overrides, "strategy.name") is None:
+    common = without(overrides, "hydra.run.dir")
+    if value(overrides, "strategy") is None and value(overrides, "strategy.name") is None:
         common.append("strategy=multi_worker")
-    if _value(overrides, "verbose") is None:
+    if value(overrides, "verbose") is None:
         common.append("verbose=2")  # a line per epoch: progress bars do not survive prefixing
-    return [[sys.executable, "-m", "trainer", *common,
-             f"hydra.run.dir={run_dir if i == 0 or i == workers else scratch / f'worker-{i}'}"]
+    return [python(*common, f"hydra.run.dir="
+                   f"{run_dir if i == 0 or i == workers else scratch / f'worker-{i}'}",
+                   module="trainer")
             for i in range(workers + bool(evaluator))]
 
 
@@ -117,45 +118,23 @@ def _mkdir(path: Path) -> str:
     return str(path)
 
 
-def default_run_dir() -> str:
-    """Hydra's default run directory, fixed here so every launch knows the chief's."""
-    return time.strftime("outputs/%Y-%m-%d/%H-%M-%S")
-
-
-def _child_setup():
-    """What a worker runs before exec: its own process group, and on Linux SIGKILL when the
-    launcher dies (looked up here, in the parent: the child only makes two system calls)."""
-    prctl = None
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    parent = os.getpid()
-
-    def setup() -> None:
-        os.setsid()
-        if prctl is not None:
-            prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-            if os.getppid() != parent:  # the launcher died before prctl took effect
-                os._exit(1)
-
-    return setup
+def run_dir_of(overrides: Sequence[str]) -> str:
+    """The chief's run directory: the one the workers' config names (the command line's
+    `hydra.run.dir`, an experiment file's, a `--config-dir`'s, or the default
+    `outputs/DATE/TIME`), composed as the workers compose it and resolved once here, so
+    every worker and every restart writes and resumes the same one (a `${now:...}` in it
+    is read once). A URL stays a URL: the chief keeps it in step with its mirror."""
+    register_configs()
+    run = composed(list(overrides))
+    if run is None:  # --cfg, --help: the workers print it; the directory is not used
+        return time.strftime("outputs/%Y-%m-%d/%H-%M-%S")
+    return run.logs
 
 
 def first_cause(failed: list[tuple[int, int]]) -> tuple[int, int]:
     """Of the workers that failed, `(index, code)` of the one that stopped the cluster: one
     that did not merely lose a peer (exit code 4), else the first."""
     return next(((i, c) for i, c in failed if c != EXIT_WORKER_LOST), failed[0])
-
-
-def describe_exit(code: int) -> str:
-    """`exit code 4`, or `SIGKILL` for a worker killed by a signal."""
-    if code < 0:
-        try:
-            return signal.Signals(-code).name
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit code {code}"
 
 
 class Launcher:
@@ -188,11 +167,9 @@ class Launcher:
                 pass  # output closed (`| head`): keep draining the workers' pipes
 
     def start(self) -> None:
-        setup = _child_setup()
         for i, (command, env) in enumerate(zip(self.commands, self.envs, strict=True)):
-            proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    preexec_fn=setup)
+            proc = spawn(command, env, die_with_parent=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             self.procs.append(proc)
             self.say(f"[launch] {self.label(i)}: pid {proc.pid}")
             thread = threading.Thread(target=self._relay, args=(i, proc), daemon=True)
@@ -347,7 +324,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if refusal is not None:
         print(f"error: {refusal}", file=sys.stderr)
         return EXIT_CONFIG
-    run_dir = None if script else _value(overrides, "hydra.run.dir") or default_run_dir()
+    try:
+        run_dir = None if script else run_dir_of(overrides)
+    except KNOWN_ERRORS as error:
+        print(f"error: {one_line(error)}", file=sys.stderr)
+        return EXIT_CONFIG
     with tempfile.TemporaryDirectory(prefix="trainer-launch-") as scratch:
         commands = (script_commands(args.workers, script) if script else
                     worker_commands(args.workers, overrides, run_dir, Path(scratch),
@@ -382,7 +363,7 @@ def _refusal(args: argparse.Namespace, overrides: list[str],
         return f"--workers must be a positive number; received: {args.workers}"
     if args.max_restarts < 0:
         return f"--max-restarts must be 0 or more; received: {args.max_restarts}"
-    clashing = [o for o in overrides if o.split("=", 1)[0].startswith("cluster.")]
+    clashing = under(overrides, "cluster")
     if clashing:
         return f"the launcher sets the cluster itself; remove {' '.join(clashing)}"
     if script is None:
@@ -402,7 +383,7 @@ def script_commands(workers: int, script: list[str]) -> list[list[str]]:
     """Each worker's command for a user's script: the script itself, with its arguments.
     The launcher gives each its `TF_CONFIG`, from which its `trainer.fit` joins the cluster
     (worker 0, the chief, writes the run directory the script names)."""
-    return [[sys.executable, *script] for _ in range(workers)]
+    return [python(*script) for _ in range(workers)]
 
 
 PORT_ATTEMPTS = 3
@@ -478,15 +459,13 @@ def launch_once(commands: list[list[str]], scratch: Path, grace: float,
     code."""
     addresses = [f"127.0.0.1:{port}" for port in free_ports(len(commands))]
     workers = len(commands) - bool(evaluator)
-    base = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    base.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    base.update(env or {})
+    base = environment(env, drop=("TF_CONFIG",))
     # Temporary files of a worker killed before it could clean up go with `scratch`.
     envs = [{**base, "TF_CONFIG": config, "TMPDIR": _mkdir(scratch / f"tmp-{i}")}
             for i, config in enumerate(tf_configs(addresses[:workers],
                                                   addresses[workers] if evaluator else None))]
     launcher = Launcher(commands, envs, grace=grace, out=out, evaluator=evaluator)
-    run_dir = _value(commands[0], "hydra.run.dir") or "the run directory its trainer.fit names"
+    run_dir = value(commands[0], "hydra.run.dir") or "the run directory its trainer.fit names"
     launcher.say(f"[launch] {workers} workers on {', '.join(addresses[:workers])}; "
                  f"the chief (worker 0) writes {run_dir}"
                  + ("; an evaluator validates beside them" if evaluator else ""))

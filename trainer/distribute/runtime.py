@@ -15,7 +15,6 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from trainer import __version__
 from trainer.config.errors import ConfigError
 from trainer.config.strategies import located
 from trainer.distribute.cluster import Cluster
@@ -26,6 +25,7 @@ from trainer.distribute.strategy import strategy_kind
 from trainer.internals.keras_step import layers_within
 from trainer.internals.tf_runtime import has_kernel
 from trainer.rundir.resume import flatten
+from trainer.version import __version__
 
 # Every MirroredStrategy numbers its collective groups from 1. A second strategy in the same
 # process over another device count then joins group 1 with a different size, and TensorFlow

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +36,8 @@ from trainer.plan.tuning import (
     smoothed,
     suggest_rate,
 )
+from trainer.processes import environment, python
+from trainer.processes import run as run_process
 from trainer.run.prepare.preflight import Checked, preflight
 from trainer.run.session import Session
 from trainer.rundir.atomic import write_json
@@ -211,9 +212,8 @@ def _fits(checked: Checked, per_replica: int) -> bool:
         record = Path(folder) / "spec.json"
         record.write_text(json.dumps({"config": checked.spec.record,
                                       "per_replica": per_replica}, default=str))
-        done = subprocess.run([sys.executable, "-m", "trainer.run.tune", str(record)],
-                              capture_output=True, text=True, timeout=600,
-                              env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        done = run_process(python(str(record), module="trainer.run.tune"), environment(),
+                           timeout=600)
     if done.returncode not in (0, EXIT_OUT_OF_MEMORY):
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise ConfigError(f"tune=batch: a try at batch.per_replica={per_replica} failed: "

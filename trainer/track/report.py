@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 from hydra.experimental.callback import Callback
 
+from trainer.config.overrides import pairs
 from trainer.rundir.atomic import write_text, written
 
 COLUMNS = ("devices", "replicas", "micro-batch", "accumulate", "global batch", "scaled lr",
@@ -46,8 +47,7 @@ def job_overrides(sweep_dir: Path) -> list[dict[str, str]]:
                 continue
         except (OSError, ValueError, yaml.YAMLError):
             continue
-        pairs = (str(o).split("=", 1) for o in items if "=" in str(o))
-        found.append({k.lstrip("+~"): v for k, v in pairs})
+        found.append(pairs(items))
     return found
 
 

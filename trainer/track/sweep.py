@@ -30,7 +30,9 @@ from omegaconf import DictConfig
 
 from trainer.config.errors import EXIT_CONFIG, EXIT_INTERRUPTED, ConfigError
 from trainer.config.metrics import sweep_mode
+from trainer.config.overrides import split, value_of
 from trainer.internals.hydra_app import args_parser
+from trainer.processes import environment, python, spawn
 from trainer.rundir.atomic import write_json, write_text
 from trainer.rundir.layout import RunDir
 
@@ -198,11 +200,16 @@ def _order(trials: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
     return sorted(trials, key=key)
 
 
+def _typed(override: str) -> tuple[str, str]:
+    """An override's key as typed (`+x`) and its value ("" for `~x`), as the table shows it."""
+    key, found = split(override)
+    return key, found or ""
+
+
 def _parameters(trials: list[dict[str, Any]]) -> tuple[list[str], dict[str, str]]:
     """The override keys whose values differ between trials (the searched parameters), and
     the overrides every trial shares."""
-    pairs = [dict(o.split("=", 1) if "=" in o else (o, "") for o in t.get("overrides", []))
-             for t in trials]
+    pairs = [dict(_typed(o) for o in t.get("overrides", [])) for t in trials]
     keys: list[str] = []
     for p in pairs:
         keys += [k for k in p if k not in keys]
@@ -224,7 +231,7 @@ def trial_table(trials: list[dict[str, Any]], mode: str) -> str:
     lines = [f"# Trials: {len(trials)} ({counts}{len(trials) - len(done) - pruned} "
              f"failed); {metric}, {'highest' if mode == 'max' else 'lowest'} first", ""]
     if done:
-        best = dict(o.split("=", 1) for o in done[0]["overrides"] if "=" in o)
+        best = dict(_typed(o) for o in done[0]["overrides"] if value_of(o) is not None)
         values = " ".join(f"{k}={best[k]}" for k in varying if k in best)
         lines += [f"Best: job {done[0]['job']}, {metric} = {_number(done[0]['value'])}"
                   + (f", {values}" if values else ""), ""]
@@ -234,7 +241,7 @@ def trial_table(trials: list[dict[str, Any]], mode: str) -> str:
     header = ["rank", "job", "status", metric, *varying, "error"]
     lines += ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     for rank, t in enumerate(ordered, 1):
-        pairs = dict(o.split("=", 1) for o in t.get("overrides", []) if "=" in o)
+        pairs = dict(_typed(o) for o in t.get("overrides", []) if value_of(o) is not None)
         status = str(t.get("status"))
         if status == "pruned" and t.get("pruned_after_epoch"):
             status += f" after epoch {t['pruned_after_epoch']}"
@@ -294,8 +301,8 @@ def run_job_in_subprocess(cfg: DictConfig, full_error: bool = False,
 
     hc = HydraConfig.get()
     out = Path(hc.runtime.output_dir)
-    command = [sys.executable, "-m", "trainer", *config_options(), *hc.overrides.task,
-               "hydra.mode=RUN", f"hydra.run.dir={out}", f"hydra.job.name={hc.job.name}"]
+    command = python(*config_options(), *hc.overrides.task, "hydra.mode=RUN",
+                     f"hydra.run.dir={out}", f"hydra.job.name={hc.job.name}", module="trainer")
     chief = cluster is None or cluster.is_chief
     if not chief:
         command.append("hydra.output_subdir=null")
@@ -324,11 +331,10 @@ def run_job_in_subprocess(cfg: DictConfig, full_error: bool = False,
 def _run_job(command: list[str], full_error: bool, extra: dict[str, str]) -> tuple[int, str]:
     """Runs the job's process (`extra` added to its environment), passing its stderr on;
     returns its exit code and the last line it wrote there."""
-    env = {**os.environ, CHILD_ENV: "1", **extra}
-    if not full_error:
-        env.pop("HYDRA_FULL_ERROR", None)
-    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True,
-                               errors="replace")
+    # the sweep's process group: the job gets the terminal's Ctrl-C as the sweep does
+    process = spawn(command, environment({CHILD_ENV: "1", **extra},
+                                         drop=() if full_error else ("HYDRA_FULL_ERROR",)),
+                    own_session=False, stderr=subprocess.PIPE, text=True, errors="replace")
     last = ""
 
     def relay() -> None:

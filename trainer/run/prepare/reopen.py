@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from trainer.config.compose import compose_in
 from trainer.config.errors import ConfigError
+from trainer.config.overrides import split, value_of
 from trainer.config.schema import register_configs
 from trainer.distribute.strategy import KINDS
 from trainer.run.prepare.inputs import kept as kept_inputs
@@ -114,23 +115,14 @@ def trained_on(run_dir: Path) -> dict | None:
 def take_option(key: str, default: str | None,
                 overrides: list[str]) -> tuple[str | None, list[str]]:
     """A `key=value` of the command's own (the last one given), and the other overrides."""
-    value, rest = default, []
-    for item in overrides:
-        if item.startswith(f"{key}="):
-            value = item.split("=", 1)[1]
-        else:
-            rest.append(item)
-    return value, rest
+    taken = [o for o in overrides if split(o)[0] == key and value_of(o) is not None]
+    return (value_of(taken[-1]) if taken else default), [o for o in overrides
+                                                         if o not in taken]
 
 
 def take_choice(key: str, valid: tuple[str, ...], overrides: list[str]) -> tuple[str, list[str]]:
     """Evaluation's own `key=value` (the first of `valid` by default), and the rest."""
-    value, rest = valid[0], []
-    for item in overrides:
-        if item.startswith(f"{key}="):
-            value = item.split("=", 1)[1]
-        else:
-            rest.append(item)
+    value, rest = take_option(key, valid[0], overrides)
     if value not in valid:
         raise ConfigError(f"{key} must be {' or '.join(valid)}; received: {value!r}")
     return value, rest
