@@ -7,8 +7,10 @@ wall time and of CPU time (user + system, from the children's rusage). Trainer's
 broken down by phase from its `summary.json` (`time`): start-up before `train()` (interpreter,
 imports, config, pre-flight, TensorFlow's import), building (devices, data, model), first step,
 the training after it, saving (checkpoints and backups), the final evaluation, and the end of
-the process. Time from process start to the first training step is measured on 1 and 4
-logical replicas as well. Targets (issue 24): CPU <= 1.15x, wall <= 1.25x.
+the process. Trainer's start-up is printed beside the plain script's own (its interpreter and
+`import keras, tensorflow`, from its `startup.json`), pair by pair. Time from process start
+to the first training step is measured on 1 and 4 logical replicas as well. Targets (issue 24):
+CPU <= 1.15x, wall <= 1.25x.
 
     python scripts/bench_run.py --pairs 3
 """
@@ -58,7 +60,7 @@ def main() -> None:
                         help="skip the 1- and 4-replica start-up runs")
     args = parser.parse_args()
     load = os.getloadavg()
-    rows, phases, firsts = [], [], {1: [], 4: []}
+    rows, phases, firsts, imports = [], [], {1: [], 4: []}, []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for pair in range(args.pairs):
@@ -75,6 +77,8 @@ def main() -> None:
             rows.append((tw / pw, tc / pc))
             summary = json.loads((run_dir / "summary.json").read_text())
             t = summary["time"]
+            plain_imports = json.loads((work / f"plain-{pair}" / "startup.json").read_text())
+            imports.append((t["startup_s"], plain_imports["imported_s"]))
             phases.append({
                 "start-up (to train())": t["startup_s"],
                 "build (devices, data, model)": t["build_s"],
@@ -100,6 +104,11 @@ def main() -> None:
     print(f"\nmedian trainer / plain over {args.pairs} pairs: wall {wall:.2f}, CPU {cpu:.2f} "
           f"(targets: wall <= 1.25, CPU <= 1.15); load average before {load[0]:.2f}, "
           f"after {os.getloadavg()[0]:.2f}")
+    print(f"\nstart-up, median seconds: trainer's to train() (interpreter, imports, one "
+          f"composition, pre-flight, TensorFlow's import) "
+          f"{statistics.median(a for a, _ in imports):.2f}; the plain script's interpreter "
+          f"and `import keras, tensorflow` {statistics.median(b for _, b in imports):.2f}; "
+          f"per pair: " + ", ".join(f"{a:.2f}/{b:.2f}" for a, b in imports))
     print("\ntrainer's run by phase (median seconds):")
     for name in phases[0]:
         print(f"  {name:<34} {statistics.median(p[name] for p in phases):6.2f}")

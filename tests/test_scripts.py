@@ -61,7 +61,9 @@ SMOKE = {
                            "--image-size", "8"],
                           [r"^2 vs 1 replica\(s\): throughput plain \d"]),
     "bench_run.py": (["--pairs", "1", "--epochs", "1", "--no-startup"],
-                     [r"median trainer / plain over 1 pairs: wall \d+\.\d+, CPU \d"]),
+                     [r"median trainer / plain over 1 pairs: wall \d+\.\d+, CPU \d",
+                      r"^start-up, median seconds: trainer's to train\(\) .* \d+\.\d+; the "
+                      r"plain script's interpreter and `import keras, tensorflow` \d+\.\d+"]),
     # on 2 replicas (a column of its matrix): it then splits the CPU as the others do
     "keras_contract.py": (["--only", "single_output", "--columns", "fit:2"],
                           [r"^\| single_output \| pass \|$"]),
