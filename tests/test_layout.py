@@ -598,6 +598,7 @@ BY_HAND = {
     "data/fingerprint.py": "the data's hash cache, beside the data, named per thread",
     "rundir/backup.py": "a backup's files, inside its temporary folder renamed whole",
     "run/prepare/reopen.py": "a finished run's config, in a temporary folder Hydra reads",
+    "models/instance.py": "a model's .keras snapshot, in a temporary folder Keras reads",
 }
 WRITES = ("write_text(", "write_bytes(", "os.replace(", ".rename(", "os.link(",
           "shutil.copy", "copyfile(", "OmegaConf.save(", ".savefig(")

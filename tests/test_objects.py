@@ -160,15 +160,21 @@ def test_data_it_cannot_take_is_one_line(tmp_path, given, message):
 
 
 def test_the_readmes_objects_example_runs_as_a_notebooks_main(tmp_path, monkeypatch):
-    """The README's block as written, its functions in `__main__` (as a notebook's): the
-    model and the arrays are recorded as objects, and the run trains on 2 replicas."""
+    """The README's block as written, as a notebook's `__main__`: the compiled model and the
+    arrays are recorded as objects, the run trains on 2 replicas at Keras's batch 32, and
+    the trained weights come back into the model."""
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": "__main__"}
     exec(compile(examples()["objects.py"], "objects.py", "exec"), namespace)  # noqa: S102
     summary = namespace["result"].summary
-    assert summary["model"] == "build, defined in __main__ (a Python object)"
-    assert summary["dataset"] == "a tuple (a Python object)"
+    assert summary["model"] == (f"{namespace['model'].name}, a Sequential given as a model "
+                                "(a Python object)")
+    assert summary["dataset"] == "a dict (a Python object)"
     assert summary["replicas"] == 2 and len(summary["history"]["loss"]) == 2
+    assert (summary["batch"]["global"], summary["batch"]["per_replica"]) == (32, 16)
+    last = keras.saving.load_model(namespace["result"].checkpoints["last"])
+    for mine, saved in zip(namespace["model"].get_weights(), last.get_weights(), strict=True):
+        np.testing.assert_array_equal(mine, saved)
     assert summary["data_notes"] == [
         "no validation set: the training loss chose the best checkpoint"]
 

@@ -134,10 +134,16 @@ def test_a_ported_example_trains_as_written(tmp_path, monkeypatch, name, devices
     quiet epoch on `devices` logical CPUs (the block's own devices and epochs replaced)."""
     fit = trainer.fit
 
-    def shortened(overrides=(), *args, **kwargs):
-        kept = [o for o in overrides if not o.startswith(("devices=", "epochs="))]
-        return fit([*kept, "accelerator=cpu", f"devices={devices}", "epochs=1", "verbose=0",
-                    "logger=[]"], *args, run_dir=tmp_path / "run", **kwargs)
+    def shortened(*args, **kwargs):
+        if args and isinstance(args[0], (list, tuple)):  # the command line's form
+            kept = [o for o in args[0] if not o.startswith(("devices=", "epochs="))]
+            return fit([*kept, "accelerator=cpu", f"devices={devices}", "epochs=1",
+                        "verbose=0", "logger=[]"], *args[1:], run_dir=tmp_path / "run",
+                       **kwargs)
+        kwargs.update(devices=devices, accelerator="cpu", epochs=1, verbose=0,
+                      run_dir=tmp_path / "run",
+                      overrides=[*kwargs.get("overrides", ()), "logger=[]"])
+        return fit(*args, **kwargs)
 
     monkeypatch.setattr(trainer, "fit", shortened)
     monkeypatch.chdir(tmp_path)
@@ -146,3 +152,20 @@ def test_a_ported_example_trains_as_written(tmp_path, monkeypatch, name, devices
     result = namespace["result"]
     assert result.summary["replicas"] == devices and result.summary["epochs_done"] == 1
     assert np.isfinite(result.history["loss"][0])
+
+
+def test_the_docs_table_of_changed_lines_is_what_the_ports_change():
+    """docs/porting.md's table: each example's changed lines (`diff -w`, as counted above)
+    and raw `diff` lines, as the blocks have them."""
+    found = ports()
+    text = (REPO / "docs" / "porting.md").read_text()
+    rows = re.findall(r"^\| ([^|]+?) \| (\d+) \| (\d+) \|$", text, re.M)
+    names = {"structured data": "structured", "text": "text",
+             "time series (a callback)": "timeseries", "images": "images",
+             "VAE (a model function)": "vae", "functional API, two outputs": "functional"}
+    assert [row[0] for row in rows] == list(names)
+    for shown, changed, raw in rows:
+        before, after = found[f"{names[shown]}/keras"], found[f"{names[shown]}/trainer"]
+        diff = difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0)
+        counted = sum(1 for d in diff if d[:1] in "+-" and not d.startswith(("+++", "---")))
+        assert (int(changed), int(raw)) == (changed_lines(before, after), counted), shown

@@ -21,11 +21,13 @@ process's own logging.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,64 +82,223 @@ class Result:
         return found
 
 
-def fit(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
-        run_dir: str | Path | None = None, *, model: Any = None, data: Any = None,
-        callbacks: Sequence[Any] = ()) -> Result:
-    """Trains as `python -m trainer OVERRIDES` would, in this process.
+@dataclass(frozen=True)
+class FitCall:
+    """One `trainer.fit` call's arguments: `model.fit`'s (Keras 3's, in its order, with
+    Keras's meaning on one device), then trainer's own (keyword only). See `fit`."""
+
+    model: Any = None
+    x: Any = None
+    y: Any = None
+    batch_size: int | None = None
+    epochs: int | None = None
+    verbose: Any = None
+    callbacks: Any = None
+    validation_split: float | None = None
+    validation_data: Any = None
+    shuffle: Any = None
+    class_weight: Any = None
+    sample_weight: Any = None
+    initial_epoch: int = 0
+    steps_per_epoch: int | None = None
+    validation_steps: int | None = None
+    validation_freq: int = 1
+    _: KW_ONLY
+    devices: Any = None
+    accelerator: str | None = None
+    strategy: str | None = None
+    overrides: Sequence[str] = ()
+    config_dir: str | Path | None = None
+    run_dir: str | Path | None = None
+    data: Any = None
+
+    @property
+    def keras_form(self) -> bool:
+        """Whether the data comes through Keras's arguments (`x`): Keras's defaults too."""
+        return self.x is not None or self.validation_data is not None
+
+
+def fit(*args: Any, **kwargs: Any) -> Result:
+    """Trains a model as Keras's `model.fit` would, on the devices asked for.
+
+    Keras's form, `trainer.fit(model, x, y, batch_size=None, epochs=1, ..., devices=None,
+    accelerator=None, strategy=None, overrides=(), config_dir=None, run_dir=None)` (the
+    fields of `FitCall`): porting a script is changing `model.fit(` to `trainer.fit(model, `
+    and adding the device choice. The command line's form, `trainer.fit(overrides,
+    config_dir=None, run_dir=None, *, model=None, data=None, callbacks=())`, is
+    `python -m trainer OVERRIDES` in one call.
 
     Args:
-        overrides: `key=value` strings, as on the command line (`["devices=2", "epochs=3"]`):
-            a list, never one string.
+        model: a Keras model (compiled or not: rebuilt inside the strategy's scope with its
+            weights and compile arguments, its trained weights written back into it as
+            `model.fit` leaves them), a function returning one (called inside the scope
+            with what its signature names: `input_shape`, `num_classes`, `train`, ...), or
+            its dotted name.
+        x, y, sample_weight, validation_data, epochs, verbose, validation_split, shuffle,
+            class_weight, steps_per_epoch, validation_steps: as `model.fit` takes them;
+            where the data comes as `x`, Keras's defaults too (one epoch).
+        batch_size: Keras's batch on one device: trainer's global batch
+            (`batch.global_size`), split over the replicas (16 on each of 2 for 32), the
+            learning rate the one set for it. None: a batched dataset's own, else 32.
+        callbacks: Keras callbacks, called as `model.fit` calls them, after trainer's own;
+            their state after training is what they reached, in a fresh process too.
+        initial_epoch, validation_freq: Keras's defaults only (0, 1); else one line (a run
+            resumes from its own backups: the same `run_dir`, or `resume=`).
+        devices, accelerator, strategy: the devices (`devices=2`, `devices=[0, 1]`,
+            `accelerator="cpu"`); None: the config's (every GPU, or the CPU as one).
+        overrides: `key=value` strings, as on the command line (a list, never one string).
         config_dir: a folder of the user's own config files (`--config-dir`).
-        run_dir: where the run writes; the config's `hydra.run.dir` (by default
-            `outputs/DATE/TIME`) when None. A URL (`s3://...`, `gs://...`) is kept in step
-            with a local mirror (docs/resume.md), which the `Result` names.
-        model: the model builder instead of `model._target_`: a function returning a Keras
-            model (compiled or not), called inside the strategy's scope with what its
-            signature names (`input_shape`, `num_classes`, `train`, ...), or its dotted name.
-        data: the data instead of `dataset._target_`: a `Source`, a `tf.data.Dataset`
-            (batched or not), arrays `(x, y)`, `(x, y, sample_weight)` or `x`, a dict of
-            such splits (`train`, `validation`, `test`), a function returning one of
-            those, or its dotted name. Unless the overrides set `batch.per_replica` or
-            `batch.global_size`, the global batch is Keras's: a batched dataset's own, else 32.
-        callbacks: Keras callback objects (`keras.callbacks.Callback`, a class of the
-            script's own too), called as `model.fit(callbacks=...)` calls them, after
-            trainer's own and the config's; the summary names them.
+        run_dir: where the run writes; `hydra.run.dir` (`outputs/DATE/TIME`) when None. A
+            URL (`s3://...`, `gs://...`) is kept in step with a local mirror.
+        data: the command line's form's data instead of `dataset._target_`: a dataset,
+            arrays `(x, y)`, `(x, y, sample_weight)` or `x`, a dict of splits (`train`,
+            `validation`, `test`), a function returning one, or its dotted name.
 
     Returns:
-        The run's `Result`; for `resume=DIR` of a finished run with nothing more to do, the
-        finished run's; on a worker of a cluster other than the chief, its own summary with
-        the run directory the call named (the chief writes it).
+        The run's `Result` (a finished run's, for `resume=DIR` with nothing to add; on a
+        worker other than the chief, its own summary with the run directory named).
 
     Raises:
         TrainerError: with the command line's one line and exit code.
     """
+    if args and isinstance(args[0], (list, tuple, str)):  # the command line's form
+        if len(args) > 3:
+            raise TypeError(f"trainer.fit(overrides, config_dir, run_dir) takes at most 3 "
+                            f"positional arguments; received {len(args)}")
+        given = dict(zip(("overrides", "config_dir", "run_dir"), args, strict=False))
+        twice = sorted(set(given) & set(kwargs))
+        if twice:
+            raise TypeError(f"trainer.fit got {', '.join(twice)} twice")
+        return _fit(_call(**given, **kwargs))
+    return _fit(_call(*args, **kwargs))
+
+
+def _call(*args: Any, **kwargs: Any) -> FitCall:
+    """The call's arguments; a wrong one is Python's own error, naming `trainer.fit`."""
+    try:
+        return FitCall(*args, **kwargs)
+    except TypeError as error:
+        raise TypeError(str(error).replace("FitCall.__init__()", "trainer.fit()")) from None
+
+
+fit.__signature__ = inspect.signature(FitCall).replace(return_annotation=Result)
+
+
+def _fit(call: FitCall) -> Result:
+    """`fit` for its arguments."""
     process.quiet_logs()
+    instance = call.model if _is_keras_model(call.model) else None
+    model, data = call.model, call.data
     with one_error():
-        given = as_overrides(overrides, "trainer.fit")
-        extra = _callbacks(callbacks)
-        _builder_not_model(model)
-        run = _composed(given, config_dir, run_dir, _named(model=model, data=data))
-        # TensorFlow started in this process, as this run cannot have it (trainer.child)
-        fresh = child.needed(run)
-        if fresh is not None:
-            return child.fit_in_child(fresh, fit, dict(
-                overrides=given, config_dir=config_dir, run_dir=run_dir, model=model,
-                data=data, callbacks=list(extra)))
-        with holding(**_objects(given, model=model, data=data)):
-            return _run(run, extra)
+        given = as_overrides(call.overrides, "trainer.fit")
+        if call.keras_form and data is not None:
+            raise ConfigError("trainer.fit takes the data once: x=, y=, validation_data= as "
+                              "model.fit takes them, or data= (the command-line form)")
+        given = [*keras_overrides(call), *given]
+        if call.keras_form:
+            data = keras_data(call.x, call.y, call.sample_weight, call.validation_data)
+        if instance is not None:
+            from trainer.models.instance import builder_of
+
+            model = builder_of(instance)
+        extra = _callbacks(call.callbacks if call.callbacks is not None else ())
+        found = _fit_overrides(given, call.config_dir, call.run_dir, model, data, extra)
+    if instance is not None and isinstance(found, Result):
+        _write_back(instance, found)
+    return found
 
 
-def _builder_not_model(model: Any) -> None:
-    """`model=` takes a function that returns the model: a Keras model itself (its variables
-    made outside the strategy's scope) is one line saying so."""
-    if isinstance(model, (str, type)) or not all(
-            hasattr(model, name) for name in ("fit", "compile", "layers")):
+def keras_overrides(call: FitCall) -> list[str]:
+    """The overrides that give `model.fit`'s arguments their Keras meaning; where the data
+    comes through Keras's arguments (`FitCall.keras_form`), Keras's defaults too (one
+    epoch).
+
+    Raises:
+        ConfigError: an argument trainer cannot honour (one line naming it).
+    """
+    if call.initial_epoch not in (0, None):
+        raise ConfigError(f"trainer.fit does not take initial_epoch={call.initial_epoch}: "
+                          "a run resumes from its own backups (run it again with the same "
+                          "run_dir, or overrides=['resume=DIR']); leave initial_epoch out")
+    if call.validation_freq not in (1, None):
+        raise ConfigError(f"trainer.fit validates every epoch (the best checkpoint and early "
+                          f"stopping read it); validation_freq={call.validation_freq!r} "
+                          "cannot be honoured: leave it out")
+    if call.shuffle not in (None, True, False):
+        raise ConfigError(f"trainer.fit takes shuffle=True or False; received: "
+                          f"{call.shuffle!r} (trainer shuffles examples, not whole batches)")
+    epochs = call.epochs if call.epochs is not None else (1 if call.keras_form else None)
+    found = {"devices": _devices_text(call.devices), "accelerator": call.accelerator,
+             "strategy": call.strategy, "epochs": epochs,
+             "batch.global_size": call.batch_size, "verbose": call.verbose,
+             "validation_split": call.validation_split or None,
+             "dataset.shuffle": None if call.shuffle is None else str(call.shuffle).lower(),
+             "class_weight": _dict_text(call.class_weight),
+             "steps_per_epoch": call.steps_per_epoch,
+             "validation_steps": call.validation_steps}
+    return [f"{key}={value}" for key, value in found.items() if value is not None]
+
+
+def keras_data(x: Any, y: Any, sample_weight: Any, validation_data: Any) -> dict[str, Any]:
+    """`model.fit`'s data as trainer's splits: `{"train": ..., "validation": ...}`."""
+    if x is None:
+        raise ConfigError("trainer.fit has validation_data but no x: give the training data "
+                          "as model.fit takes it (x, y)")
+    train = x if y is None and sample_weight is None else (
+        (x, y) if sample_weight is None else (x, y, sample_weight))
+    return {"train": train, **({} if validation_data is None
+                               else {"validation": validation_data})}
+
+
+def _devices_text(devices: Any) -> str | None:
+    if devices is None or isinstance(devices, str):
+        return devices
+    if isinstance(devices, (list, tuple)):
+        return "[" + ",".join(str(d) for d in devices) + "]"
+    return str(devices)
+
+
+def _dict_text(weights: Any) -> str | None:
+    if weights is None:
+        return None
+    if not isinstance(weights, dict):
+        raise ConfigError(f"class_weight is a dict of class index to weight, as model.fit "
+                          f"takes it; received: {type(weights).__name__}")
+    return "{" + ", ".join(f"{int(k)}: {float(v)!r}" for k, v in weights.items()) + "}"
+
+
+def _is_keras_model(obj: Any) -> bool:
+    """Whether `obj` is a Keras model instance (Keras imported by whoever made it)."""
+    keras = sys.modules.get("keras")
+    return keras is not None and isinstance(obj, keras.Model)
+
+
+def _write_back(instance: Any, found: Result) -> None:
+    """The trained weights into the caller's model instance, as `model.fit` leaves them
+    (the last epoch's: `checkpoints/last.keras`); a run at a URL keeps them there."""
+    last = found.checkpoints.get("last")
+    if last is None or is_url(last) or not Path(last).is_file():
         return
-    raise ConfigError(f"model= takes a function that returns the model, not a model (a "
-                      f"{type(model).__name__}): trainer calls it inside the strategy's "
-                      "scope, so the variables are mirrored over the replicas; pass a "
-                      "function that returns it (def build(): return model ...; model=build)")
+    from trainer.models.instance import write_back
+
+    with one_error():
+        write_back(instance, last)
+
+
+def _fit_overrides(given: list[str], config_dir: str | Path | None,
+                   run_dir: str | Path | None, model: Any, data: Any,
+                   extra: tuple) -> Result:
+    """The command line's form: the overrides, the objects standing in for `_target_`s, the
+    callbacks; run here, or in a fresh process where this one's TensorFlow cannot have it."""
+    run = _composed(given, config_dir, run_dir, _named(model=model, data=data))
+    # TensorFlow started in this process, as this run cannot have it (trainer.child)
+    fresh = child.needed(run)
+    if fresh is not None:
+        return child.fit_in_child(fresh, _fit_overrides, dict(
+            given=given, config_dir=config_dir, run_dir=run_dir, model=model, data=data,
+            extra=extra), callbacks=extra)
+    with holding(**_objects(given, model=model, data=data)):
+        return _run(run, extra)
 
 
 def _callbacks(callbacks: Any) -> tuple:

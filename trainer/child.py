@@ -151,13 +151,16 @@ def _cluster(cfg: Any) -> Cluster | None:
         return None
 
 
-def fit_in_child(fresh: Fresh, fit: Callable[..., Any], call: Mapping[str, Any]) -> Any:
+def fit_in_child(fresh: Fresh, fit: Callable[..., Any], call: Mapping[str, Any],
+                 callbacks: tuple = ()) -> Any:
     """Runs `fit(**call)` in a fresh child process and returns what it returned.
 
     Args:
         fresh: why, and the devices (`needed`).
-        fit: `trainer.fit` (sent by its name).
-        call: its arguments, sent by value.
+        fit: `trainer.fit`'s runner (sent by its name).
+        call: its arguments, sent by value; its `extra` are the Keras callbacks.
+        callbacks: the caller's own callback objects (`call["extra"]`), given the state
+            their copies reached in the child, as if they had run here.
 
     Raises:
         ConfigError: an argument cannot be sent, naming it; whatever the child's `fit`
@@ -173,18 +176,48 @@ def fit_in_child(fresh: Fresh, fit: Callable[..., Any], call: Mapping[str, Any])
             raise TrainerError(f"the fresh process running trainer.fit ended with "
                                f"{describe_exit(code)} before returning (its output is above)",
                                code if code > 0 else 1)
-        kind, value = pickle.loads(outcome.read_bytes())
+        kind, value, states = pickle.loads(outcome.read_bytes())
+    for callback, state in zip(callbacks, states, strict=False):
+        vars(callback).update(state)
     if kind == "error":
         raise value
     return value
 
 
-def _pickled(fresh: Fresh, fit: Callable[..., Any], call: Mapping[str, Any]) -> bytes:
-    """The child's payload: the devices (plain pickle), then the call (cloudpickle)."""
+def by_value(obj: Any) -> bytes:
+    """`obj` pickled for the child: cloudpickle (functions and classes of `__main__` whole),
+    their code keeping the file it was written in (cloudpickle drops it, and AutoGraph in
+    the child then cannot read a function's source to convert its Python `if`), and every
+    `tf.data.Dataset` in it, at any depth (a split of `data=`, a dataset a model builder
+    reads at module level), as its pipeline's graph, rebuilt there lazily
+    (`trainer.internals.tf_data.dataset_graph`), as the tf.data service sends a pipeline."""
+    import io
+    import types
+
     import cloudpickle
 
+    class Pickler(cloudpickle.Pickler):
+        def reducer_override(self, found: Any) -> Any:
+            if isinstance(found, types.CodeType):
+                rebuild, args = self.dispatch_table[types.CodeType](found)
+                return rebuild, tuple(found.co_filename if a == "<dynamic-code>" else a
+                                      for a in args)
+            tf = sys.modules.get("tensorflow")
+            if tf is not None and isinstance(found, tf.data.Dataset):
+                from trainer.internals.tf_data import dataset_graph, dataset_of_graph
+
+                return dataset_of_graph, (dataset_graph(found), found.element_spec)
+            return super().reducer_override(found)
+
+    buffer = io.BytesIO()
+    Pickler(buffer).dump(obj)
+    return buffer.getvalue()
+
+
+def _pickled(fresh: Fresh, fit: Callable[..., Any], call: Mapping[str, Any]) -> bytes:
+    """The child's payload: the devices (plain pickle), then the call (`by_value`)."""
     try:
-        user = cloudpickle.dumps((fit, dict(call)))
+        user = by_value((fit, dict(call)))
     except Exception:  # noqa: BLE001 - any pickling failure is named below
         raise ConfigError(_unsendable(fresh, call)) from None
     return pickle.dumps((fresh.plan, fresh.memory, sys.path, user))
@@ -215,10 +248,8 @@ def _first_unsendable(value: Any, where: str) -> tuple[str, BaseException] | Non
         value: an argument of the call, or a part of one.
         where: its name: `data`, `data['train']`, `data['train'][0]`.
     """
-    import cloudpickle
-
     try:
-        cloudpickle.dumps(value)
+        by_value(value)
         return None
     except Exception as error:  # noqa: BLE001 - named to the user
         items = (value.items() if isinstance(value, dict)
@@ -314,8 +345,31 @@ def main(argv: list[str] | None = None) -> int:
         found = ("result", fit(**call))
     except BaseException as error:  # noqa: BLE001 - sent back, raised in the parent
         found = ("error", error)
-    _write_outcome(outcome, found)
+        call = locals().get("call") or {}
+    _write_outcome(outcome, (*found, [state_of(c) for c in call.get("extra", ())]))
     return 0
+
+
+# A callback's attributes that point back into the run (its model, the run's params): never
+# sent back; the caller's callback keeps its own.
+NOT_STATE = ("model", "_model", "params")
+
+
+def state_of(callback: Any) -> dict[str, Any]:
+    """What a callback's copy in the child holds after the run (its attributes but the
+    model's), each attribute that can be sent: `fit_in_child` sets them on the caller's."""
+    import cloudpickle
+
+    state = {}
+    for name, value in vars(callback).items():
+        if name in NOT_STATE:
+            continue
+        try:
+            cloudpickle.dumps(value)
+        except Exception:  # noqa: BLE001 - a handle, a lock: left as the caller's
+            continue
+        state[name] = value
+    return state
 
 
 def _write_outcome(outcome: Path, found: tuple[str, Any]) -> None:
@@ -326,8 +380,9 @@ def _write_outcome(outcome: Path, found: tuple[str, Any]) -> None:
     try:
         data = cloudpickle.dumps(found)
     except Exception:  # noqa: BLE001 - the error's own type cannot travel: its text does
-        kind, value = found
-        data = cloudpickle.dumps(("error", RuntimeError(f"{type(value).__name__}: {value}")))
+        kind, value, states = found
+        data = cloudpickle.dumps(("error", RuntimeError(f"{type(value).__name__}: {value}"),
+                                  states))
     partial = outcome.with_suffix(".partial")
     partial.write_bytes(data)
     partial.replace(outcome)

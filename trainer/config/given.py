@@ -97,6 +97,8 @@ def dotted_name(obj: Any) -> str | None:
 def described(obj: Any) -> str:
     """What an object was, in a few words, for the run's record (`build, defined in
     __main__`, `a Dataset`)."""
+    if getattr(obj, "described", None):  # what made it says what it is
+        return str(obj.described)
     name = getattr(obj, "__qualname__", None)
     if callable(obj) and name:
         return f"{name}, defined in {getattr(obj, '__module__', None) or 'an unknown module'}"

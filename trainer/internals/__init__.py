@@ -40,7 +40,7 @@ PRIVATE_NAMES = (
     "_symbolic_build", "_maybe_symbolic_build", "_get_metrics_result_or_logs",
     "make_train_function", "_update_progbar", "_get_file_path", "_save_model",
     "_trainable_variables", "_input_dataset", "_batch_size", "_batch_sizes", "_save_state",
-    "_return_value",
+    "_return_value", "_as_serialized_graph",
 )
 
 _warned: set[str] = set()

@@ -59,3 +59,22 @@ def repeats_for_ever(dataset: Any) -> bool:
             return True
         found = getattr(found, "_input_dataset", None)
     return False
+
+
+def dataset_graph(dataset: Any) -> bytes:
+    """A dataset's pipeline as a serialized graph (`DatasetToGraphV2`, what the tf.data
+    service sends its workers): its transformations, functions already traced (AutoGraph
+    read their source here) and in-memory tensors, lazily, `repeat()` included; one with
+    state outside the graph (a Python generator, a `py_function`) fails with
+    `FailedPreconditionError`."""
+    graph = dataset._as_serialized_graph(
+        external_state_policy=tf.data.experimental.ExternalStatePolicy.FAIL,
+        strip_device_assignment=True)
+    return graph.numpy()
+
+
+def dataset_of_graph(graph: bytes, element_spec: Any) -> tf.data.Dataset:
+    """The dataset `dataset_graph` serialized, rebuilt in this process
+    (`DatasetFromGraph`)."""
+    return tf.data.experimental.from_variant(tf.raw_ops.DatasetFromGraph(graph_def=graph),
+                                             element_spec)

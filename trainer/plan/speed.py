@@ -53,29 +53,30 @@ def choose_speed(precision: str, jit_compile: Any, steps_per_execution: Any, kin
 
 
 def with_compiled_jit(speed: SpeedPlan, compiled: Any, asked: Any) -> SpeedPlan:
-    """The plan with a model builder's own `compile(jit_compile=True)` honoured where the
-    config leaves XLA to trainer (`jit_compile=auto`), as Keras's `fit` would compile the
-    step; one line where the config says `false` or XLA cannot run here.
+    """The plan with a model's own `compile(jit_compile=True)` honoured where the config
+    leaves XLA to trainer (`jit_compile=auto`), as Keras's `fit` would compile the step.
+    Where it cannot be (the config says `jit_compile=false`, or the replicas are CPU
+    devices), the run trains without XLA and the plan's reason says why: never a refusal
+    of the user's own argument.
 
     Args:
         speed: the plan `choose_speed` made.
-        compiled: the `jit_compile` the builder compiled the model with (None: not compiled).
+        compiled: the `jit_compile` the model was compiled with (None: not compiled).
         asked: the config's `jit_compile`.
     """
     if compiled is not True or speed.jit_compile is True:
         return speed
-    said = "the model builder compiled the model with jit_compile=True"
+    said = "the model was compiled with jit_compile=True"
     if asked is False:
-        raise ConfigError(f"{said}; the config also names jit_compile=false: keep one (remove "
-                          "jit_compile=false, or compile the model without jit_compile)")
-    if speed.kind == "cpu" and speed.replicas > 1:
-        raise ConfigError(f"{said}, which cannot run on {speed.replicas} CPU replicas: XLA "
-                          "compiles each replica's step into one CPU device's cluster, which "
-                          "cannot update the variables mirrored on the others; compile "
-                          "without jit_compile=True, or use devices=1")
-    reasons = tuple("jit_compile=true: the model builder compiled the model with it"
-                    if r.startswith("jit_compile=") else r for r in speed.reasons)
-    return replace(speed, jit_compile=True, reasons=reasons)
+        why = f"jit_compile=false: asked for by the config, over {said}"
+    elif speed.kind == "cpu" and speed.replicas > 1:
+        why = (f"jit_compile=false: {said}, but XLA cannot run on {speed.replicas} CPU "
+               "replicas (it compiles each replica's step into one CPU device's cluster, "
+               "which cannot update the variables mirrored on the others): trained without")
+    else:
+        why = f"jit_compile=true: {said}"
+    reasons = tuple(why if r.startswith("jit_compile=") else r for r in speed.reasons)
+    return replace(speed, jit_compile=why.startswith("jit_compile=true"), reasons=reasons)
 
 
 def _precision(value: str, kind: str, cc: tuple[int, int] | None) -> tuple[str, str]:

@@ -1,0 +1,88 @@
+"""`trainer.fit` as `model.fit`: Keras's own arguments with their meaning, a compiled model
+instance rebuilt in the strategy's scope, and what the script made (module-level datasets,
+callbacks, functions AutoGraph converts) carried to a fresh process by value. The scripts
+run as a user runs them: `python script.py`, in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import trainer
+from tests.keras_fit_scripts import COMPILED, DATASETS
+from trainer.api import FitCall, keras_data, keras_overrides
+
+
+def _script(tmp_path: Path, text: str, *args: str) -> tuple[dict, str]:
+    """Runs a script as `python script.py ARGS` from an empty folder; its RESULT line and
+    its stderr."""
+    path = tmp_path / "script.py"
+    path.write_text(text)
+    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR",)}
+    done = subprocess.run([sys.executable, str(path), *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
+    return json.loads(line.removeprefix("RESULT ")), done.stderr
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_compiled_model_and_keras_arguments_train_as_model_fit(tmp_path, devices):
+    """`trainer.fit(model, x, y, batch_size=32, epochs=2, validation_split=0.2,
+    callbacks=[cb], shuffle=False)`: on one device the weights written back into `model`
+    are `model.fit`'s (1e-5); on 2 replicas (a fresh process: the script's TensorFlow
+    started with one device) too, to float error. `cb` saw every epoch and batch in both,
+    the batch is 32 split over the replicas, and the rate the compiled one."""
+    found, _ = _script(tmp_path, COMPILED, str(devices))
+    assert found["replicas"] == devices
+    assert found["diff"] <= 1e-5, found
+    assert (found["epochs"], found["batches"]) == (2, 10)  # 160 examples at 32, 2 epochs
+    assert found["batch"]["global"] == 32 and found["batch"]["per_replica"] == 32 // devices
+    assert found["lr"]["base"] == found["lr"]["scaled"] == pytest.approx(0.05)
+
+
+@pytest.mark.long
+def test_module_level_datasets_and_their_functions_reach_a_fresh_process(tmp_path):
+    """The multi-worker tutorial's form, a script that imported TensorFlow first, on 2
+    replicas: its module-level datasets (a `repeat()` stream with `steps_per_epoch`, and
+    the one the builder adapts on) travel by value, and AutoGraph converts the script's
+    functions there (no warning that it could not)."""
+    found, stderr = _script(tmp_path, DATASETS, "2")
+    assert found["replicas"] == 2 and found["steps"] == 3
+    assert len(found["val_accuracy"]) == 2
+    assert "AutoGraph could not transform" not in stderr, stderr[-3000:]
+
+
+def test_keras_arguments_map_to_the_config_with_their_meaning():
+    call = FitCall(None, "x", "y", batch_size=32, validation_split=0.2, shuffle=False,
+                   class_weight={0: 1, 1: 5}, devices=[0, 1], verbose=2, steps_per_epoch=7)
+    assert keras_overrides(call) == [
+        "devices=[0,1]", "epochs=1", "batch.global_size=32", "verbose=2",
+        "validation_split=0.2", "dataset.shuffle=false", "class_weight={0: 1.0, 1: 5.0}",
+        "steps_per_epoch=7"]
+    # the command-line form keeps the config's defaults (8 epochs)
+    assert keras_overrides(FitCall(data="d")) == []
+    assert keras_data("x", "y", None, ("xv", "yv")) == {"train": ("x", "y"),
+                                                       "validation": ("xv", "yv")}
+    assert keras_data("ds", None, None, None) == {"train": "ds"}
+    assert keras_data("x", "y", "w", None) == {"train": ("x", "y", "w")}
+
+
+@pytest.mark.parametrize("extra, said", [
+    ({"initial_epoch": 3}, "does not take initial_epoch=3"),
+    ({"validation_freq": 2}, "validation_freq=2 cannot be honoured"),
+    ({"shuffle": "batch"}, "takes shuffle=True or False; received: 'batch'"),
+    ({"class_weight": [1, 2]}, "class_weight is a dict of class index to weight"),
+    ({"data": ([1], [2])}, "takes the data once"),
+])
+def test_what_trainer_cannot_honour_is_one_line(tmp_path, extra, said):
+    with pytest.raises(trainer.TrainerError) as error:
+        trainer.fit(lambda: None, [[0.0]], [0], run_dir=tmp_path / "run", **extra)
+    assert said in str(error.value) and "\n" not in str(error.value)
+    assert not (tmp_path / "run").exists()
