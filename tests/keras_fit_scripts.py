@@ -101,3 +101,39 @@ print("RESULT", json.dumps({"replicas": result.summary["replicas"],
                             "steps": result.summary["steps_per_epoch"],
                             "val_accuracy": result.history["val_accuracy"]}))
 '''
+
+# A first step that does not return to Python for two minutes, as a long first compile
+# (XLA) holds the main thread in TensorFlow's C++ code: `MARK` is made when it begins.
+HELD = '''
+import os
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import trainer
+
+
+def slow():
+    if not os.path.exists(os.environ["MARK"]):
+        open(os.environ["MARK"], "w").close()
+        time.sleep(120)
+    return np.float32(0.0)
+
+
+class Slow(keras.layers.Layer):
+    def call(self, x, training=False):
+        if training:
+            x = x + tf.reshape(tf.numpy_function(slow, [], tf.float32), [])
+        return x
+
+
+def build():
+    return keras.Sequential([keras.Input((4,)), Slow(),
+                             keras.layers.Dense(3, activation="softmax")])
+
+
+x, y = np.random.rand(64, 4).astype("float32"), np.random.randint(0, 3, 64)
+trainer.fit(build, x, y, epochs=1, devices=1, overrides=["logger=[]"], run_dir="run")
+'''

@@ -234,11 +234,15 @@ def _build():
 
 
 def test_an_object_that_cannot_be_sent_is_one_line_naming_it(tmp_path):
-    """Where the run needs a fresh process, a `tf.data.Dataset` (a graph, not data) or a
-    builder holding a lock cannot go there: one line names which argument, and what to
-    pass instead. Nothing is started or written."""
+    """Where the run needs a fresh process, a `tf.data.Dataset` whose state lives outside
+    its graph (a Python generator's: any other goes as its graph) or a builder holding a
+    lock cannot go there: one line names which argument, and what to pass instead. Nothing
+    is started or written."""
     x = np.zeros((8, 4), "float32")
-    dataset = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(4)
+    dataset = tf.data.Dataset.from_generator(
+        lambda: iter([(x[:4], x[:4, :1])]),
+        output_signature=(tf.TensorSpec((None, 4), tf.float32),
+                          tf.TensorSpec((None, 1), tf.float32)))
     overrides = [*QUIET, "devices=6"]
     run_dir = tmp_path / "run"
     with pytest.raises(trainer.TrainerError, match=r"TensorFlow already started in this "

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import trainer
-from tests.keras_fit_scripts import COMPILED, DATASETS
+from tests.conftest import error_lines
+from tests.keras_fit_scripts import COMPILED, DATASETS, HELD
 from trainer.api import FitCall, keras_data, keras_overrides
 
 
@@ -86,3 +89,49 @@ def test_what_trainer_cannot_honour_is_one_line(tmp_path, extra, said):
         trainer.fit(lambda: None, [[0.0]], [0], run_dir=tmp_path / "run", **extra)
     assert said in str(error.value) and "\n" not in str(error.value)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.long
+def test_sigterm_in_a_first_step_held_in_cpp_stops_within_seconds_in_one_line(tmp_path):
+    """SIGTERM while the first step is held in TensorFlow's C++ code (a compile: here, a
+    step that does not return for two minutes), where no Python handler runs: the process
+    ends within 10 s, one line, exit 75."""
+    (tmp_path / "script.py").write_text(HELD)
+    mark = tmp_path / "mark"
+    env = {**{k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"},
+           "MARK": str(mark)}
+    proc = subprocess.Popen([sys.executable, "script.py"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not mark.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.1)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+    assert proc.returncode == 75 and took < 10, (took, err[-2000:])
+    lines = error_lines(err)
+    assert len(lines) == 1 and lines[0].startswith(
+        "interrupted: SIGTERM while the first training step compiled"), err[-2000:]
+
+
+def test_the_printed_summary_shows_from_logits_and_the_users_callbacks(tmp_path, capsys):
+    import keras
+    import numpy as np
+
+    class Mine(keras.callbacks.Callback):
+        pass
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    x, y = rng.random((64, 4), "float32"), rng.integers(0, 3, 64)
+    trainer.fit(model, x, y, callbacks=[Mine()], devices=1, verbose=0,
+                overrides=["logger=[]"], run_dir=tmp_path / "run")
+    out = capsys.readouterr().out
+    assert "sparse_categorical_crossentropy (from_logits=True)" in out
+    assert any(line.split() == ["callbacks", "Mine"] for line in out.splitlines()), out

@@ -313,7 +313,9 @@ def test_variables_made_outside_the_scope_are_one_line(tmp_path, inputs_alone, s
     outside = keras.Sequential([keras.Input((5,)), keras.layers.Dense(1)])
 
     def build_around():
-        model = keras.Sequential([outside])
+        inner = (keras.Sequential([keras.Input((5,)), keras.layers.Dense(1)]) if inputs_alone
+                 else outside)
+        model = keras.Sequential([inner])
         model.compile(optimizer="sgd", loss="mse")
         return model
 

@@ -161,7 +161,7 @@ def fit(*args: Any, **kwargs: Any) -> Result:
     Raises:
         TrainerError: with the command line's one line and exit code.
     """
-    if args and isinstance(args[0], (list, tuple, str)):  # the command line's form
+    if args and (args[0] is None or isinstance(args[0], (list, tuple, str))):  # the CLI's
         if len(args) > 3:
             raise TypeError(f"trainer.fit(overrides, config_dir, run_dir) takes at most 3 "
                             f"positional arguments; received {len(args)}")

@@ -15,6 +15,7 @@ the plugins, OmegaConf's resolvers).
 from __future__ import annotations
 
 import os
+import re
 import threading
 from dataclasses import dataclass, replace
 
@@ -28,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from trainer.config.errors import ConfigError
+from trainer.config.overrides import sets
 from trainer.config.schema import config_dir
 from trainer.internals.hydra_app import args_parser, load_configuration, search_path
 
@@ -113,7 +115,7 @@ def composed(args: list[str]) -> Composed | None:
     # The overrides as typed: `+x=${hydra:runtime.output_dir}/f` is text here, resolved by
     # the job that reads it (resolving it now needs a running Hydra job).
     task = OmegaConf.select(job, "hydra.overrides.task")
-    logs = OmegaConf.select(job, "hydra.run.dir")
+    logs = _resumed(job) or OmegaConf.select(job, "hydra.run.dir")
     logs = None if logs is None else local_path(str(logs))
     cfg = job.copy()
     with open_dict(cfg):
@@ -121,6 +123,22 @@ def composed(args: list[str]) -> Composed | None:
     return Composed(cfg, logs, OmegaConf.to_container(task, resolve=False) if task else [],
                     dict(OmegaConf.select(job, "hydra.runtime.choices") or {}),
                     _pinned(job, logs))
+
+
+def _resumed(job: DictConfig) -> str | None:
+    """The local run `resume=DIR` continues, where no `hydra.run.dir` is given beside it:
+    its `.hydra/` and log go there, with the rest of it (never into a new folder of Hydra's
+    default `outputs/DATE/TIME`, which would hold only those); None otherwise."""
+    try:
+        resume = job.get("resume")
+    except OmegaConfBaseException:
+        return None  # it reads the running job (`${hydra:...}`): no directory of its own
+    given = OmegaConf.select(job, "hydra.overrides.hydra") or []
+    scheme = re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", str(resume or ""))
+    if not resume or (scheme and not str(resume).lower().startswith("file://")) or sets(
+            [str(o) for o in given], "hydra.run.dir"):
+        return None
+    return local_path(str(resume))
 
 
 def local_path(run_dir: str) -> str:

@@ -35,6 +35,8 @@ import math
 import os
 import shutil
 import signal
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -45,7 +47,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from trainer.config.errors import ConfigError, Diverged
+from trainer.config.errors import EXIT_INTERRUPTED, ConfigError, Diverged
 from trainer.internals.keras_compile import weights_taken
 from trainer.rundir.atomic import TMP, commit, copy_open, remove, temporary, write_json
 from trainer.rundir.checksum import read_beside, sha256, verify
@@ -358,29 +360,78 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
 class StopRequest:
-    """Set by SIGTERM, SIGINT or SIGUSR1 (`STOP_SIGNALS`); read at the next step boundary."""
+    """Set by SIGTERM, SIGINT or SIGUSR1 (`STOP_SIGNALS`); read at the next step boundary.
+
+    Attributes:
+        signal: the signal that asked, or None.
+        stepped: whether a training step has ended (the first one compiles the step).
+    """
 
     def __init__(self) -> None:
         self.signal: int | None = None
+        self.stepped = False
 
     def __call__(self, signum: int, frame: Any) -> None:
         self.signal = signum
 
 
+# How long a stop asked for before the first step has ended may wait for it: the first step
+# traces and compiles the step (with XLA, minutes), inside TensorFlow's C++ code, which no
+# signal interrupts; no step has been trained, so there is nothing to back up.
+HELD_S = 8.0
+
+
 @contextmanager
 def stop_on_signals(request: StopRequest) -> Iterator[StopRequest]:
-    """Routes `STOP_SIGNALS` to `request` while training runs (main thread only)."""
+    """Routes `STOP_SIGNALS` to `request` while training runs (main thread only); a stop
+    asked for while the first step compiles ends the process after `HELD_S` seconds, one
+    line and its exit code (`_held`)."""
     names = STOP_SIGNALS
     try:
         previous = {s: signal.signal(s, request) for s in names}
     except ValueError:  # not the main thread: leave signals alone
         yield request
         return
+    # The C-level handler writes each signal's number here at once, even while the main
+    # thread is in TensorFlow's C++ code (its Python handler runs only once it is back).
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    wakeup = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    done = threading.Event()
+    watcher = threading.Thread(target=_held, args=(read, request, done), daemon=True)
+    watcher.start()
     try:
         yield request
     finally:
+        done.set()
+        signal.set_wakeup_fd(wakeup)
         for s, handler in previous.items():
             signal.signal(s, handler)
+        os.close(write)  # the watcher's read ends
+
+
+def _held(read: int, request: StopRequest, done: threading.Event) -> None:
+    """Watches the signals: one of `STOP_SIGNALS` before the first step has ended, and
+    still not acted on after `HELD_S` seconds (the step compiling in C++), ends the process
+    with the stop's line and exit code: nothing was trained since the last backup. Training
+    that ended meanwhile (`done`) handles the stop itself."""
+    try:
+        while chunk := os.read(read, 64):
+            asked = [s for s in chunk if s in STOP_SIGNALS]
+            if not asked or request.stepped:
+                continue
+            deadline = time.monotonic() + HELD_S
+            while time.monotonic() < deadline and not (request.stepped or done.is_set()):
+                time.sleep(0.1)
+            if not (request.stepped or done.is_set()):
+                name = signal.Signals(asked[0]).name
+                line = (f"interrupted: {name} while the first training step compiled, which "
+                        f"TensorFlow does not interrupt: stopped after {HELD_S:.0f} s, no step "
+                        "trained since the last backup; rerun the same command to resume")
+                print(line, file=sys.stderr, flush=True)
+                os._exit(130 if asked[0] == signal.SIGINT else EXIT_INTERRUPTED)
+    finally:
+        os.close(read)
 
 
 class Backup(keras.callbacks.Callback):
@@ -485,6 +536,7 @@ class Backup(keras.callbacks.Callback):
         return stop
 
     def on_train_batch_end(self, batch, logs=None):
+        self.request.stepped = True
         step = self.reached = self.offset + batch + 1
         if self._stop_requested(batch):
             self._check(logs, step)

@@ -253,8 +253,9 @@ def check_variables_in_scope(model: keras.Model, strategy: tf.distribute.Strateg
                 f"the model's variable {variable.path} was created outside the strategy's "
                 "scope (a layer or model made before trainer called the builder: at a "
                 "script's top level, or kept from an earlier call), so it is not mirrored "
-                "over the replicas: create every layer inside the builder function "
-                "(model=build), which trainer calls in the scope")
+                "over the replicas: create every layer inside the builder function, which "
+                "trainer calls in the scope, or pass the model itself "
+                "(trainer.fit(model, ...)), which trainer rebuilds there")
 
 
 def default_metrics(specs: Any, classes: bool, outputs: int) -> Any:

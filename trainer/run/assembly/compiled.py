@@ -99,6 +99,9 @@ def compiled_model(spec: Spec, data: Data, global_batch: int, steps: int,
     is (strategy, cluster, what a worker other than the chief decided about adapting)."""
     source = data.source
     model, notes = _built(spec, source, place)
+    # before anything reads the model: a variable made outside the scope fails deep in
+    # TensorFlow otherwise (in the loss's first call, cut mid-message)
+    check_variables_in_scope(model, place[0])
     x, y, _ = keras.utils.unpack_x_y_sample_weight(symbolic_batch(data.probe.element_spec))
     try:
         # None: a model with no call(), trained by its train_step

@@ -52,9 +52,13 @@ def _loss_label(loss: Any, spec: Any) -> str:
     if isinstance(loss, (list, tuple)):
         return ", ".join(_loss_label(v, None) for v in loss)
     name = getattr(loss, "name", None)
-    if name or spec is None:
-        return str(name)
-    return _loss_name(spec)
+    if not name and spec is not None:
+        return _loss_name(spec)
+    try:
+        logits = (loss.get_config() or {}).get("from_logits")
+    except Exception:  # noqa: BLE001 - a loss of the user's whose config cannot be read
+        logits = None
+    return f"{name} (from_logits=True)" if logits else str(name)
 
 
 def custom_objects(model: Any) -> list[str]:
@@ -489,6 +493,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         *[("data", note) for note in summary.get("data_notes") or []],
         ("learning rate", _rate_row(summary["learning_rate"])),
         ("optimizer / loss", f"{_optimizer_row(summary)} / {summary['loss']}"),
+        *([("callbacks", ", ".join(summary["callbacks"]))] if summary.get("callbacks")
+          else []),
         *_model_rows(summary),
         ("epochs", _epochs_row(summary)),
         ("wall time", _time_row(summary["time"])),
