@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,7 +19,10 @@ import pytest
 import trainer
 from tests.conftest import error_lines
 from tests.keras_fit_scripts import COMPILED, DATASETS, HELD
+from tests.test_multiworker import launches
 from trainer.api import FitCall, keras_data, keras_overrides
+
+__all__ = ["launches"]  # the fixture, imported for the tests below
 
 
 def _script(tmp_path: Path, text: str, *args: str) -> tuple[dict, str]:
@@ -135,3 +139,25 @@ def test_the_printed_summary_shows_from_logits_and_the_users_callbacks(tmp_path,
     out = capsys.readouterr().out
     assert "sparse_categorical_crossentropy (from_logits=True)" in out
     assert any(line.split() == ["callbacks", "Mine"] for line in out.splitlines()), out
+
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize("script", ["compiled", "datasets"])
+def test_the_ported_scripts_train_on_two_workers(tmp_path, launches, script):
+    """`python -m trainer.launch --workers 2 script.py`: each worker's `trainer.fit` runs in
+    a fresh process (its multi-worker strategy must come first), with the script's model,
+    module-level datasets and callbacks by value. The compiled model's weights on the chief
+    are `model.fit`'s on one device (1e-5); every worker's callback saw every epoch and
+    batch."""
+    (tmp_path / "script.py").write_text({"compiled": COMPILED, "datasets": DATASETS}[script])
+    launch = launches(2, "script.py", "1")
+    assert launch.wait(timeout=300) == 0, launch.output[-3000:]
+    found = {int(index): json.loads(text) for index, text in
+             re.findall(r"^\[worker (\d)\] RESULT (.*)$", launch.output, re.M)}
+    assert sorted(found) == [0, 1], launch.output[-3000:]
+    assert all(f["replicas"] == 2 for f in found.values())
+    if script == "compiled":
+        assert found[0]["diff"] <= 1e-5
+        assert all((f["epochs"], f["batches"]) == (2, 10) for f in found.values())
+    else:
+        assert all(f["steps"] == 3 for f in found.values())

@@ -275,7 +275,11 @@ def _is_keras_model(obj: Any) -> bool:
 
 def _write_back(instance: Any, found: Result) -> None:
     """The trained weights into the caller's model instance, as `model.fit` leaves them
-    (the last epoch's: `checkpoints/last.keras`); a run at a URL keeps them there."""
+    (the last epoch's: `checkpoints/last.keras`), where this process wrote the run; a run
+    at a URL keeps them there, and so does the chief of a cluster."""
+    cluster = found.summary.get("cluster") or {}
+    if cluster.get("task_id", 0) != 0:
+        return  # another worker's: the chief wrote the run (and keeps its weights)
     last = found.checkpoints.get("last")
     if last is None or is_url(last) or not Path(last).is_file():
         return
@@ -355,7 +359,7 @@ def _run_at(run: Composed, callbacks: tuple, place: RunPlace | None) -> Result:
     the one way the command line starts it (`start_composed`)."""
     cluster = cluster_of_config(run.cfg.cluster, os.environ)
     if cluster is not None and not cluster.is_chief:
-        return _as_worker(run, place)
+        return _as_worker(run, place, callbacks)
     found = start_composed(run, process.start_run, place, callbacks)
     if isinstance(found, Finished):
         return _result(found.run_dir)
@@ -375,13 +379,14 @@ def _global_size_alone(overrides: list[str]) -> list[str]:
     return [*overrides, "batch.per_replica=null"]
 
 
-def _as_worker(run: Composed, place: RunPlace | None = None) -> Result:
+def _as_worker(run: Composed, place: RunPlace | None = None, callbacks: tuple = ()) -> Result:
     """A worker of a cluster other than the chief (the same script started on every
     machine): the chief writes the run directory, so this worker's own `.hydra/` and log go
     to a temporary directory, never into the chief's, and its `Result` holds its own summary
-    (the run's history, as the chief's) with the run directory the call named."""
+    (the run's history, as the chief's) with the run directory the call named. The user's
+    callbacks run here too, as Keras's `fit` runs them on every worker."""
     with tempfile.TemporaryDirectory(prefix="trainer-worker-") as logs:
-        found = start_composed(run.at(logs), process.start_run, place)
+        found = start_composed(run.at(logs), process.start_run, place, callbacks)
     if isinstance(found, Finished):
         return _result(found.run_dir)
     return Result(summary=found, run_dir=Path(run.cfg.get("resume") or run.logs))

@@ -189,8 +189,9 @@ def by_value(obj: Any) -> bytes:
     their code keeping the file it was written in (cloudpickle drops it, and AutoGraph in
     the child then cannot read a function's source to convert its Python `if`), and every
     `tf.data.Dataset` in it, at any depth (a split of `data=`, a dataset a model builder
-    reads at module level), as its pipeline's graph, rebuilt there lazily
-    (`trainer.internals.tf_data.dataset_graph`), as the tf.data service sends a pipeline."""
+    reads at module level), as its pipeline's graph, rebuilt there on its first use (after
+    a worker's strategy: `trainer.internals.tf_data.LaterDataset`), as the tf.data service
+    sends a pipeline."""
     import io
     import types
 
@@ -204,9 +205,11 @@ def by_value(obj: Any) -> bytes:
                                       for a in args)
             tf = sys.modules.get("tensorflow")
             if tf is not None and isinstance(found, tf.data.Dataset):
-                from trainer.internals.tf_data import dataset_graph, dataset_of_graph
+                from trainer.internals.tf_data import LaterDataset, dataset_graph
 
-                return dataset_of_graph, (dataset_graph(found), found.element_spec)
+                if isinstance(found, LaterDataset):
+                    return found.__reduce__()
+                return LaterDataset, (dataset_graph(found), found.element_spec)
             return super().reducer_override(found)
 
     buffer = io.BytesIO()

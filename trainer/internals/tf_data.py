@@ -78,3 +78,41 @@ def dataset_of_graph(graph: bytes, element_spec: Any) -> tf.data.Dataset:
     (`DatasetFromGraph`)."""
     return tf.data.experimental.from_variant(tf.raw_ops.DatasetFromGraph(graph_def=graph),
                                              element_spec)
+
+
+class LaterDataset:
+    """A dataset `dataset_graph` serialized, rebuilt (`dataset_of_graph`) on its first use,
+    not when it is unpickled: a cluster worker's fresh process unpickles its call before the
+    run creates the multi-worker strategy, which must come before any TensorFlow op.
+    `isinstance(later, tf.data.Dataset)` holds without rebuilding it, and every attribute is
+    the rebuilt dataset's."""
+
+    def __init__(self, graph: bytes, element_spec: Any) -> None:
+        self._graph, self._spec, self._dataset = graph, element_spec, None
+
+    @property
+    def __class__(self) -> type:  # noqa: D105 - isinstance(later, tf.data.Dataset)
+        return tf.data.Dataset
+
+    def rebuilt(self) -> tf.data.Dataset:
+        """The dataset itself, rebuilt once."""
+        if self._dataset is None:
+            self._dataset = dataset_of_graph(self._graph, self._spec)
+        return self._dataset
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_graph", "_spec", "_dataset"):
+            raise AttributeError(name)
+        return getattr(self.rebuilt(), name)
+
+    def __iter__(self) -> Any:
+        return iter(self.rebuilt())
+
+    def __len__(self) -> int:
+        return len(self.rebuilt())
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __reduce__(self) -> Any:
+        return LaterDataset, (self._graph, self._spec)
