@@ -170,3 +170,25 @@ def test_monitor_mode(monitor, mode, expected):
 def test_monitor_mode_unknown_metric():
     with pytest.raises(ConfigError, match="checkpoint.monitor='val_thing'"):
         monitor_mode("val_thing")
+
+
+@pytest.mark.parametrize("override, said", [
+    ("gpu.memory_growth=2", "gpu.memory_growth must be true or false; received: 2"),
+    ("sync_batchnorm=2", "sync_batchnorm must be true or false; received: 2"),
+    ("deterministic=2", "deterministic must be true or false; received: 2"),
+    ("deterministic=yes", "deterministic must be true or false; received: 'yes'"),
+    ("batch.drop_remainder=1", "batch.drop_remainder must be true or false; received: 1"),
+    ("cluster.port_base=70000", "cluster.port_base must be a port number, 1 to 65535; "
+     "received: 70000"),
+    ("cluster.port_base=-1", "cluster.port_base must be a port number, 1 to 65535; "
+     "received: -1"),
+    ("strategy.communication=pigeon", "strategy.communication must be one of auto, ring, "
+     "nccl; received: 'pigeon'"),
+])
+def test_switches_and_ports_are_checked_as_such_not_coerced(override, said):
+    """A bool field of the schema would take `2` or `yes` as true without a word, and any
+    integer as a port: each is one line naming the value and what is valid."""
+    with pytest.raises(ConfigError) as error:
+        validate(make_config(override))
+    assert str(error.value) == said
+    validate(make_config("deterministic=true", "gpu.memory_growth=false"))

@@ -29,7 +29,7 @@ DECAYS = ("none", "cosine", "exponential")
 
 @dataclass
 class GpuConfig:
-    memory_growth: bool = True
+    memory_growth: Any = True  # true or false, checked as such (not 2, not 'yes')
     memory_limit_mb: int | None = None
 
 
@@ -37,7 +37,7 @@ class GpuConfig:
 class BatchConfig:
     per_replica: int | None = None
     global_size: int | None = None
-    drop_remainder: bool = False
+    drop_remainder: Any = False  # true or false, checked as such (not 2, not 'yes')
     # micro-batches whose gradients are summed into one optimizer step (auto: from
     # max_per_replica), and the most examples one replica may take at once
     accumulate: Any = 1
@@ -337,8 +337,8 @@ class Config:
     jit_compile: Any = "auto"
     accelerator: str = "auto"
     devices: Any = "auto"
-    soft_placement: bool = False
-    log_device_placement: bool = False
+    soft_placement: Any = False  # true or false, checked as such (not 2, not 'yes')
+    log_device_placement: Any = False  # true or false, checked as such (not 2, not 'yes')
     gpu: GpuConfig = field(default_factory=GpuConfig)
     batch: BatchConfig = field(default_factory=BatchConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -352,10 +352,10 @@ class Config:
     resume: str | None = None
     # Export formats after training: a list of EXPORT_FORMATS; true: [saved_model]; false: none.
     export: Any = False
-    deterministic: bool = False
+    deterministic: Any = False  # true or false, checked as such (not 2, not 'yes')
     # Every BatchNormalization normalizes with the global batch's statistics (all replicas'),
     # as on one replica; false: each replica's own (trainer.distribute.runtime).
-    sync_batchnorm: bool = False
+    sync_batchnorm: Any = False  # true or false, checked as such (not 2, not 'yes')
     # The last fraction of the training examples held out for validation, as Keras's
     # fit(validation_split=...), for a dataset without a validation split; null: none.
     validation_split: float | None = None

@@ -345,6 +345,8 @@ def validate(cfg: DictConfig) -> Parsed:
     _one_of("accelerator", cfg.accelerator, ACCELERATORS)
     devices = parse_devices(cfg.devices)
     _validate_strategy(cfg.strategy)
+    _validate_flags(cfg)
+    _validate_ports(cfg.cluster)
     _validate_batch(cfg.batch)
     _validate_optimizer(cfg.optimizer)
     _validate_task(cfg)
@@ -362,12 +364,36 @@ def validate(cfg: DictConfig) -> Parsed:
     return Parsed(devices, export, pipeline)
 
 
+# Switches that are true or false: never 2, 'yes' or 1, which a bool field of the schema
+# would coerce to true without a word.
+FLAGS = ("gpu.memory_growth", "batch.drop_remainder", "soft_placement",
+         "log_device_placement", "deterministic", "sync_batchnorm")
+# The ports a process may listen on.
+PORTS = (1, 65535)
+
+
+def _validate_flags(cfg: DictConfig) -> None:
+    for key in FLAGS:
+        value = OmegaConf.select(cfg, key)
+        _require(isinstance(value, bool), f"{key} must be true or false; received: {value!r}")
+
+
+def _validate_ports(cluster: DictConfig) -> None:
+    """`cluster.port_base`: the first of the ports a node's tasks listen on, one each."""
+    base = cluster.port_base
+    _require(isinstance(base, int) and not isinstance(base, bool)
+             and PORTS[0] <= base <= PORTS[1], f"cluster.port_base must be a port number, "
+             f"{PORTS[0]} to {PORTS[1]}; received: {base!r}")
+
+
 def _validate_strategy(strategy: DictConfig) -> None:
     if is_own(strategy.name):  # a StrategyKind of the user's, imported once TensorFlow runs
         _importable("strategy.name", strategy.name)
     else:
         _one_of("strategy.name", strategy.name, STRATEGIES)
     _one_of("strategy.cross_device_ops", strategy.cross_device_ops, CROSS_DEVICE_OPS)
+    # checked here, not only once a multi-worker strategy is built: a typo is one line now
+    _one_of("strategy.communication", strategy.communication, ("auto", "ring", "nccl"))
     for key in ("timeout_s", "start_timeout_s"):
         timeout = strategy.get(key)
         _require(timeout is None or 0 < timeout < float("inf"), f"strategy.{key} must be a "
