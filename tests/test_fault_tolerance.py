@@ -329,10 +329,11 @@ def test_a_backup_holds_the_state_it_was_taken_at_and_saves_as_keras_does(tmp_pa
 
 
 @pytest.mark.xdist_group("test_fault_tolerance.two_epochs")
-def test_leftovers_are_cleaned_and_a_finished_run_keeps_one_backup(tmp_path, tiny_config,
-                                                                   two_epochs):
+def test_leftovers_are_cleaned_and_a_finished_run_keeps_two_backups(tmp_path, tiny_config,
+                                                                    two_epochs):
     run_dir = _copy(two_epochs, tmp_path / "run")
-    assert [p.name for p in (run_dir / "backup").iterdir()] == ["ckpt-000002-000000000"]
+    assert sorted(p.name for p in (run_dir / "backup").iterdir()) == [
+        "ckpt-000001-000000000", "ckpt-000002-000000000"]
     # What a kill in the middle of writes would leave:
     (run_dir / "backup" / ".tmp-abc123").mkdir()
     (run_dir / "backup" / ".tmp-abc123" / "model.weights.h5").write_bytes(b"half")
@@ -340,7 +341,27 @@ def test_leftovers_are_cleaned_and_a_finished_run_keeps_one_backup(tmp_path, tin
     summary = train(tiny_config("epochs=3", f"resume={run_dir}"))
     assert summary["resumed_from"]["epoch"] == 3
     assert not list(run_dir.rglob(".tmp-*"))
-    assert [p.name for p in (run_dir / "backup").iterdir()] == ["ckpt-000003-000000000"]
+    assert sorted(p.name for p in (run_dir / "backup").iterdir()) == [
+        "ckpt-000002-000000000", "ckpt-000003-000000000"]
+
+
+@pytest.mark.xdist_group("test_fault_tolerance.two_epochs")
+@pytest.mark.parametrize("damage", ["state", "weights"])
+def test_a_finished_run_whose_newest_backup_is_damaged_resumes_from_the_one_before(
+        tmp_path, tiny_config, two_epochs, damage):
+    """64 damaged bytes in the newest backup's weights, or its `state.json` emptied: the
+    finished run still resumes (`resume=`, one epoch more), from the backup before it."""
+    run_dir = _copy(two_epochs, tmp_path / "run")
+    newest = run_dir / "backup" / "ckpt-000002-000000000"
+    if damage == "state":
+        (newest / "state.json").write_text("")
+    else:
+        weights = max(newest.iterdir(), key=lambda p: p.stat().st_size)  # the model's
+        data = bytearray(weights.read_bytes())
+        data[len(data) // 2:len(data) // 2 + 64] = bytes(64)
+        weights.write_bytes(bytes(data))
+    summary = train(tiny_config("epochs=3", f"resume={run_dir}"))
+    assert summary["resumed_from"]["epoch"] == 2 and summary["epochs_done"] == 3
 
 
 def test_progress_of_a_resumed_run_counts_in_the_whole_run(capsys):
@@ -544,7 +565,7 @@ def test_an_epoch_writes_about_one_copy_of_the_state(tiny_config, tmp_path):
     per_epoch = (written[3] - written[1]) / 2
     assert 0.9 * keep.state < per_epoch <= 2.5 * keep.state, (per_epoch, keep.state)
     backups = sorted((tmp_path / "e3" / "backup").iterdir())
-    assert [p.name for p in backups] == ["ckpt-000003-000000000"]  # the newest, kept
+    assert [p.name for p in backups] == ["ckpt-000002-000000000", "ckpt-000003-000000000"]
 
 
 def test_an_epoch_backup_copies_the_best_checkpoint_written_from_the_same_state(tmp_path):

@@ -338,13 +338,14 @@ def tidy(run_dir: Path) -> None:
 
 def write_finished(run_dir: Path, summary: dict, place: RunPlace | None = None) -> dict:
     """A finished run's directory: `summary.json` written (last: the run finished), the
-    newest backup alone kept (what `resume=DIR` extends the run from), leftovers tidied.
+    newest two backups kept (what `resume=DIR` extends the run from: the one before when the
+    newest is damaged, as during training), leftovers tidied.
     A run directory at a URL is named by its URL in the summary (`place`: its local mirror
     is removed when the command ends); returns the summary as written."""
     summary = place.by_url(summary) if place is not None else summary
     layout = RunDir(run_dir)
     write_json(layout.summary, summary)
-    BackupStore(layout.backup).prune(keep=1)
+    BackupStore(layout.backup).prune(keep=2)
     tidy(run_dir)
     return summary
 

@@ -569,7 +569,7 @@ def _model_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
 
 
 def write_summary(summary: dict[str, Any], run_dir: Path, place: Any = None) -> None:
-    """Writes `summary.json` atomically, keeps the newest backup only (what `resume=DIR`
+    """Writes `summary.json` atomically, keeps the newest two backups (what `resume=DIR`
     extends the finished run from), and prints the summary; a run directory at a URL
     (`place`, its `trainer.rundir.remote.RunPlace`) is named by its URL there (its local
     mirror is removed when the command ends)."""
