@@ -49,6 +49,20 @@ def test_a_blown_up_loss_restores_the_last_backup_skips_its_batches_and_finishes
                      "skipped": [5, 7]}
     assert math.isfinite(summary["train_metrics"]["loss"])
     assert summary["epochs_done"] == 1 and math.isfinite(summary["validation_metrics"]["loss"])
+    # every file is strict JSON (Python's json writes NaN, which other parsers refuse): the
+    # blown-up loss is null, and the note says what it was
+    written = _strict(tmp_path / "summary.json")
+    assert written["recovered"][0]["loss"] is None
+    assert written["non_finite"] == {"recovered/0/loss": "NaN"}
+    for state in tmp_path.glob("backup/*/state.json"):
+        _strict(state)
+
+
+def _strict(path):
+    def refused(constant):
+        raise AssertionError(f"{path} holds {constant}, which is not JSON")
+
+    return json.loads(path.read_text(), parse_constant=refused)
 
 
 def test_a_recovery_is_still_named_after_a_stop_and_a_resume(tiny_config, tmp_path):

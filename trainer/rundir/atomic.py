@@ -17,6 +17,7 @@ predictions) goes through `written` (or `commit`, for a file a library wrote und
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from collections.abc import Iterator
@@ -100,9 +101,49 @@ def write_text(path: Path, text: str) -> None:
         tmp.write_text(text)
 
 
+# The key under which `json_text` notes the non-finite numbers it wrote as null.
+NON_FINITE = "non_finite"
+
+
+def json_text(data: Any, indent: int | None = 2) -> str:
+    """`data` as strict JSON: a non-finite number (a loss that blew up: `Infinity`, `NaN`,
+    which Python writes but no other parser reads) is written as null, and a dict's
+    `non_finite` entry notes each one by its path (`{"history/loss/2": "Infinity"}`), which
+    `json_read` puts back."""
+    found: dict[str, str] = {}
+    clean = _finite(data, "", found)
+    if found and isinstance(clean, dict):
+        clean = {**clean, NON_FINITE: found}
+    return json.dumps(clean, indent=indent, sort_keys=False, allow_nan=False)
+
+
+def _finite(value: Any, path: str, found: dict[str, str]) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        found[path.lstrip("/")] = json.dumps(value)  # Infinity, -Infinity, NaN
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v, f"{path}/{k}", found) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v, f"{path}/{i}", found) for i, v in enumerate(value)]
+    return value
+
+
+def json_read(text: str) -> Any:
+    """JSON `json_text` wrote, its non-finite numbers put back where its note says."""
+    data = json.loads(text)
+    notes = data.pop(NON_FINITE, None) if isinstance(data, dict) else None
+    for path, number in (notes or {}).items():
+        *parents, last = path.split("/")
+        node = data
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        node[int(last) if isinstance(node, list) else last] = float(json.loads(number))
+    return data
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Writes JSON whole (`written`)."""
-    write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+    """Writes JSON whole (`written`), strict (`json_text`)."""
+    write_text(path, json_text(data) + "\n")
 
 
 def write_checksum(path: Path, digest: str | None = None) -> str:

@@ -29,7 +29,6 @@ leaves the backup whole.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -49,7 +48,16 @@ import numpy as np
 
 from trainer.config.errors import EXIT_INTERRUPTED, ConfigError, Diverged
 from trainer.internals.keras_compile import weights_taken
-from trainer.rundir.atomic import TMP, commit, copy_open, remove, temporary, write_json
+from trainer.rundir.atomic import (
+    TMP,
+    commit,
+    copy_open,
+    json_read,
+    json_text,
+    remove,
+    temporary,
+    write_json,
+)
 from trainer.rundir.checksum import read_beside, sha256, verify
 from trainer.rundir.inflight import InFlight
 from trainer.rundir.layout import CHECKPOINT, METRICS, RNG, STATE, WEIGHTS, RunDir
@@ -259,7 +267,7 @@ class BackupStore:
             write(tmp / name)
             if name not in sums:  # a copy's is the one it was written with
                 sums[name] = sha256(tmp / name)
-        (tmp / STATE).write_text(json.dumps(state))
+        (tmp / STATE).write_text(json_text(state, indent=None))
 
     def prune(self, keep: int) -> None:
         """Removes all but the newest `keep` backups (the one in flight complete first)."""
@@ -289,7 +297,7 @@ class BackupStore:
         failures, damaged = [], []
         for path in self.backups():
             try:
-                state = json.loads((path / STATE).read_text())
+                state = json_read((path / STATE).read_text())
                 for name, expected in state.get("sha256", {}).items():
                     verify(path / name, expected)
                 weights = path / CHECKPOINT if (path / CHECKPOINT).exists() else path / WEIGHTS

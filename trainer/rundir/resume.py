@@ -29,6 +29,7 @@ from trainer.config.errors import ConfigError
 from trainer.config.given import NODES, is_marker, lookup
 from trainer.config.schema import LrPlan
 from trainer.config.validate import cache_mode
+from trainer.rundir.atomic import json_read
 from trainer.rundir.layout import STATE, RunDir
 from trainer.rundir.lock import holder
 
@@ -131,7 +132,7 @@ def latest_state(run_dir: Path) -> dict[str, Any] | None:
         return None
     for path in sorted(backup.glob("ckpt-*"), reverse=True):
         try:
-            return json.loads((path / STATE).read_text())
+            return json_read((path / STATE).read_text())
         except (OSError, ValueError):
             continue
     return None
