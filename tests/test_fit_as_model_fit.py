@@ -161,3 +161,45 @@ def test_the_ported_scripts_train_on_two_workers(tmp_path, launches, script):
         assert all((f["epochs"], f["batches"]) == (2, 10) for f in found.values())
     else:
         assert all(f["steps"] == 3 for f in found.values())
+
+
+def _gen(rng):
+    for i in range(4):
+        yield rng.random((8, 5 - i % 2), "float32"), rng.integers(0, 3, 8)
+
+
+@pytest.mark.parametrize("case, said", [
+    ("generator", "its train generator's batch 1 has parts of shape (None, 4), (None,) past "
+                  "the batch axis, and batch 0 (None, 5), (None,)"),
+    ("strings", "the targets of the model's output are strings ('a', 'b', 'c'), and loss "
+                "sparse_categorical_crossentropy takes numbers"),
+    ("ragged", "a train array is a NumPy array of objects of shape (64,)"),
+    ("weights", "its train sample weights have shape (64, 2), and its targets (64,): give "
+                "one weight per example"),
+    ("class_weight", "class_weight={0: 2.0} gives no weight to class(es) 1, 2 of this "
+                     "dataset's 3"),
+])
+def test_data_keras_fails_on_deep_in_a_step_is_one_line_before_training(tmp_path, case, said):
+    """What failed in a 70-130 line traceback from NumPy or a graph (as it does in Keras's
+    own fit): one line naming the value and what would be valid, nothing written."""
+    import keras
+    import numpy as np
+
+    def build():
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+
+    rng = np.random.default_rng(0)
+    x, y = rng.random((64, 4), "float32"), rng.integers(0, 3, 64)
+    given = {
+        "generator": {"x": _gen(rng)},
+        "strings": {"x": x, "y": np.array(["a", "b", "c"] * 21 + ["a"])},
+        "ragged": {"x": np.array([np.zeros(3), np.zeros(4)] * 32, dtype=object), "y": y},
+        "weights": {"x": x, "y": y, "sample_weight": rng.random((64, 2), "float32")},
+        "class_weight": {"x": x, "y": y, "class_weight": {0: 2.0}},
+    }[case]
+    with pytest.raises(trainer.TrainerError) as error:
+        trainer.fit(build, devices=1, verbose=0, overrides=["logger=[]"],
+                    run_dir=tmp_path / "run", **given)
+    assert said in str(error.value) and "\n" not in str(error.value), str(error.value)
+    assert error.value.exit_code == 2
+    assert not (tmp_path / "run").exists()

@@ -161,6 +161,7 @@ def _arrays(value: Any, target: str, role: str) -> _Split:
         raise DataError(f"dataset {target}: the {role} split holds no example")
     if len(parts) == 3:
         _check_weights(np.min(parts[2]), target, role)
+        _check_weight_shape(parts, target, role)
     dataset = tf.data.Dataset.from_tensor_slices(tuple(parts))
     classes = _classes(parts[1]) if len(parts) > 1 else None
     return _Split(dataset, size, None, classes, of_arrays(*parts))
@@ -177,6 +178,17 @@ def _read_as(value: Any) -> str | None:
             f"(({', '.join('abc'[:len(value)])}),) or a dict by input name")
 
 
+def _check_weight_shape(parts: tuple, target: str, role: str) -> None:
+    """Sample weights as Keras takes them: one per example (`(N,)` or `(N, 1)`), or one per
+    target value where the targets are sequences (their shape)."""
+    weights, targets = np.shape(parts[2]), [np.shape(t) for t in tf.nest.flatten(parts[1])]
+    if len(weights) == 1 or weights[1:] == (1,) or weights in targets:
+        return
+    raise DataError(f"dataset {target}: its {role} sample weights have shape {weights}, and "
+                    f"its targets {', '.join(map(str, targets))}: give one weight per example "
+                    f"(shape ({weights[0]},)), as model.fit takes them")
+
+
 def _check_weights(lowest: Any, target: str, role: str) -> None:
     """Refuses negative sample weights (training would maximize those examples' loss), as
     negative class and loss weights are refused."""
@@ -185,10 +197,35 @@ def _check_weights(lowest: Any, target: str, role: str) -> None:
                         "sample weights must be 0 or more")
 
 
+def _same_shapes(batches: list, target: str, role: str) -> None:
+    """Refuses a generator whose batches change shape past their first axis (Keras's fit
+    fails on it too): they could not be one dataset."""
+    shapes = [tuple(tuple(np.shape(leaf)[1:]) for leaf in keras.tree.flatten(b))
+              for b in batches]
+    for index, shape in enumerate(shapes[1:], 1):
+        if shape != shapes[0]:
+            raise DataError(
+                f"dataset {target}: its {role} generator's batch {index} has parts of shape "
+                f"{_shown(shape)} past the batch axis, and batch 0 {_shown(shapes[0])}; every "
+                "batch must have the same shape but for its size (pad them, or give a "
+                "tf.data.Dataset with padded_batch)")
+
+
+def _shown(shapes: tuple) -> str:
+    return ", ".join(str((None, *s)) for s in shapes)
+
+
 def _check_arrays(parts: tuple, target: str, role: str) -> None:
     for leaf in tf.nest.flatten(parts):
         if leaf is None:  # an optional input left out (one device trains it)
             continue
+        if isinstance(leaf, np.ndarray) and leaf.dtype == object and not all(
+                isinstance(v, (str, bytes)) for v in leaf.reshape(-1)[:100]):
+            raise DataError(
+                f"dataset {target}: a {role} array is a NumPy array of objects of shape "
+                f"{leaf.shape} ({type(leaf.reshape(-1)[0]).__name__} rows of different "
+                "lengths?), not numbers or strings: give a rectangular array (pad the rows: "
+                "keras.utils.pad_sequences), or a tf.data.Dataset of ragged tensors")
         if not isinstance(leaf, (np.ndarray, tf.Tensor)) or not np.ndim(leaf):
             raise DataError(
                 f"dataset {target} returned {type(leaf).__name__} in its {role} split; it may "
@@ -240,6 +277,7 @@ def _generator(given: Iterator, target: str, role: str, stream: bool = False) ->
         return _Split(dataset.unbatch().repeat(), 0, batch,
                       _classes(first[1]) if len(first) > 1 else None, None, endless=True)
     batches = [first, *(_standard_batch(b, target) for b in given)]
+    _same_shapes(batches, target, role)
     arrays = keras.tree.map_structure(lambda *leaves: np.concatenate(leaves), *batches)
     found = _arrays(arrays, target, role)
     found.batch = batch

@@ -594,6 +594,15 @@ def check_class_weight(weights: dict[int, float] | None, source: Any) -> None:
     if beyond:
         raise ConfigError(f"class_weight names class {beyond[0]}; this dataset has "
                           f"{source.num_classes} classes (0-{source.num_classes - 1})")
+    missing = sorted(set(range(source.num_classes or 0)) - {int(k) for k in weights})
+    if missing:
+        # Keras reads a class above the largest key out of its table: a graph error in the
+        # first step, on one device too
+        shown = ", ".join(map(str, missing[:5])) + (", ..." if len(missing) > 5 else "")
+        raise ConfigError(f"class_weight={dict(weights)} gives no weight to class(es) {shown} "
+                          f"of this dataset's {source.num_classes} (0-"
+                          f"{source.num_classes - 1}): give every class a weight (1.0 for "
+                          "those you do not weigh)")
 
 
 def one_hot_if_mixing(augment: Any, source: Any) -> Any:

@@ -654,15 +654,28 @@ def check_one_batch(model: keras.Model, batch: Any,
             continue  # none, or a loss of a whole structure of outputs (Keras takes one)
         what = "the model's output" if len(entries) == 1 else f"output {entry.name!r}"
         _check_units(entry, what, output, num_classes if len(entries) == 1 else None)
+        if target.dtype == tf.string:
+            raise ConfigError(
+                f"the targets of {what} are strings ({_strings_of(target)}), and loss "
+                f"{entry.loss.name} takes numbers: map the labels to class indices 0..N-1 "
+                "(np.unique(y, return_inverse=True), or a keras.layers.StringLookup in the "
+                "data)")
         try:
             entry.loss(target, output)
-        except (tf.errors.InvalidArgumentError, ValueError, TypeError) as error:
+        except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError, ValueError,
+                TypeError) as error:
             raise ConfigError(
                 f"loss {entry.loss.name} cannot take {what} of shape {_batch_shape(output)} "
                 f"and its targets of shape {_batch_shape(target)} {target.dtype.name}: "
                 f"{_op_reason(error)}; use a loss for these targets "
                 "(sparse_categorical_crossentropy for class indices), or give the model "
                 "outputs of their shape") from None
+
+
+def _strings_of(target: Any) -> str:
+    """A few of a string target's values, for the message."""
+    values = sorted({v.decode(errors="replace") for v in target.numpy().reshape(-1)[:50]})
+    return ", ".join(repr(v) for v in values[:3]) + (", ..." if len(values) > 3 else "")
 
 
 def _check_units(entry: Any, what: str, output: Any, num_classes: int | None) -> None:
