@@ -410,9 +410,15 @@ def test_a_store_that_refuses_deletes_is_found_at_the_start_in_one_line(no_delet
     assert done.returncode == EXIT_CONFIG
     lines = error_lines(done.stderr)
     assert len(lines) == 1 and lines[0].startswith(
-        "error: s3://nodelete/runs/a lets this user write but not delete ("), lines
+        "error: access to s3://nodelete/runs/a is denied for deletes ("), lines
     assert not (tmp_path / "scratch" / "trainer-scratch").is_dir() or not any(
         (tmp_path / "scratch" / "trainer-scratch").iterdir())
+    # nothing left in the bucket: no lease, no probe (the user could not delete them)
+    import boto3
+
+    held = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"]).list_objects_v2(
+        Bucket="nodelete")
+    assert held.get("KeyCount", 0) == 0, held.get("Contents")
 
 
 def test_malformed_and_non_persistent_urls_and_an_unwritable_scratch_are_one_line(
@@ -858,3 +864,17 @@ def test_a_file_named_by_hydras_run_time_output_dir_lands_at_the_url(s3, tmp_pat
                     f"hydra.run.dir=s3://{BUCKET}/runs/csv", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert s3.fs.cat_file(f"{BUCKET}/runs/csv/epochs.csv").startswith(b"epoch,")
+
+
+@pytest.mark.parametrize("url, name", [("gs://runs/a", "GOOGLE_APPLICATION_CREDENTIALS"),
+                                       ("s3://runs/a", "AWS_SHARED_CREDENTIALS_FILE")])
+def test_a_credentials_file_that_is_not_there_is_one_line_before_any_request(
+        tmp_path, monkeypatch, url, name):
+    """gcsfs printed its fallbacks and a logged traceback (52 lines), then blamed the
+    network: the variable and its path are named, nothing is asked of any store."""
+    monkeypatch.setenv(name, str(tmp_path / "nowhere.json"))
+    done = run_main(*TINY, f"hydra.run.dir={url}", cwd=tmp_path)
+    assert done.returncode == EXIT_CONFIG
+    assert error_lines(done.stderr) == [
+        f"error: {name}={tmp_path / 'nowhere.json'} names no file, so {url} cannot be reached "
+        f"with its credentials; point {name} at the key file, or unset it"]

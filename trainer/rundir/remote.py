@@ -147,6 +147,23 @@ def keep_scratch() -> bool:
     return os.environ.get(KEEP_SCRATCH, "").strip().lower() in ("1", "true", "yes")
 
 
+# The variables naming a credentials file, by scheme: a file that is not there made gcsfs
+# print its fallbacks and retries (50 lines) and then blame the network.
+CREDENTIAL_FILES = {"gs": ("GOOGLE_APPLICATION_CREDENTIALS",),
+                    "gcs": ("GOOGLE_APPLICATION_CREDENTIALS",),
+                    "s3": ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE")}
+
+
+def _check_credential_files(url: str, protocol: str) -> None:
+    """Refuses a credentials file the environment names that is not there, before any
+    request."""
+    for name in CREDENTIAL_FILES.get(protocol, ()):
+        path = os.environ.get(name)
+        if path and not os.path.isfile(os.path.expanduser(path)):
+            raise ConfigError(f"{name}={path} names no file, so {url} cannot be reached with "
+                              f"its credentials; point {name} at the key file, or unset it")
+
+
 def filesystem(url: str) -> tuple[Any, str]:
     """The fsspec file system of `url` and the path in it (`bucket/runs/a`).
 
@@ -160,6 +177,7 @@ def filesystem(url: str) -> tuple[Any, str]:
     except ImportError:
         raise ConfigError(f"a run directory at a URL ({url}) needs fsspec: pip install "
                           "'trainer[remote]'") from None
+    _check_credential_files(url, protocol)
     options: dict[str, Any] = {}
     if protocol in ("gs", "gcs") and os.environ.get("STORAGE_EMULATOR_HOST"):
         # an emulator has no credentials, and no gRPC endpoint to probe a bucket's kind
@@ -279,25 +297,26 @@ class Mirror:
         return [rel for rel in rels if rel and rel != LEASE]
 
     def check_deletes(self) -> None:
-        """Writes and removes a probe object at the URL: a store that lets this user write
-        but not delete is found now, not at the first backup rotation (where the stop and
-        the rerun it advises would loop).
+        """Deletes an object that is not there: a store that lets this user write but not
+        delete is found now, before anything is written at the URL (the lease too, which
+        such a store would keep for good), not at the first backup rotation (where the stop
+        and the rerun it advises would loop). A store checks the permission first: S3
+        answers a permitted delete of a missing key with success, GCS with not found.
 
         Raises:
-            ConfigError: the store refuses the write or the delete (one line).
+            ConfigError: the store refuses the delete (one line).
         """
-        probe = self._key(f"{TMP}probe-{os.getpid()}")
-        try:
-            self.fs.pipe_file(probe, b"")
-        except Exception as error:  # noqa: BLE001 - every storage failure is one line
-            raise ConfigError(explain(error, self.url)) from None
+        probe = self._key(f"{TMP}probe-{os.getpid()}-{os.urandom(4).hex()}")
         try:
             self.fs.rm_file(probe)
+        except FileNotFoundError:
+            pass  # permitted, and not there
         except Exception as error:  # noqa: BLE001 - every storage failure is one line
             why = (str(error).splitlines() or [type(error).__name__])[0].strip()
-            raise ConfigError(f"{self.url} lets this user write but not delete ({why}); a "
-                              "run removes its old backups and its lease there: grant delete "
-                              "(s3:DeleteObject, storage.objects.delete), or choose another "
+            raise ConfigError(f"access to {self.url} is denied for deletes ({why}); a run "
+                              "writes its backups and its lease there and removes the old "
+                              "ones: grant write and delete (s3:PutObject and s3:DeleteObject, "
+                              "storage.objects.create and .delete), or choose another "
                               "hydra.run.dir") from None
 
     def pull(self) -> bool:

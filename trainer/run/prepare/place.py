@@ -178,12 +178,8 @@ def _opened(url: str, chief: bool) -> RunPlace:
     if chief:
         mirror.lease = Lease(fs, path, url)
         mirror.listing()  # a missing bucket or no credentials: said before any lease
+        mirror.check_deletes()  # before the lease: a store refusing deletes would keep it
         mirror.lease.take()
-        try:
-            mirror.check_deletes()
-        except ConfigError:
-            mirror.lease.release(quiet=True)
-            raise
     return RunPlace(mirror.root, mirror, "run" if chief else "worker")
 
 
