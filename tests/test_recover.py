@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import re
 
 import keras
 import numpy as np
@@ -147,3 +148,45 @@ def test_two_workers_recover_from_a_blow_up_together_as_one_device_does(
 
 
 __all__ = ["launches"]  # the fixture, imported for the test above
+
+
+@pytest.mark.parametrize("overrides, said", [
+    (["checkpoint.recover.loss_upper_bound=0", "checkpoint.recover.max_trials=2"],
+     "checkpoint.recover.loss_upper_bound must be a positive loss"),
+    (["checkpoint.recover.loss_upper_bound=-1", "checkpoint.recover.max_trials=2"],
+     "checkpoint.recover.loss_upper_bound must be a positive loss"),
+    (["checkpoint.recover.loss_upper_bound=5"],
+     "checkpoint.recover.loss_upper_bound=5.0 is a bound for recovery, which "
+     "checkpoint.recover.max_trials=0 turns off"),
+    (["callbacks=[terminate_on_nan]", "checkpoint.recover.max_trials=2"],
+     "callbacks terminate_on_nan stops training at the first non-finite loss, before "
+     "checkpoint.recover can restore a backup"),
+])
+def test_recovery_settings_that_cannot_work_are_one_line(tiny_config, tmp_path, overrides,
+                                                         said):
+    """A bound of 0 or below, a bound with recovery off (silently ignored), and Keras's own
+    NaN stop beside recovery (which ended the run after one recovery, exit 0, unsaid)."""
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        train(tiny_config(*overrides), run_dir=tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_terminate_on_nan_object_beside_recovery_is_one_line(tmp_path):
+    import trainer
+
+    x = np.random.default_rng(0).random((32, 8, 8, 1), "float32")
+    with pytest.raises(trainer.TrainerError, match="TerminateOnNaN"):
+        trainer.fit(["model=small", "epochs=1", "logger=[]", "checkpoint.recover.max_trials=2"],
+                    data=(x, np.arange(32) % 3), run_dir=tmp_path / "run",
+                    callbacks=[keras.callbacks.TerminateOnNaN()])
+
+
+def test_a_finite_loss_above_the_bound_names_the_bound(tiny_config, tmp_path):
+    """A bound below the loss a normal step reaches: the stop names the bound, not the
+    rate."""
+    with pytest.raises(Diverged) as stopped:
+        train(tiny_config(*RECOVER, "checkpoint.recover.max_trials=1",
+                          "checkpoint.recover.loss_upper_bound=1e-3"), run_dir=tmp_path)
+    line = str(stopped.value)
+    assert "above checkpoint.recover.loss_upper_bound=0.001" in line
+    assert "raise checkpoint.recover.loss_upper_bound" in line

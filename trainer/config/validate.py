@@ -576,7 +576,21 @@ def _validate_healing(cfg: DictConfig) -> None:
     """`cluster.max_restarts` and `checkpoint.recover.max_trials`: whole numbers (the schema
     and the finite-number check above take care of `checkpoint.recover.loss_upper_bound`)."""
     _whole("cluster.max_restarts", cfg.cluster.get("max_restarts", 0))
-    _whole("checkpoint.recover.max_trials", cfg.checkpoint.recover.max_trials)
+    recover = cfg.checkpoint.recover
+    trials = _whole("checkpoint.recover.max_trials", recover.max_trials)
+    bound = recover.loss_upper_bound
+    _require(bound is None or bound > 0, "checkpoint.recover.loss_upper_bound must be a "
+             "positive loss (a step's loss above it is a blow-up), or null for non-finite "
+             f"losses only; received: {bound!r}")
+    _require(bound is None or trials > 0, f"checkpoint.recover.loss_upper_bound={bound} is a "
+             "bound for recovery, which checkpoint.recover.max_trials=0 turns off: set "
+             "max_trials (e.g. 2), or remove the bound")
+    stops = [name for name, node in (cfg.get("callbacks") or {}).items()
+             if isinstance(node, DictConfig)
+             and str(node.get("_target_", "")).endswith("TerminateOnNaN")]
+    _require(not (stops and trials), f"callbacks {stops[0] if stops else ''} stops training "
+             "at the first non-finite loss, before checkpoint.recover can restore a backup: "
+             "remove one of them (recovery stops the run itself once its trials are used)")
 
 
 def _whole(name: str, value: Any) -> int:

@@ -628,8 +628,8 @@ class Backup(keras.callbacks.Callback):
             raise Diverged(self.recovery.exhausted(epoch, step, loss))
         point = self.store.restore(self.model)
         if point is None:
-            raise Diverged(f"loss became {loss} at epoch {epoch}, step {step}, before any "
-                           "backup to recover from; lower optimizer.lr or add warm-up")
+            raise Diverged(f"{self.recovery.why(loss)} at epoch {epoch}, step {step}, before "
+                           f"any backup to recover from; {self.recovery.remedy(loss)}")
         for variable in self._metric_variables():  # the blown-up steps leave the mean
             variable.assign(np.zeros(variable.shape, variable.dtype))
         since = point.step if point.epoch == self.epoch else 0

@@ -56,10 +56,24 @@ class Recovery:
         self.recovered.append(found)
         return found
 
+    def why(self, loss: float) -> str:
+        """What made `loss` a blow-up: not finite, or above the bound (named)."""
+        if math.isfinite(loss) and self.loss_upper_bound is not None:
+            return (f"loss became {loss:g}, above checkpoint.recover.loss_upper_bound="
+                    f"{self.loss_upper_bound:g},")
+        return f"loss became {loss}"
+
+    def remedy(self, loss: float) -> str:
+        """What to do: a finite loss above the bound may be the bound's own doing."""
+        if math.isfinite(loss) and self.loss_upper_bound is not None:
+            return ("raise checkpoint.recover.loss_upper_bound above the loss a normal step "
+                    "reaches, or lower optimizer.lr")
+        return "lower optimizer.lr, add warm-up, or look at the data of those batches"
+
     def exhausted(self, epoch: int, step: int, loss: float) -> str:
         """The one line of a blow-up past `max_trials`."""
         where = ", ".join(f"epoch {r['epoch']} step {r['step']}" for r in self.recovered)
-        return (f"loss became {loss} at epoch {epoch}, step {step}, after "
+        return (f"{self.why(loss)} at epoch {epoch}, step {step}, after "
                 f"{len(self.recovered)} recover{'ies' if len(self.recovered) != 1 else 'y'} "
-                f"({where}; checkpoint.recover.max_trials={self.max_trials}); lower "
-                "optimizer.lr, add warm-up, or look at the data of those batches")
+                f"({where}; checkpoint.recover.max_trials={self.max_trials}); "
+                f"{self.remedy(loss)}")

@@ -797,13 +797,20 @@ def build_callbacks(nodes: Mapping, run_dir: Path,
     return built
 
 
-def check_given_callbacks(callbacks: Sequence[Any]) -> Sequence[Any]:
+def check_given_callbacks(callbacks: Sequence[Any], recovering: bool = False
+                          ) -> Sequence[Any]:
     """Callbacks given as objects (`trainer.fit(callbacks=[...])`), returned where all are
-    Keras's; one line naming the first that is not."""
+    Keras's; one line naming the first that is not, or a `TerminateOnNaN` beside recovery
+    (`recovering`), which would end the run at the first blow-up it is to recover from."""
     for index, callback in enumerate(callbacks):
         if not isinstance(callback, keras.callbacks.Callback):
             raise ConfigError(f"callbacks[{index}] must be a keras.callbacks.Callback object, "
                               f"as model.fit takes them; received: {callback!r}")
+        if recovering and isinstance(callback, keras.callbacks.TerminateOnNaN):
+            raise ConfigError(f"callbacks[{index}] (TerminateOnNaN) stops training at the "
+                              "first non-finite loss, before checkpoint.recover can restore a "
+                              "backup: remove one of them (recovery stops the run itself once "
+                              "its trials are used)")
     return callbacks
 
 

@@ -115,7 +115,8 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
     return Callbacks(
         throughput=Throughput(run.data.source.train_size, run.batch.global_size, started),
         validated=LastValidation(run.strategy), backup=backup, checkpoints=tuple(saved),
-        trackers=trackers, watchdog=watchdog, user=(*user, *check_given_callbacks(extra)),
+        trackers=trackers, watchdog=watchdog,
+        user=(*user, *check_given_callbacks(extra, recovering=saving.recover.max_trials > 0)),
         kept=kept, handoff=HandOff.of(backup, run_dir) if evaluator and run.is_chief else None,
         trial=optuna_trial(spec.optimized_metric, run.logged, run.workers),
         curves=Curves(run_dir, lambda: backup.history, saving.monitor if saving.save_best
