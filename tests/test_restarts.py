@@ -181,3 +181,32 @@ def test_a_failing_chief_tells_the_launcher_the_step_it_reached(tmp_path, monkey
     assert not progress.exists()  # another worker: the chief says it
     say_progress(backup, 23, from_workers(["127.0.0.1:1", "127.0.0.1:2"], 0))
     assert steps_again("ckpt-000001-000000005", progress) == 7
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_in_the_pause_before_a_restart_ends_the_launch_with_its_line(tmp_path,
+                                                                             signum):
+    """The launcher between two attempts (no worker running): SIGTERM or Ctrl-C ends it
+    with the interrupted line and how to resume, as at any other moment (SIGTERM ended it
+    without a line, exit 143)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "crash.py").write_text("raise SystemExit(1)\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainer.launch", "--workers", "1", "--max-restarts", "3",
+         "crash.py"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("[launch] restart 1 of 3 in"):
+                proc.send_signal(signum)
+                break
+        out = "".join(lines) + proc.stdout.read()
+        assert proc.wait(timeout=30) == 130, out
+    finally:
+        proc.kill()
+    assert "[launch] interrupted in the pause before a restart" in out
+    assert out.rstrip().splitlines()[-1].startswith("[launch] interrupted; to resume"), out

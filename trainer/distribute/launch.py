@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from trainer.config.compose import KNOWN_ERRORS, composed
 from trainer.config.errors import EXIT_CONFIG, EXIT_WORKER_LOST
@@ -424,6 +424,18 @@ def launch_restarting(commands: list[list[str]], scratch: Path, grace: float,
     Returns:
         The last launcher and its exit code.
     """
+    # SIGTERM as Ctrl-C for the whole launch: between two attempts (no worker running) it
+    # ended the launcher without a line (exit 143)
+    before = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return _restarting(commands, scratch, grace, max_restarts, run_dir, out, evaluator)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _restarting(commands: list[list[str]], scratch: Path, grace: float, max_restarts: int,
+                run_dir: str | None, out: IO[str], evaluator: bool) -> tuple[Launcher, int]:
+    """`launch_restarting`'s loop, SIGTERM raising `KeyboardInterrupt`."""
     progress = scratch / "progress.json"
     local = Path(run_dir) if run_dir is not None and "://" not in run_dir else None
     env = {PROGRESS: str(progress)} if max_restarts else {}
@@ -435,20 +447,37 @@ def launch_restarting(commands: list[list[str]], scratch: Path, grace: float,
         launcher, code = launch(commands, scratch, grace, out, evaluator, env)
         if code == 0 or not max_restarts:
             return launcher, code
-        failure = Failure(code, newest_backup(local) if local is not None else None)
-        refusal = restart_refusal(failure, previous, done, max_restarts, launcher.noticed)
-        if refusal is not None:
-            if done:
-                launcher.say(f"[launch] not restarted: {refusal}")
+        try:
+            plan = _next_attempt(launcher, code, local, previous, done, max_restarts,
+                                 progress)
+        except KeyboardInterrupt:
+            launcher.say("[launch] interrupted in the pause before a restart; no worker was "
+                         "running")
+            return launcher, EXIT_SIGINT
+        if plan is None:
             return launcher, code
-        done, previous = done + 1, failure
-        again += steps_again(failure.backup, progress)
-        pause = restart_pause(done)
-        launcher.say(f"[launch] restart {done} of {max_restarts} in {pause:.0f} s: the "
-                     f"cluster stopped with {describe_exit(128 - code if code > 128 else code)}; "
-                     f"every worker starts again from "
-                     f"{failure.backup or 'the last complete backup'}")
-        time.sleep(pause)
+        done, previous, extra = plan
+        again += extra
+
+
+def _next_attempt(launcher: Launcher, code: int, local: Path | None, previous: Any,
+                  done: int, max_restarts: int, progress: Path) -> tuple | None:
+    """After a failed attempt: None where it is not restarted (the line said why), else
+    `(restarts made, the failure, steps trained again)` once the pause has run out."""
+    failure = Failure(code, newest_backup(local) if local is not None else None)
+    refusal = restart_refusal(failure, previous, done, max_restarts, launcher.noticed)
+    if refusal is not None:
+        if done:
+            launcher.say(f"[launch] not restarted: {refusal}")
+        return None
+    done += 1
+    again = steps_again(failure.backup, progress)
+    pause = restart_pause(done)
+    launcher.say(f"[launch] restart {done} of {max_restarts} in {pause:.0f} s: the "
+                 f"cluster stopped with {describe_exit(128 - code if code > 128 else code)}; "
+                 f"every worker starts again from {failure.backup or 'the last complete backup'}")
+    time.sleep(pause)
+    return done, failure, again
 
 
 def launch_once(commands: list[list[str]], scratch: Path, grace: float,
