@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from tests.conftest import error_lines, run_cli, run_main
 from tests.test_parity import _tiny_config
-from trainer.config.errors import EXIT_DIVERGED, EXIT_INTERRUPTED
+from trainer.config.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, ConfigError
 from trainer.evaluate import evaluate_run, load_checkpoint
 from trainer.run.train import train
 from trainer.rundir.backup import BackupStore
@@ -658,3 +658,32 @@ def test_a_stop_and_a_recovery_wait_for_the_backup_in_flight(tmp_path, held):
     assert "ckpt-000000-000000003" in [p.name for p in store._found()]
     assert not store.flight.busy
     store.close()
+
+
+def test_a_backup_folder_removed_or_replaced_by_a_file_between_backups_is_said(
+        tmp_path, caplog):
+    """`backup/` removed between two backups: the next makes it again and says the backups
+    it held are gone (it was made again without a word); a file in its place: one line at
+    the next wait (a 94-line NotADirectoryError from the background writer)."""
+    import shutil
+
+    store = BackupStore(tmp_path / "backup")
+    model = small_model()
+    model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0)
+    store.directory.mkdir()
+    store.save(model, 0, 1)
+    store.wait()
+    shutil.rmtree(store.directory)
+    with caplog.at_level("WARNING"):
+        path = store.save(model, 0, 2)
+        store.wait()
+    assert store.backups() == [path]
+    assert "was removed during the run, with the backups it held" in caplog.text
+    shutil.rmtree(store.directory)
+    store.directory.write_text("not a folder")
+    store.save(model, 0, 3)
+    with pytest.raises(ConfigError) as error:
+        store.wait()
+    assert str(error.value) == (f"{store.directory} is a file now, not the run's backup folder "
+                                "(replaced during the run): move it away, then rerun the same "
+                                "command; checkpoints/ is kept")

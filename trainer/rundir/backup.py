@@ -154,6 +154,7 @@ class BackupStore:
         # The training metrics' variables, kept by mid-epoch backups; None: none kept.
         self.metrics: Callable[[], list] | None = None
         self.flight = InFlight()  # the backup being completed beside training
+        self._found_before = self.directory.is_dir()  # removed since: said (`_complete`)
 
     def save(self, model: keras.Model, epoch: int, step: int, same_as: Path | None = None,
              history: dict | None = None, recovered: list | None = None) -> Path:
@@ -237,6 +238,7 @@ class BackupStore:
         checksums and `state.json`, the rename into place, the old backups pruned, then,
         for a run directory at a URL, the upload (`RunPlace.committed`)."""
         tmp = temporary(final)
+        self._check_directory()
         try:
             try:
                 self._write(writes, tmp, state)
@@ -268,6 +270,24 @@ class BackupStore:
             if name not in sums:  # a copy's is the one it was written with
                 sums[name] = sha256(tmp / name)
         (tmp / STATE).write_text(json_text(state, indent=None))
+
+    def _check_directory(self) -> None:
+        """Says so where `backup/` was removed since the last backup (it is made again with
+        this one; the backups it held are gone), and stops the run in one line where a file
+        stands in its place.
+
+        Raises:
+            ConfigError: `backup/` is a file.
+        """
+        if self.directory.is_dir() or not self._found_before:
+            self._found_before = self._found_before or self.directory.is_dir()
+            return
+        if self.directory.exists():
+            raise ConfigError(f"{self.directory} is a file now, not the run's backup folder "
+                              "(replaced during the run): move it away, then rerun the same "
+                              "command; checkpoints/ is kept")
+        log.warning("%s was removed during the run, with the backups it held; this backup "
+                    "makes it again", self.directory)
 
     def prune(self, keep: int) -> None:
         """Removes all but the newest `keep` backups (the one in flight complete first)."""
