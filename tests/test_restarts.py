@@ -13,6 +13,7 @@ from dataclasses import replace
 import pytest
 
 from tests.test_multiworker import COMMON, SIGNALLED, assert_same_weights, launches, reference
+from tests.test_remote_rundir import BUCKET, s3
 from trainer.distribute.restarts import (
     Failure,
     newest_backup,
@@ -21,7 +22,7 @@ from trainer.distribute.restarts import (
     steps_again,
 )
 
-__all__ = ["launches"]  # the fixture, imported for the tests below
+__all__ = ["launches", "s3"]  # the fixtures, imported for the tests below
 
 
 @pytest.mark.parametrize("code", [4, 75, 137, 1, 3])
@@ -210,3 +211,46 @@ def test_a_signal_in_the_pause_before_a_restart_ends_the_launch_with_its_line(tm
         proc.kill()
     assert "[launch] interrupted in the pause before a restart" in out
     assert out.rstrip().splitlines()[-1].startswith("[launch] interrupted; to resume"), out
+
+
+def test_the_chief_notes_each_complete_backup_for_its_launcher(tmp_path, monkeypatch):
+    """Where the launcher cannot list the backups (a URL, a script's run directory), the
+    chief notes each one once complete, beside its progress file; nothing without one."""
+    from trainer.rundir.layout import PROGRESS, note_backup, noted_backup
+
+    progress = tmp_path / "progress.json"
+    note_backup("ckpt-000001-000000005")  # no launcher: nothing written
+    assert noted_backup(progress) is None and not list(tmp_path.iterdir())
+    monkeypatch.setenv(PROGRESS, str(progress))
+    note_backup("ckpt-000001-000000005")
+    note_backup("ckpt-000002-000000000")
+    assert noted_backup(progress) == "ckpt-000002-000000000"
+
+
+@pytest.mark.multiworker
+@pytest.mark.long
+def test_a_run_at_a_url_survives_two_kills_in_different_epochs(tmp_path, launches, s3):
+    """`--max-restarts 3` with the run directory at a URL: the launcher finds the newer
+    backup from the chief's note (it listed local directories only, so the second restart
+    was refused as 'failed twice from the same backup'); the run ends as an uninterrupted
+    one."""
+    batch = ["batch.per_replica=null", "batch.global_size=64", "epochs=3", "optimizer.lr=0.01",
+             "deterministic=true", "checkpoint.backup_every=5"]
+    url = f"s3://{BUCKET}/runs/twice"
+    launch = launches(2, *SIGNALLED, *batch, f"hydra.run.dir={url}", "--max-restarts", "3",
+                      grace=10)
+    for epoch, attempt in ((1, 1), (2, 2)):
+        deadline = time.monotonic() + 240
+        while not (launch.output.count("[launch] 2 workers on") == attempt and any(
+                re.search(rf"backup/ckpt-00000{epoch}-0*[1-9]\d*/state.json$", key)
+                for key in s3.fs.find(f"{BUCKET}/runs/twice"))):
+            assert launch.proc.poll() is None and time.monotonic() < deadline, (
+                launch.output[-3000:])
+            time.sleep(0.2)
+        pids = re.findall(r"\[launch\] worker 1: pid (\d+)", launch.output)
+        os.kill(int(pids[-1]), signal.SIGKILL)
+    assert launch.wait(timeout=400) == 0, launch.output[-3000:]
+    said = re.findall(r"\[launch\] restart (\d) of 3 .* from (ckpt-\d+-\d+)", launch.output)
+    assert [n for n, _ in said] == ["1", "2"] and said[0][1] != said[1][1], said
+    summary = json.loads(s3.fs.cat_file(f"{BUCKET}/runs/twice/summary.json"))
+    assert summary["restarts"]["count"] == 2 and summary["epochs_done"] == 3

@@ -53,6 +53,7 @@ from trainer.distribute.restarts import (
     STEPS_AGAIN,
     Failure,
     newest_backup,
+    noted_backup,
     restart_pause,
     restart_refusal,
     steps_again,
@@ -464,7 +465,10 @@ def _next_attempt(launcher: Launcher, code: int, local: Path | None, previous: A
                   done: int, max_restarts: int, progress: Path) -> tuple | None:
     """After a failed attempt: None where it is not restarted (the line said why), else
     `(restarts made, the failure, steps trained again)` once the pause has run out."""
-    failure = Failure(code, newest_backup(local) if local is not None else None)
+    # the run directory's own listing where the launcher sees it, else what the chief noted
+    # (a URL's, a script's run directory)
+    failure = Failure(code, newest_backup(local) if local is not None
+                      else noted_backup(progress))
     refusal = restart_refusal(failure, previous, done, max_restarts, launcher.noticed)
     if refusal is not None:
         if done:
@@ -493,6 +497,8 @@ def launch_once(commands: list[list[str]], scratch: Path, grace: float,
     envs = [{**base, "TF_CONFIG": config, "TMPDIR": _mkdir(scratch / f"tmp-{i}")}
             for i, config in enumerate(tf_configs(addresses[:workers],
                                                   addresses[workers] if evaluator else None))]
+    for other in envs[1:]:  # the chief alone tells where it got to, and its backups
+        other.pop(PROGRESS, None)
     launcher = Launcher(commands, envs, grace=grace, out=out, evaluator=evaluator)
     run_dir = value(commands[0], "hydra.run.dir") or "the run directory its trainer.fit names"
     launcher.say(f"[launch] {workers} workers on {', '.join(addresses[:workers])}; "

@@ -26,10 +26,12 @@ from pathlib import Path
 
 from trainer.config.errors import EXIT_CONFIG
 from trainer.rundir.atomic import write_json
+from trainer.rundir.layout import PROGRESS, noted_backup
+
+__all__ = ["PROGRESS", "noted_backup"]  # with the decisions below, for the launcher
 
 RESTARTS = "TRAINER_RESTARTS"
 STEPS_AGAIN = "TRAINER_STEPS_AGAIN"
-PROGRESS = "TRAINER_PROGRESS_FILE"
 
 EXIT_SIGINT = 130
 NEVER_RETRIED = {EXIT_CONFIG: "a configuration or data error, which a restart repeats",

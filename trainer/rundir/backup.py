@@ -60,7 +60,7 @@ from trainer.rundir.atomic import (
 )
 from trainer.rundir.checksum import read_beside, sha256, verify
 from trainer.rundir.inflight import InFlight
-from trainer.rundir.layout import CHECKPOINT, METRICS, RNG, STATE, WEIGHTS, RunDir
+from trainer.rundir.layout import CHECKPOINT, METRICS, RNG, STATE, WEIGHTS, RunDir, note_backup
 from trainer.rundir.recover import Recovery
 from trainer.rundir.remote import RunPlace
 
@@ -258,6 +258,7 @@ class BackupStore:
                 shutil.rmtree(old, ignore_errors=True)
         if self.place is not None:
             self.place.committed()  # a run directory at a URL: it reaches it
+        note_backup(final.name)
 
     @staticmethod
     def _write(writes: dict[str, Callable[[Path], None]], tmp: Path, state: dict) -> None:

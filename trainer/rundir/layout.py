@@ -32,11 +32,13 @@ own, written under a temporary name `.tmp-<pid>-NAME` and renamed.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.rundir.atomic import temporary
+from trainer.rundir.atomic import temporary, write_json
 
 LOCK = ".lock"
 LEASE = "lease.json"  # at a URL: the one writer's lease
@@ -208,3 +210,29 @@ class EvaluatorDir:
     @property
     def alive(self) -> Path:
         return self.root / "alive"
+
+
+# Set by a restarting launcher (`trainer.launch --max-restarts`) in its chief's environment:
+# the file the chief tells where it got to when it fails (`trainer.run.guards`), and beside
+# it (`BACKUP_NOTE`) the name of each backup once complete (uploaded, at a URL), where the
+# launcher cannot list them itself (a URL, a script's run directory).
+PROGRESS = "TRAINER_PROGRESS_FILE"
+BACKUP_NOTE = "backup.json"
+
+
+def note_backup(name: str) -> None:
+    """Tells a restarting launcher the newest complete backup (nothing without one)."""
+    path = os.environ.get(PROGRESS)
+    if path:
+        try:
+            write_json(Path(path).with_name(BACKUP_NOTE), {"backup": name})
+        except OSError:
+            pass  # a report to the launcher; the run goes on
+
+
+def noted_backup(progress: Path) -> str | None:
+    """The newest complete backup the chief noted beside `progress`; None for none."""
+    try:
+        return json.loads(progress.with_name(BACKUP_NOTE).read_text())["backup"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
