@@ -111,6 +111,12 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_an_uninterrupted_one(
     assert summary["resumed_from"]["step"] == int(said[0][1].rsplit("-", 1)[1])
     expected = reference(tmp_path, tiny_config, "one", *batch, signalled=True)
     assert_same_weights(run_dir, expected, atol=1e-5)
+    # every reported number, not only the weights: the resumed epoch's training metrics
+    # over all its steps, as the uninterrupted run reports them
+    uninterrupted = json.loads((expected / "summary.json").read_text())
+    for key, values in uninterrupted["history"].items():
+        assert summary["history"][key] == pytest.approx(values, abs=1e-5), key
+    assert summary["epochs_done"] == uninterrupted["epochs_done"]
 
 
 @pytest.mark.multiworker

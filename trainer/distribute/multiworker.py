@@ -49,9 +49,52 @@ def share_from_chief(strategy: Any, model: keras.Model,
     if shared[0] == 0:
         return None
     take_chiefs(strategy, [*model.variables, *model.optimizer.variables])
+    # The training metrics' state at a mid-epoch backup: every worker assigns it (a sum
+    # on-read variable takes its share on each replica), or the resumed epoch reports its
+    # metrics over the steps after the backup only.
+    metrics = chiefs_json(strategy, _metrics_json(point.metrics) if point is not None
+                          else None)
     return ResumePoint(int(shared[1]), int(shared[2]),
                        point.path if point is not None else Path("the chief's backup"),
-                       point.state if point is not None else {})
+                       point.state if point is not None else {},
+                       _metrics_of(metrics))
+
+
+def _metrics_json(metrics: tuple | None) -> dict | None:
+    """A backup's training metrics ((paths), (arrays)) as JSON (float32 and integers are
+    exact through it)."""
+    if metrics is None:
+        return None
+    names, values = metrics
+    return {"names": list(names), "values": [v.tolist() for v in values],
+            "dtypes": [str(v.dtype) for v in values]}
+
+
+def _metrics_of(found: dict | None) -> tuple | None:
+    """`_metrics_json` read back."""
+    if not found:
+        return None
+    import numpy as np
+
+    return tuple(found["names"]), tuple(np.array(v, dtype) for v, dtype in
+                                        zip(found["values"], found["dtypes"], strict=True))
+
+
+def chiefs_json(strategy: Any, mine: Any) -> Any:
+    """The chief's JSON-able `mine` on every worker (the others pass None), by two
+    all-reduces from the chief's first replica alone: its length, then its bytes. Every
+    worker must call it at the same place."""
+    import numpy as np
+    import tensorflow as tf
+
+    from_chief = replica_sum(strategy, replica_zero_only=True)
+    payload = (np.frombuffer(json.dumps(mine).encode(), np.uint8) if mine is not None
+               else np.zeros(0, np.uint8))
+    length = int(from_chief([tf.constant([float(payload.size)], tf.float64)])[0].numpy()[0])
+    table = np.zeros(length)
+    table[:payload.size] = payload
+    found = from_chief([tf.constant(table, tf.float64)])[0].numpy()
+    return json.loads(found.astype(np.uint8).tobytes())
 
 
 def hold_first_replicas_weights(strategy: Any, model: keras.Model) -> None:
