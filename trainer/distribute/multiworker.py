@@ -49,15 +49,18 @@ def share_from_chief(strategy: Any, model: keras.Model,
     if shared[0] == 0:
         return None
     take_chiefs(strategy, [*model.variables, *model.optimizer.variables])
-    # The training metrics' state at a mid-epoch backup: every worker assigns it (a sum
-    # on-read variable takes its share on each replica), or the resumed epoch reports its
-    # metrics over the steps after the backup only.
-    metrics = chiefs_json(strategy, _metrics_json(point.metrics) if point is not None
-                          else None)
+    # The backup's state (the history so far: what the end of the run validates and
+    # reports from) and the training metrics' state at a mid-epoch backup: every worker
+    # takes the chief's, or the workers part ways (one validating what the other reads from
+    # the history, their collectives mismatched) and a resumed epoch reports its metrics
+    # over the steps after the backup only. Every worker assigns the metrics (a sum on-read
+    # variable takes its share on each replica).
+    given = ({"state": point.state, "metrics": _metrics_json(point.metrics)}
+             if point is not None else None)
+    chiefs = chiefs_json(strategy, given)
     return ResumePoint(int(shared[1]), int(shared[2]),
                        point.path if point is not None else Path("the chief's backup"),
-                       point.state if point is not None else {},
-                       _metrics_of(metrics))
+                       chiefs["state"], _metrics_of(chiefs["metrics"]))
 
 
 def _metrics_json(metrics: tuple | None) -> dict | None:
