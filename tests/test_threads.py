@@ -40,6 +40,11 @@ def test_three_fits_in_threads_each_equal_a_run_alone(tmp_path):
     for thread in threads:
         thread.join(600)
     assert not any(t.is_alive() for t in threads)
+    # Hydra's process-wide job config, set by each run for its own, is as it was before
+    # them (a run's left there named a later train(cfg)'s model after its choices)
+    from hydra.core.hydra_config import HydraConfig
+
+    assert not HydraConfig.initialized()
     for name in ("fit0", "fit1", "fit2"):
         result = found[name]
         assert not isinstance(result, BaseException), result

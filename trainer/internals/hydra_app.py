@@ -6,6 +6,7 @@ needs it."""
 from __future__ import annotations
 
 import argparse
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -49,18 +50,33 @@ def load_configuration(search: Any, config_name: str, overrides: list[str], run_
         config_name=config_name, overrides=overrides, run_mode=run_mode, from_shell=from_shell)
 
 
+# `HydraConfig` is one per process: runs in threads (`trainer.fit` from several) each set it
+# for their block, and what was there before the first of them comes back after the last.
+_jobs = threading.Lock()
+_held = {"blocks": 0, "before": None}
+
+
 @contextmanager
 def job_config(job: Any) -> Iterator[None]:
     """`HydraConfig` set to a composed config's `hydra` node for the block (`${hydra:...}`
-    reads it), as Hydra's job sets it; what was set before (a user's own app) comes back."""
+    reads it), as Hydra's job sets it; what was set before the first such block (a user's
+    own app's, or none) comes back once the last one ends. Concurrent blocks (runs in
+    threads) each set their own as they start, when their `${hydra:...}` is read."""
     from hydra.core.hydra_config import HydraConfig
 
-    before = HydraConfig.instance().cfg
-    HydraConfig.instance().set_config(job)
+    with _jobs:
+        if not _held["blocks"]:
+            _held["before"] = HydraConfig.instance().cfg
+        _held["blocks"] += 1
+        HydraConfig.instance().set_config(job)
     try:
         yield
     finally:
-        HydraConfig.instance().cfg = before
+        with _jobs:
+            _held["blocks"] -= 1
+            if not _held["blocks"]:
+                HydraConfig.instance().cfg = _held["before"]
+                _held["before"] = None
 
 
 def run_job(job: Any, task: Callable[[], Any], configure_logging: bool) -> Any:
