@@ -73,7 +73,7 @@ def test_an_explicit_image_size_below_the_models_minimum_is_one_line():
 
 
 @pytest.mark.parametrize("override", ["epochs=x", "model.alpha=0.5", "nonsense=1",
-                                      "dataset.image_size=big", "gpu.memory_growth=maybe"])
+                                      "dataset.image_size=big"])
 def test_wrong_type_or_unknown_key_fails_at_compose_time(override):
     with pytest.raises(ConfigCompositionException):
         make_config(override)
@@ -177,6 +177,7 @@ def test_monitor_mode_unknown_metric():
     ("sync_batchnorm=2", "sync_batchnorm must be true or false; received: 2"),
     ("deterministic=2", "deterministic must be true or false; received: 2"),
     ("deterministic=yes", "deterministic must be true or false; received: 'yes'"),
+    ("gpu.memory_growth=maybe", "gpu.memory_growth must be true or false; received: 'maybe'"),
     ("batch.drop_remainder=1", "batch.drop_remainder must be true or false; received: 1"),
     ("cluster.port_base=70000", "cluster.port_base must be a port number, 1 to 65535; "
      "received: 70000"),

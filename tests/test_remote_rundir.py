@@ -867,7 +867,7 @@ def test_a_file_named_by_hydras_run_time_output_dir_lands_at_the_url(s3, tmp_pat
 
 
 @pytest.mark.parametrize("url, name", [("gs://runs/a", "GOOGLE_APPLICATION_CREDENTIALS"),
-                                       ("s3://runs/a", "AWS_SHARED_CREDENTIALS_FILE")])
+                                       ("gcs://runs/a", "GOOGLE_APPLICATION_CREDENTIALS")])
 def test_a_credentials_file_that_is_not_there_is_one_line_before_any_request(
         tmp_path, monkeypatch, url, name):
     """gcsfs printed its fallbacks and a logged traceback (52 lines), then blamed the

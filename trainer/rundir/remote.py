@@ -147,11 +147,11 @@ def keep_scratch() -> bool:
     return os.environ.get(KEEP_SCRATCH, "").strip().lower() in ("1", "true", "yes")
 
 
-# The variables naming a credentials file, by scheme: a file that is not there made gcsfs
-# print its fallbacks and retries (50 lines) and then blame the network.
+# The variables naming a credentials file, by scheme, where a file that is not there is an
+# error: gcsfs printed its fallbacks and retries (50 lines) and then blamed the network.
+# (botocore takes a missing AWS_SHARED_CREDENTIALS_FILE as no file, and looks elsewhere.)
 CREDENTIAL_FILES = {"gs": ("GOOGLE_APPLICATION_CREDENTIALS",),
-                    "gcs": ("GOOGLE_APPLICATION_CREDENTIALS",),
-                    "s3": ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE")}
+                    "gcs": ("GOOGLE_APPLICATION_CREDENTIALS",)}
 
 
 def _check_credential_files(url: str, protocol: str) -> None:

@@ -60,6 +60,14 @@ class Callbacks:
         return [c for c in found if c is not None]
 
 
+def _backup_meta(spec: Spec, run: Run) -> dict:
+    """What every backup's `state.json` keeps of the run: its config, batch and data."""
+    return {"config": spec.record, "global_batch": run.batch.global_size,
+            "replicas": run.batch.replicas, "accumulate": run.batch.accumulate,
+            # the chief keeps the backups: another worker need not hash the data
+            "data": of_source(run.data.source) if run.is_chief else None}
+
+
 def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
                     start: tuple[int, int], request: Any, extra: tuple = (),
                     history: dict | None = None, evaluator: bool = False, place: Any = None
@@ -76,17 +84,15 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
         extra: callbacks passed to `train()` in code, after the configured ones.
         history: per-epoch metrics of the epochs done before `start` (from the backup).
         evaluator: an evaluator validates: the chief hands it each epoch (`HandOff`).
-        place: the run's place at a URL (`RunPlace`), which each backup reaches (None: local).
+        place: the run's place at a URL (`RunPlace`) each backup reaches; None: local.
     """
     check_metric_name(spec.optimized_metric, run.logged, tested=run.data.test is not None)
     saving = spec.checkpoint
     best_mode = (run.monitor_mode(saving.monitor, saving.mode)
                  if saving.save_best or saving.keep_best else None)
     user = build_user_callbacks(spec.callbacks, run_dir, run.monitor_mode)
-    meta = {"config": spec.record, "global_batch": run.batch.global_size,
-            "replicas": run.batch.replicas, "accumulate": run.batch.accumulate,
-            # the chief keeps the backups: another worker need not hash the data
-            "data": of_source(run.data.source) if run.is_chief else None}
+    given = check_given_callbacks(extra, recovering=saving.recover.max_trials > 0)
+    meta = _backup_meta(spec, run)
     # Before checkpoints/ exists: a tracker that cannot start leaves a fresh run directory
     # that holds no run, which the command line then removes.
     trackers = tuple(build_trackers(spec.loggers, run_dir, meta["config"], run.is_chief,
@@ -115,8 +121,7 @@ def build_callbacks(spec: Spec, run: Run, run_dir: Path, started: float,
     return Callbacks(
         throughput=Throughput(run.data.source.train_size, run.batch.global_size, started),
         validated=LastValidation(run.strategy), backup=backup, checkpoints=tuple(saved),
-        trackers=trackers, watchdog=watchdog,
-        user=(*user, *check_given_callbacks(extra, recovering=saving.recover.max_trials > 0)),
+        trackers=trackers, watchdog=watchdog, user=(*user, *given),
         kept=kept, handoff=HandOff.of(backup, run_dir) if evaluator and run.is_chief else None,
         trial=optuna_trial(spec.optimized_metric, run.logged, run.workers),
         curves=Curves(run_dir, lambda: backup.history, saving.monitor if saving.save_best
