@@ -99,12 +99,20 @@ def s3(tmp_path, monkeypatch):
         server.stop()
 
 
+# gcp-storage-emulator serves one connection at a time (http.server's HTTPServer), so a
+# client stopped with a connection open (a chief SIGSTOPped mid-upload, as a test does to
+# hold its lease) wedged it for every other client; a real store serves them all at once.
+THREADED_EMULATOR = ("import http.server as h, runpy, sys; h.HTTPServer = h.ThreadingHTTPServer; "
+                     "sys.argv[0] = 'gcp_storage_emulator'; "
+                     "runpy.run_module('gcp_storage_emulator', run_name='__main__')")
+
+
 @pytest.fixture
 def gcs(tmp_path, monkeypatch):
     """gcp-storage-emulator in a process of its own, in memory, with the bucket `runs`."""
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
+        [sys.executable, "-c", THREADED_EMULATOR, "start", "--host", "127.0.0.1",
          "--port", str(port), "--in-memory", "--default-bucket", BUCKET],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
