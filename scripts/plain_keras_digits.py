@@ -19,22 +19,12 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-
-def _process_seconds() -> float | None:
-    """Seconds since this process started (Linux's /proc); None elsewhere."""
-    try:
-        with open("/proc/self/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return None
-
+from trainer.processes import process_seconds  # noqa: E402 - a leaf: no import of note
 
 # The interpreter's start and `import keras, tensorflow`: what every Keras script pays
 # before its first line of work (bench_run.py sets trainer's start-up beside it).
-IMPORTED_S = _process_seconds()
+IMPORTED_S = process_seconds()
+
 from sklearn.datasets import load_digits  # noqa: E402
 from sklearn.model_selection import train_test_split  # noqa: E402
 

@@ -120,3 +120,16 @@ def describe_exit(code: int) -> str:
         except ValueError:
             return f"signal {-code}"
     return f"exit code {code}"
+
+
+def process_seconds() -> float | None:
+    """Seconds since this process started (Linux's /proc), None where that is unknown: the
+    interpreter's start, imports and the config's composition before a run's own clock."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None

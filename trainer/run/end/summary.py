@@ -17,6 +17,7 @@ from trainer.config.schema import config_dir
 from trainer.data.augment import describe
 from trainer.data.fingerprint import of_source
 from trainer.internals.tf_runtime import onednn_enabled
+from trainer.processes import process_seconds  # noqa: F401 - the session's clock, here
 from trainer.run.assembly.step import has_forward_losses
 from trainer.rundir.backup import write_finished
 from trainer.task.build import optimizer_settings
@@ -402,21 +403,6 @@ def _time_row(times: dict[str, Any]) -> str:
         ("startup_s", "start-up before it"), ("saving_s", "saving"),
         ("final_evaluation_s", "final evaluation")) if times.get(key) is not None]
     return f"{times['wall_s']:.1f} s" + (f" ({', '.join(parts)})" if parts else "")
-
-
-def process_seconds() -> float | None:
-    """Seconds since this process started (Linux's /proc), None where that is unknown: the
-    interpreter's start, imports and the config's composition before a run's own clock."""
-    import os
-
-    try:
-        with open("/proc/self/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def _epochs_row(summary: dict[str, Any]) -> str:
