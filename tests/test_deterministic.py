@@ -46,13 +46,15 @@ def test_the_summary_says_how_exact_a_run_is():
     assert exactness(False, "cpu", False, [], 32) is None
     exact = exactness(True, "cpu", False, [], 32)
     assert "oneDNN's CPU kernels off" in exact and "repeats bit for bit" in exact
-    assert ("with plain SGD, a run on 2 devices of 32 examples and one on 1 device with 2 "
-            "micro-batches of 32 (batch.accumulate=auto batch.max_per_replica=32) compute "
-            "the same sums and end within 1e-5") in exact
+    assert ("with plain SGD, a run on 2 devices or 2 workers of 32 examples and one on 1 "
+            "device with 2 micro-batches of 32 (batch.accumulate=auto "
+            "batch.max_per_replica=32) compute the same sums (two partial sums added) and "
+            "end within 1e-5") in exact
     assert "a ReLU or max-pooling comparison" in exact
-    # 2 workers against 1 (docs/several-machines.md measures it): the inputs are the same,
-    # the collective's sums are not
-    assert "other worker counts (a collective adds the workers' sums), differ" in exact
+    # 2 workers against 1 worker summing 64 at once (docs/several-machines.md measures it,
+    # tests/test_sharded_input.py tests the sums that agree): the inputs are the same, the
+    # sums are not
+    assert "other device and worker counts differ in their sums' last bits" in exact
     assert "oneDNN's CPU kernels on (TF_ENABLE_ONEDNN_OPTS=1" in exactness(
         True, "cpu", True, [], 32)
     dropout = exactness(True, "cpu", False, ["Dropout"], 32)

@@ -303,13 +303,13 @@ def exactness(deterministic: bool, kind: str, onednn: bool, random: list[str],
     if random:
         return text + (f"; other device counts do not: its {', '.join(random)} layers draw "
                        "each replica's share of the randomness on their own")
-    return text + ("; with plain SGD, a run on 2 devices of "
+    return text + ("; with plain SGD, a run on 2 devices or 2 workers of "
                    f"{micro_batch} examples and one on 1 device with 2 micro-batches of "
                    f"{micro_batch} (batch.accumulate=auto batch.max_per_replica={micro_batch})"
-                   " compute the same sums and end within 1e-5; other device counts, and"
-                   " other worker counts (a collective adds the workers' sums), differ in"
-                   " their sums' last bits, which a ReLU or max-pooling comparison can turn "
-                   "into a difference of about 1e-2 after an epoch")
+                   " compute the same sums (two partial sums added) and end within 1e-5;"
+                   " other device and worker counts differ in their sums' last bits, which a"
+                   " ReLU or max-pooling comparison can turn into a difference of about 1e-2"
+                   " after an epoch")
 
 
 FORWARD_LOSSES = ("the model adds losses in its forward pass (add_loss, an activity "
