@@ -129,38 +129,12 @@ def test_tfrecord_shards_of_an_image_folder_train_on_two_workers_like_one(
     assert_same_weights(run_dir, expected, atol=1e-5)
 
 
-def test_tfrecord_shards_resized_uncached_on_one_lane_train_on_two_workers_like_one(
-        tmp_path, launches, tiny_config):  # noqa: F811
-    """The axes the test above leaves: images resized (16 px written, 12 read), no cache,
-    one lane (every worker reads every record's bytes and decodes its positions), momentum
-    and a cosine decay, `deterministic=true`: 2 workers end within 1e-5 of 1 worker (at
-    lr 0.01; docs/several-machines.md measures 0.05)."""
-    folder = tmp_path / "images"
-    rng = np.random.default_rng(0)
-    for i in range(160):
-        image = rng.integers(0, 256, (16, 16, 3)).astype(np.uint8)
-        (folder / f"c{i % 4}").mkdir(parents=True, exist_ok=True)
-        (folder / f"c{i % 4}" / f"{i:04d}.png").write_bytes(tf.io.encode_png(image).numpy())
-    out = tmp_path / "records"
-    assert tfrecords.main([str(folder), str(out), "--shards", "4"]) == 0
-    batch = ["batch.per_replica=null", "batch.global_size=64", "epochs=2",
-             "optimizer.lr=0.01", "deterministic=true"]  # COMMON's sgd_momentum_cosine
-    data = ["dataset=tfrecord", f"dataset.path={out}", "dataset.image_size=12",
-            "dataset.cache=none"]
-    run_dir = tmp_path / "run"
-    launch = launches(2, *COMMON, *batch, *data, f"hydra.run.dir={run_dir}")
-    assert launch.wait(timeout=400) == 0, launch.output[-3000:]
-    expected = tmp_path / "alone"
-    train(tiny_config(*COMMON, "devices=1", "loop=custom", *batch, *data),
-          run_dir=expected)
-    assert_same_weights(run_dir, expected, atol=1e-5)
-
-
 def test_the_reported_tfrecord_case_on_two_workers_sums_as_one_worker_of_two_micro_batches(
         tmp_path, launches, monkeypatch):  # noqa: F811
     """The case reported as "TFRecord on 2 workers is not 1 worker": 600 random 32x32 PNGs
-    of 4 classes in 4 shards, read at 16 px, no cache, `deterministic=true`, global batch
-    64, the default network, 3 epochs. Each worker reads 1 worker's batches pixel for pixel
+    of 4 classes in 4 shards, read at 16 px (resized), no cache, one lane (every worker
+    reads every record's bytes and decodes its positions), momentum and a cosine decay,
+    `deterministic=true`, global batch 64, the default network, 3 epochs. Each worker reads 1 worker's batches pixel for pixel
     (tests/test_worker_inputs.py); what differs is the sum: 1 worker adds 64 gradients at
     once, 2 workers add 32 each and then the two. 1 worker adding two micro-batches of 32
     (`batch.accumulate=2`) computes the 2 workers' sums, and ends with their weights (1.5e-8

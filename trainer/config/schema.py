@@ -67,6 +67,9 @@ class ClusterConfig:
     # launched by SLURM or Kubernetes: a lost peer ends every worker with 75 ("start me
     # again") instead of 4, up to this many restarts (SLURM_RESTART_COUNT counts them)
     max_restarts: int = 0
+    # a Kubernetes Indexed Job's (or JobSet's) pod count, its completions: its pods form one
+    # cluster (0: they do not; an Indexed Job may be an array of independent runs)
+    size: int = 0
 
 
 # The optimizer node is open: `_target_` names any Keras optimizer class (or the user's), its

@@ -576,6 +576,7 @@ def _validate_healing(cfg: DictConfig) -> None:
     """`cluster.max_restarts` and `checkpoint.recover.max_trials`: whole numbers (the schema
     and the finite-number check above take care of `checkpoint.recover.loss_upper_bound`)."""
     _whole("cluster.max_restarts", cfg.cluster.get("max_restarts", 0))
+    _whole("cluster.size", cfg.cluster.get("size", 0))
     recover = cfg.checkpoint.recover
     trials = _whole("checkpoint.recover.max_trials", recover.max_trials)
     bound = recover.loss_upper_bound

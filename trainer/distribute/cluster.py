@@ -1,14 +1,16 @@
-"""The cluster of a multi-worker run, from `cluster.workers`, `TF_CONFIG` or SLURM; no
-TensorFlow.
+"""The cluster of a multi-worker run, from `cluster.workers`, `TF_CONFIG`, SLURM or a
+Kubernetes Indexed Job's pods; no TensorFlow.
 
-Cluster managers (Kubernetes TFJob, `python -m trainer.launch`) describe the cluster in the
-`TF_CONFIG` environment variable, as TensorFlow defines it:
+Cluster managers (`python -m trainer.launch`, Kubeflow's former TFJob) describe the cluster
+in the `TF_CONFIG` environment variable, as TensorFlow defines it:
 
     {"cluster": {"worker": ["host1:port", "host2:port"]}, "task": {"type": "worker", "index": 0}}
 
 `cluster.workers=[host1:port,host2:port] cluster.task_index=I` says the same on the command
 line and wins over `TF_CONFIG`. Without either, a SLURM job step (`srun`) is read from the
-environment SLURM gives each task (`slurm_cluster`): no `scontrol`, no hand-made TF_CONFIG.
+environment SLURM gives each task (`slurm_cluster`): no `scontrol`, no hand-made TF_CONFIG;
+with `cluster.size=N`, the N pods of a Kubernetes Indexed Job or JobSet from the index and
+names Kubernetes gives each pod (`kubernetes_cluster`, `trainer.distribute.pods`).
 Task 0 of the `chief` job, or worker 0 where there is no chief job, is the chief: the one
 worker that writes the run directory.
 
@@ -22,10 +24,13 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from trainer.config.errors import ConfigError
+from trainer.distribute import pods
 
 # TensorFlow's SlurmClusterResolver's default: worker ports on a node are base, base+1, ...
 DEFAULT_PORT_BASE = 8888
@@ -41,7 +46,8 @@ class Cluster:
         jobs: job name -> task addresses (`host:port`), for `chief` and `worker`.
         task_type: this process's job, `chief` or `worker`.
         task_index: this process's index within its job.
-        source: where it came from: `TF_CONFIG`, `cluster.workers` or `SLURM`.
+        source: where it came from: `TF_CONFIG`, `cluster.workers`, `SLURM` or
+            `Kubernetes`.
         local_index: SLURM only: this task's index on its node (`SLURM_LOCALID`).
         local_tasks: SLURM only: how many tasks of the step run on this node.
         evaluator: the evaluator's address where one validates beside the workers, else None.
@@ -165,10 +171,11 @@ def from_tf_config(text: str) -> Cluster | None:
 
 def resolve_cluster(workers: list[str], task_index: int, tf_config: str | None,
                     environ: Any = None, port_base: int = DEFAULT_PORT_BASE,
-                    evaluator: str | None = None) -> Cluster | None:
+                    evaluator: str | None = None, size: int = 0) -> Cluster | None:
     """The cluster of this run: `cluster.workers` if given, else `TF_CONFIG`, else a SLURM
-    job step of several tasks (from `environ`), else None. `evaluator` (`cluster.evaluator`)
-    adds an evaluator to a cluster that names none.
+    job step of several tasks (from `environ`), else the `size` pods of a Kubernetes Indexed
+    Job (`kubernetes_cluster`), else None. `evaluator` (`cluster.evaluator`) adds an
+    evaluator to a cluster that names none.
 
     Raises:
         ConfigError: `cluster.evaluator` without a cluster of workers to validate for.
@@ -179,11 +186,12 @@ def resolve_cluster(workers: list[str], task_index: int, tf_config: str | None,
     if tf_config:
         found = from_tf_config(tf_config)
     elif environ is not None:
-        found = slurm_cluster(environ, port_base)
+        found = slurm_cluster(environ, port_base) or kubernetes_cluster(environ, size,
+                                                                         port_base)
     if evaluator is not None and found is None:
         raise ConfigError("cluster.evaluator validates beside the workers of a multi-worker "
-                          "run; this run has no cluster (cluster.workers, TF_CONFIG or SLURM); "
-                          f"received: cluster.evaluator={evaluator}")
+                          "run; this run has no cluster (cluster.workers, TF_CONFIG, SLURM or "
+                          f"an Indexed Job's pods); received: cluster.evaluator={evaluator}")
     if evaluator is not None and found.evaluator is None:
         return replace(found, evaluator=_evaluator(evaluator))
     return found
@@ -199,7 +207,7 @@ def cluster_of_config(node: Any, environ: Any) -> Cluster | None:
         environ: the environment (`TF_CONFIG`, SLURM's variables).
     """
     found = resolve_cluster(list(node.workers), node.task_index, environ.get("TF_CONFIG"),
-                            environ, node.port_base, node.evaluator)
+                            environ, node.port_base, node.evaluator, node.get("size", 0) or 0)
     restarts = int(node.get("max_restarts", 0) or 0)
     return replace(found, max_restarts=restarts) if found is not None and restarts else found
 
@@ -351,6 +359,18 @@ def slurm_devices(devices: Any, cluster: Cluster | None, visible_gpus: int,
                           "GPUs: give each task a GPU (fewer --ntasks-per-node) or set devices")
     first = cluster.local_index * share
     return list(range(first, first + share))
+
+
+def kubernetes_cluster(environ: Any, size: int, port_base: int = DEFAULT_PORT_BASE,
+                       qualified: Callable[[str], str] = socket.getfqdn) -> Cluster | None:
+    """The cluster of the `size` pods of a Kubernetes Indexed Job or JobSet
+    (`cluster.size`), from the variables and names Kubernetes gives each pod
+    (`trainer.distribute.pods`); None where `size` < 2."""
+    found = pods.kubernetes_cluster(environ, size, port_base, qualified)
+    if found is None:
+        return None
+    workers, index = found
+    return Cluster({"worker": tuple(workers)}, "worker", index, "Kubernetes")
 
 
 def choose_communication(name: str, kind: str) -> str:

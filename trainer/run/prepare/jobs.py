@@ -52,7 +52,7 @@ def run_sweep_job(cfg: DictConfig, full_error: bool) -> Any:
     try:
         cluster = resolve_cluster(list(cfg.cluster.workers), cfg.cluster.task_index,
                                   os.environ.get("TF_CONFIG"), os.environ,
-                                  cfg.cluster.port_base)
+                                  cfg.cluster.port_base, size=cfg.cluster.get("size", 0) or 0)
     except ConfigError:
         cluster = None  # the job itself says what is wrong, and fails this trial only
     return run_job_in_subprocess(cfg, full_error, cluster)

@@ -119,7 +119,8 @@ def _cluster_of(spec: Spec, environ: Any) -> tuple[Spec, Cluster | None]:
     evaluator's (`trainer.run.prepare.sidecar.with_evaluator`)."""
     given = spec.cluster
     cluster = resolve_cluster(list(given.workers), given.task_index, environ.get("TF_CONFIG"),
-                              environ, given.port_base, given.evaluator)
+                              environ, given.port_base, given.evaluator,
+                              getattr(given, "size", 0) or 0)
     return with_evaluator(spec, cluster), cluster
 
 
