@@ -134,13 +134,15 @@ def test_the_reported_tfrecord_case_on_two_workers_sums_as_one_worker_of_two_mic
     """The case reported as "TFRecord on 2 workers is not 1 worker": 600 random 32x32 PNGs
     of 4 classes in 4 shards, read at 16 px (resized), no cache, one lane (every worker
     reads every record's bytes and decodes its positions), momentum and a cosine decay,
-    `deterministic=true`, global batch 64, the default network, 3 epochs. Each worker reads 1 worker's batches pixel for pixel
-    (tests/test_worker_inputs.py); what differs is the sum: 1 worker adds 64 gradients at
-    once, 2 workers add 32 each and then the two. 1 worker adding two micro-batches of 32
-    (`batch.accumulate=2`) computes the 2 workers' sums, and ends with their weights (1.5e-8
-    measured). Against 1 worker summing 64 at once this case ends 1.0e-3 apart with `seed=1`
-    and 1.5e-8 with `seed=4`, and the same images read as an image folder 1.5e-8 and 2.2e-4:
-    which order meets a max-pooling near-tie, not the source (docs/several-machines.md)."""
+    `deterministic=true`, global batch 64, the default network, 3 epochs.
+
+    Each worker reads 1 worker's batches pixel for pixel (tests/test_worker_inputs.py); what
+    differs is the sum: 1 worker adds 64 gradients at once, 2 workers add 32 each and then
+    the two. 1 worker adding two micro-batches of 32 (`batch.accumulate=2`) computes the 2
+    workers' sums and ends with their weights (1.5e-8 measured). Against 1 worker summing 64
+    at once this case ends 1.0e-3 apart with `seed=1` and 1.5e-8 with `seed=4`, and the same
+    images read as an image folder 1.5e-8 and 2.2e-4: which order meets a max-pooling
+    near-tie decides, not the source (docs/several-machines.md)."""
     folder = tmp_path / "images"
     rng = np.random.default_rng(0)
     for i in range(600):
