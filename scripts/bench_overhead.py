@@ -1,21 +1,27 @@
 """Steady training throughput of `trainer` vs. a plain hand-written Keras script.
 
 Both sides train the same model on the same synthetic data with MirroredStrategy over the
-same logical CPU devices, in one process, alternating (A B A B ...) because this machine's
-speed drifts by tens of percent within minutes. Each side's steady rate is
-the median over epochs 2..E of examples per second inside `fit`'s training steps; the result
-is the median of the per-pair ratios trainer / plain. Targets: trainer[fit] and
-trainer[custom] >= 0.98 of plain (both loops run the same exact step per replica; the custom
-loop only drives the epochs).
+same logical CPU devices. Each side runs in a fresh process of its own (a TensorFlow runtime
+keeps the graphs, functions and memory of every run before: in one process a later side
+would pay for the earlier ones), and the order alternates from pair to pair (plain first,
+then trainer first: this machine's speed drifts by tens of percent within minutes). Each
+side's steady rate is the median over epochs 2..E of examples per second inside `fit`'s
+training steps; the result is the median of the per-pair ratios trainer / plain, printed
+with every pair's ratio, each run's spread (its epochs' slowest and fastest rate against
+its median) and the load average before and after. Target: trainer[fit] and
+trainer[custom] >= 0.99 of plain.
 
-    python scripts/bench_overhead.py --devices 2 --pairs 3
+    python scripts/bench_overhead.py --devices 2 --pairs 5
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -26,6 +32,8 @@ def parse_args() -> argparse.Namespace:
     parser = base_parser(__doc__.splitlines()[0], per_replica=128)
     parser.add_argument("--loops", default="fit,custom",
                         help="trainer loops to compare with plain Keras, comma-separated")
+    # one side, in this process (the parent starts a process per side and run)
+    parser.add_argument("--side", default=None, help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
@@ -33,7 +41,7 @@ def base_parser(description: str, per_replica: int) -> argparse.ArgumentParser:
     """The arguments every trainer-vs-trainer benchmark takes."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--devices", type=int, default=2, help="logical CPU replicas")
-    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=4, help="epoch 1 (tracing) is not timed")
     parser.add_argument("--examples", type=int, default=4096)
     parser.add_argument("--per-replica", type=int, default=per_replica)
@@ -115,8 +123,9 @@ def run_trainer(args, loop: str) -> float:
     return run_trainer_timed(args, loop)[0]
 
 
-def run_trainer_timed(args, loop: str) -> tuple[float, float]:
-    """Steady examples/s and seconds from start to the end of the first step."""
+def run_trainer_timed(args, loop: str, probe=None) -> tuple[float, float]:
+    """Steady examples/s and seconds from start to the end of the first step (`probe`: the
+    callback timing it, which keeps each epoch's rate)."""
     from hydra import compose, initialize_config_dir
 
     from trainer.config.schema import config_dir
@@ -129,7 +138,7 @@ def run_trainer_timed(args, loop: str) -> tuple[float, float]:
                  f"batch.per_replica={args.per_replica}", "batch.drop_remainder=true"]
     if loop != "fit":
         overrides.append(f"loop={loop}")
-    probe = make_probe()
+    probe = probe or make_probe()
     with initialize_config_dir(str(config_dir()), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     with tempfile.TemporaryDirectory() as run_dir:
@@ -141,15 +150,16 @@ def run_plain(args) -> float:
     return run_plain_timed(args)[0]
 
 
-def run_plain_timed(args) -> tuple[float, float]:
-    """What a user writes from the MirroredStrategy tutorial, with the same model and data."""
+def run_plain_timed(args, probe=None) -> tuple[float, float]:
+    """What a user writes from the MirroredStrategy tutorial, with the same model and data
+    (`probe` as `run_trainer_timed`'s)."""
     import keras
     import numpy as np
     import tensorflow as tf
 
     from trainer.models import cnn, mobilenet
 
-    probe = make_probe()
+    probe = probe or make_probe()
     global_batch = args.per_replica * args.devices
     rng = np.random.default_rng(42)
     shape = (args.image_size, args.image_size, 3)
@@ -174,20 +184,59 @@ def run_plain_timed(args) -> tuple[float, float]:
     return steady_rate(probe, global_batch), probe.first_step
 
 
+def one_side(args) -> None:
+    """This process's side (`--side`): its steady rate and each epoch's, as a JSON line."""
+    start(args.devices)
+    probe = make_probe()
+    if args.side == "plain":
+        rate, _ = run_plain_timed(args, probe)
+    else:
+        rate, _ = run_trainer_timed(args, args.side, probe)
+    global_batch = args.per_replica * args.devices
+    print("RESULT " + json.dumps({"rate": rate,
+                                  "epochs": [r * global_batch for r in probe.rates[1:]]}),
+          flush=True)
+
+
+def in_fresh_process(side: str) -> dict:
+    """Runs one side in a process of its own; its result line."""
+    command = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--side", side]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=3600,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    found = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not found:
+        sys.exit(f"side {side} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(found[-1][len("RESULT "):])
+
+
+def spread(epochs: list[float]) -> str:
+    """A run's epochs' slowest and fastest rate against its median."""
+    middle = statistics.median(epochs)
+    return f"{min(epochs) / middle:.2f}-{max(epochs) / middle:.2f}"
+
+
 def main() -> None:
     args = parse_args()
-    start(args.devices)
+    if args.side is not None:
+        one_side(args)
+        return
     loops = args.loops.split(",")
     print(f"model={args.model} devices={args.devices} global batch="
-          f"{args.per_replica * args.devices} examples={args.examples} epochs={args.epochs}")
+          f"{args.per_replica * args.devices} examples={args.examples} epochs={args.epochs}; "
+          "each side in a fresh process, the order alternating")
+    load_before = os.getloadavg()
     ratios: dict[str, list[float]] = {loop: [] for loop in loops}
     for pair in range(args.pairs):
-        plain = run_plain(args)
-        line = [f"pair {pair + 1}: plain {plain:8.1f} ex/s"]
+        order = ["plain", *loops] if pair % 2 == 0 else [*loops, "plain"]
+        results = {side: in_fresh_process(side) for side in order}
+        plain = results["plain"]["rate"]
+        line = [f"pair {pair + 1} ({' then '.join(order)}): plain {plain:8.1f} ex/s "
+                f"(epochs {spread(results['plain']['epochs'])})"]
         for loop in loops:
-            ours = run_trainer(args, loop)
+            ours = results[loop]["rate"]
             ratios[loop].append(ours / plain)
-            line.append(f"trainer[{loop}] {ours:8.1f} ex/s (ratio {ours / plain:.3f})")
+            line.append(f"trainer[{loop}] {ours:8.1f} ex/s (epochs "
+                        f"{spread(results[loop]['epochs'])}, ratio {ours / plain:.3f})")
         print("  ".join(line), flush=True)
     for loop, values in ratios.items():
         print(f"median ratio trainer[{loop}] / plain over {args.pairs} pairs: "
@@ -196,6 +245,9 @@ def main() -> None:
         versus = [c / f for c, f in zip(ratios["custom"], ratios["fit"], strict=True)]
         print(f"median ratio trainer[custom] / trainer[fit]: {statistics.median(versus):.3f}  "
               f"(each: {', '.join(f'{r:.3f}' for r in versus)})")
+    after = os.getloadavg()
+    print(f"load average (1, 5, 15 min) before: {', '.join(f'{v:.2f}' for v in load_before)}; "
+          f"after: {', '.join(f'{v:.2f}' for v in after)}")
 
 
 if __name__ == "__main__":

@@ -48,10 +48,15 @@ SMOKE = {
     "bench_input.py": (["--images", "16", "--batch", "8", "--pairs", "1"],
                        [r"median ratio trainer / naive \(as written\) over 1 pairs: \d",
                         r"median ratio trainer / naive \(literal\) over 1 pairs: \d"]),
+    # a fresh process per side: it runs alone
     "bench_overhead.py": (TINY_RUN,
-                          [r"median ratio trainer\[fit\] / plain over 1 pairs: \d",
+                          [r"^pair 1 \(plain then fit then custom\): plain +[\d.]+ ex/s "
+                           r"\(epochs \d\.\d\d-\d\.\d\d\)",
+                           r"median ratio trainer\[fit\] / plain over 1 pairs: \d",
                            r"median ratio trainer\[custom\] / plain over 1 pairs: \d",
-                           r"median ratio trainer\[custom\] / trainer\[fit\]: \d"]),
+                           r"median ratio trainer\[custom\] / trainer\[fit\]: \d",
+                           r"^load average \(1, 5, 15 min\) before: [\d.]+, [\d.]+, [\d.]+; "
+                           r"after: \d"]),
     "bench_precision.py": (["--rounds", "1", "--epochs", "2", "--examples", "64", "--batch",
                             "16", "--model", "cnn", "--image-size", "8"],
                            [r"median throughput ratio mixed_bfloat16 / float32: \d",
@@ -79,7 +84,7 @@ SMOKE = {
 # script has changed Keras's state; bench_precision last: its mixed_bfloat16 runs set a
 # precision policy.
 TOGETHER = ("ulp_probe.py", "keras_contract.py", "bench_fingerprint.py", "bench_input.py",
-            "bench_overhead.py", "bench_accumulate.py", "bench_augment.py", "bench_backup.py",
+            "bench_accumulate.py", "bench_augment.py", "bench_backup.py",
             "bench_precision.py")
 # Each script as `python scripts/NAME ARGS` runs it, a line before and after each.
 RUN_TOGETHER = """
