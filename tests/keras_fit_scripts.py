@@ -137,3 +137,36 @@ def build():
 x, y = np.random.rand(64, 4).astype("float32"), np.random.randint(0, 3, 64)
 trainer.fit(build, x, y, epochs=1, devices=1, overrides=["logger=[]"], run_dir="run")
 '''
+
+
+# A porting.md block's form: `import keras` before `import trainer` (TensorFlow's C++ log
+# level read then), 2 replicas in this process; the script writes lines of its own to stderr.
+IMPORTED_FIRST = '''
+import json
+import sys
+
+import keras
+import numpy as np
+
+import trainer
+
+
+class Say(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        print(f"the script's own line, epoch {epoch}", file=sys.stderr, flush=True)
+
+
+def build():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+    model.compile(keras.optimizers.SGD(0.05), "sparse_categorical_crossentropy")
+    return model
+
+
+rng = np.random.default_rng(0)
+x = rng.normal(size=(64, 4)).astype("float32")
+y = (x[:, 0] > 0).astype("int32")
+result = trainer.fit(build, x, y, batch_size=16, epochs=2, validation_split=0.25,
+                     devices=2, accelerator="cpu", verbose=0, callbacks=[Say()],
+                     overrides=["logger=[]"])
+print("RESULT", json.dumps({"replicas": result.summary["replicas"]}))
+'''

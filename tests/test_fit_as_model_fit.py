@@ -18,19 +18,22 @@ import pytest
 
 import trainer
 from tests.conftest import error_lines
-from tests.keras_fit_scripts import COMPILED, DATASETS, HELD
+from tests.keras_fit_scripts import COMPILED, DATASETS, HELD, IMPORTED_FIRST
 from tests.test_multiworker import launches
 from trainer.api import FitCall, keras_data, keras_overrides
 
 __all__ = ["launches"]  # the fixture, imported for the tests below
 
 
-def _script(tmp_path: Path, text: str, *args: str) -> tuple[dict, str]:
-    """Runs a script as `python script.py ARGS` from an empty folder; its RESULT line and
-    its stderr."""
+def _script(tmp_path: Path, text: str, *args: str, **env_set: str) -> tuple[dict, str]:
+    """Runs a script as `python script.py ARGS` from an empty folder (the environment with
+    `env_set`, and without `TF_CPP_MIN_LOG_LEVEL` where it sets it to ""); its RESULT line
+    and its stderr."""
     path = tmp_path / "script.py"
     path.write_text(text)
     env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR",)}
+    env.update(env_set)
+    env = {k: v for k, v in env.items() if v != ""}
     done = subprocess.run([sys.executable, str(path), *args], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -52,6 +55,26 @@ def test_a_compiled_model_and_keras_arguments_train_as_model_fit(tmp_path, devic
     assert (found["epochs"], found["batches"]) == (2, 10)  # 160 examples at 32, 2 epochs
     assert found["batch"]["global"] == 32 and found["batch"]["per_replica"] == 32 // devices
     assert found["lr"]["base"] == found["lr"]["scaled"] == pytest.approx(0.05)
+
+
+@pytest.mark.long
+def test_a_script_that_imported_keras_first_shows_no_tensorflow_notices_during_the_run(
+        tmp_path):
+    """`import keras` before `import trainer` (every porting.md block): TensorFlow read its
+    C++ log level then, unset. On 2 replicas in the script's process, the run's C++ INFO
+    and WARNING lines (tf.data's notes on its generator dataset) and the no-GPU notice are
+    dropped as they arrive, while the script's own stderr lines come through, in order;
+    with `TRAINER_TF_LOGS=1` (nothing dropped) the same run shows those notes."""
+    found, stderr = _script(tmp_path, IMPORTED_FIRST, TF_CPP_MIN_LOG_LEVEL="")
+    assert found["replicas"] == 2
+    during = stderr[stderr.index("Could not find cuda drivers"):]  # after the import's
+    notices = re.compile(r"^[IWE]\d{4} .*(dataset\.cc|generator_dataset_op|cuda_platform)",
+                         re.M)
+    assert not notices.search(during), during[-3000:]
+    own = re.findall(r"^the script's own line, epoch (\d)$", stderr, re.M)
+    assert own == ["0", "1"], stderr[-3000:]
+    _, loud = _script(tmp_path, IMPORTED_FIRST, TF_CPP_MIN_LOG_LEVEL="", TRAINER_TF_LOGS="1")
+    assert re.search(r"^W\d{4} .*dataset\.cc", loud, re.M), loud[-3000:]
 
 
 @pytest.mark.long

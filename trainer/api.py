@@ -40,6 +40,7 @@ from trainer.config.outcome import as_overrides, one_error
 from trainer.config.overrides import is_multirun, sets, value
 from trainer.config.schema import register_configs
 from trainer.distribute.cluster import cluster_of_config
+from trainer.internals.tf_start import cpp_notices_dropped
 from trainer.run import process
 from trainer.run.prepare.place import RunPlace, checkpoints_at, is_url, opened
 from trainer.run.prepare.startup import Finished, start_composed
@@ -202,7 +203,8 @@ def _fit(call: FitCall) -> Result:
 
             model = builder_of(instance)
         extra = _callbacks(call.callbacks if call.callbacks is not None else ())
-        found = _fit_overrides(given, call.config_dir, call.run_dir, model, data, extra)
+        with cpp_notices_dropped():  # TensorFlow imported first: its C++ notices are on
+            found = _fit_overrides(given, call.config_dir, call.run_dir, model, data, extra)
     if instance is not None and isinstance(found, Result):
         _write_back(instance, found)
     return found

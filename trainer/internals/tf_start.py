@@ -13,8 +13,11 @@ TensorFlow import here: the command that starts TensorFlow decides when.
 imports TensorFlow itself after trainer (`import trainer; import tensorflow as tf`): the
 first import of `tensorflow` runs inside `stderr_filtered`, and TensorFlow's C++ INFO and
 WARNING lines are left out (`TF_CPP_MIN_LOG_LEVEL=2` unless set). A script that imported
-TensorFlow before trainer keeps what TensorFlow printed then; `TRAINER_TF_LOGS=1` shows
-everything.
+TensorFlow before trainer (`import keras` first) keeps what TensorFlow printed then, and its
+TensorFlow reads `TF_CPP_MIN_LOG_LEVEL` once, at that import: `imported_loud` says so, and
+`trainer.fit` then runs inside `cpp_notices_dropped`, which drops those INFO and WARNING
+lines as they arrive (what the level would have), passing every other line on at once.
+`TRAINER_TF_LOGS=1` shows everything.
 
 `optional_parts_deferred` runs that import with two of Keras's public modules loaded on first
 use rather than at import: `keras.wrappers` (its scikit-learn wrappers import scikit-learn and
@@ -206,11 +209,87 @@ class _QuietTensorFlow(importlib.abc.MetaPathFinder):
         return spec
 
 
+# Set by `quiet_when_imported`: TensorFlow was imported before trainer, with no
+# `TF_CPP_MIN_LOG_LEVEL` (its C++ INFO and WARNING lines are on for the process's life).
+_LOUD: list[bool] = []
+# A C++ log record's first line: severity, date, time, thread, file:line.
+CPP_RECORD = re.compile(rb"^([IWEF])\d{4} [\d:.]+\s+\d+ \S+:\d+\] ")
+
+
+def imported_loud() -> bool:
+    """Whether TensorFlow was imported before trainer with its C++ notices on (see the
+    module's doc)."""
+    return bool(_LOUD)
+
+
 def quiet_when_imported() -> None:
     """Makes a later first `import tensorflow` in this process quiet (see the module's doc);
-    nothing where TensorFlow is imported already, or `TRAINER_TF_LOGS=1`. Idempotent."""
-    if "tensorflow" in sys.modules or os.environ.get(SWITCH) == "1":
+    nothing where TensorFlow is imported already (noted, where its C++ notices are on), or
+    `TRAINER_TF_LOGS=1`. Idempotent."""
+    if os.environ.get(SWITCH) == "1":
+        return
+    if "tensorflow" in sys.modules:
+        if "TF_CPP_MIN_LOG_LEVEL" not in os.environ and not _LOUD:
+            _LOUD.append(True)
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if not any(isinstance(finder, _QuietTensorFlow) for finder in sys.meta_path):
         sys.meta_path.insert(0, _QuietTensorFlow())
+
+
+def _kept(line: bytes) -> bool:
+    """Whether a line of descriptor 2 is shown: all but C++ INFO and WARNING records and the
+    start-up notices."""
+    found = CPP_RECORD.match(line)
+    if found is not None and found.group(1) in (b"I", b"W"):
+        return False
+    return not is_noise(line.decode("utf-8", errors="replace"))
+
+
+def _pump(source: int, target: int) -> None:
+    """Copies `source` to `target` line by line, without the lines `_kept` drops; a line's
+    start that cannot be a C++ record goes on before its end arrives (a prompt)."""
+    pending = b""
+    while True:
+        try:
+            chunk = os.read(source, 65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            break
+        *lines, pending = (pending + chunk).split(b"\n")
+        out = b"".join(line + b"\n" for line in lines if _kept(line))
+        if pending and not re.match(rb"^[IWEF]\d{0,4}( |$)", pending[:6]):
+            out, pending = out + pending, b""
+        if out:
+            os.write(target, out)
+    if pending and _kept(pending):
+        os.write(target, pending)
+    os.close(source)
+
+
+@contextmanager
+def cpp_notices_dropped() -> Iterator[None]:
+    """Runs the block with descriptor 2 read by a thread that drops TensorFlow's C++ INFO
+    and WARNING lines (and the start-up notices) as they arrive and passes every other line
+    on at once: `TF_CPP_MIN_LOG_LEVEL=2` for a TensorFlow that read its level before it was
+    set. Nothing where `imported_loud` is false."""
+    if not imported_loud():
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    source, sink = os.pipe()
+    pump = threading.Thread(target=_pump, args=(source, saved), daemon=True,
+                            name="trainer-stderr")
+    os.dup2(sink, 2)
+    os.close(sink)
+    pump.start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)  # the pipe's last writer closes: the thread drains it and ends
+        pump.join(timeout=5.0)  # a process started in the block may still hold the pipe
+        if not pump.is_alive():
+            os.close(saved)
