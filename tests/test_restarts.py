@@ -260,31 +260,3 @@ def test_a_run_at_a_url_survives_two_kills_in_different_epochs(tmp_path, launche
     assert [n for n, _ in said] == ["1", "2"] and said[0][1] != said[1][1], said
     summary = json.loads(s3.fs.cat_file(f"{BUCKET}/runs/twice/summary.json"))
     assert summary["restarts"]["count"] == 2 and summary["epochs_done"] == 3
-
-
-@pytest.mark.multiworker
-def test_a_chief_killed_after_the_last_epochs_backup_is_finished_by_its_restart(
-        tmp_path, launches, tiny_config):
-    """The chief SIGKILLed once the last epoch's backup is complete (in the final
-    evaluation): the restart finishes the run (nothing left to train, the final evaluation
-    and the summary) with the uninterrupted run's weights and history."""
-    batch = ["batch.per_replica=null", "batch.global_size=64", "epochs=2", "optimizer.lr=0.01",
-             "deterministic=true"]
-    run_dir = tmp_path / "run"
-    launch = launches(2, *SIGNALLED, *batch, f"hydra.run.dir={run_dir}", "--max-restarts", "1",
-                      grace=10)
-    last = run_dir / "backup" / "ckpt-000002-000000000" / "state.json"
-    deadline = time.monotonic() + 240
-    while not last.exists():
-        assert launch.proc.poll() is None and time.monotonic() < deadline, launch.output[-3000:]
-        time.sleep(0.05)
-    os.kill(launch.worker_pid(0), signal.SIGKILL)
-    assert launch.wait(timeout=300) == 0, launch.output[-3000:]
-    assert "[launch] restart 1 of 1" in launch.output
-    summary = json.loads((run_dir / "summary.json").read_text())
-    expected = reference(tmp_path, tiny_config, "one", *batch, signalled=True)
-    assert_same_weights(run_dir, expected, atol=1e-5)
-    uninterrupted = json.loads((expected / "summary.json").read_text())
-    for key, values in uninterrupted["history"].items():
-        assert summary["history"][key] == pytest.approx(values, abs=1e-5), key
-    assert summary["test_metrics"] == pytest.approx(uninterrupted["test_metrics"], abs=1e-5)
