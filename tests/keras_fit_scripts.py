@@ -170,3 +170,78 @@ result = trainer.fit(build, x, y, batch_size=16, epochs=2, validation_split=0.25
                      overrides=["logger=[]"])
 print("RESULT", json.dumps({"replicas": result.summary["replicas"]}))
 '''
+
+
+# keras.io's VAE as written (docs/porting.md's block), ported: `vae.fit(` -> `trainer.fit(vae, `.
+VAE = '''
+import json
+import sys
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import trainer
+
+mnist_digits = np.random.default_rng(0).random((256, 28, 28, 1)).astype("float32")
+
+class Sampling(keras.layers.Layer):
+    def call(self, inputs):
+        z_mean, z_log_var = inputs
+        epsilon = tf.random.normal(shape=tf.shape(z_mean))
+        return z_mean + tf.exp(0.5 * z_log_var) * epsilon
+
+latent_dim = 2
+encoder_inputs = keras.Input(shape=(28, 28, 1))
+x = keras.layers.Conv2D(32, 3, activation="relu", strides=2, padding="same")(encoder_inputs)
+x = keras.layers.Conv2D(64, 3, activation="relu", strides=2, padding="same")(x)
+x = keras.layers.Dense(16, activation="relu")(keras.layers.Flatten()(x))
+z_mean = keras.layers.Dense(latent_dim, name="z_mean")(x)
+z_log_var = keras.layers.Dense(latent_dim, name="z_log_var")(x)
+z = Sampling()([z_mean, z_log_var])
+encoder = keras.Model(encoder_inputs, [z_mean, z_log_var, z], name="encoder")
+latent_inputs = keras.Input(shape=(latent_dim,))
+x = keras.layers.Dense(7 * 7 * 64, activation="relu")(latent_inputs)
+x = keras.layers.Reshape((7, 7, 64))(x)
+x = keras.layers.Conv2DTranspose(64, 3, activation="relu", strides=2, padding="same")(x)
+x = keras.layers.Conv2DTranspose(32, 3, activation="relu", strides=2, padding="same")(x)
+decoder_outputs = keras.layers.Conv2DTranspose(1, 3, activation="sigmoid", padding="same")(x)
+decoder = keras.Model(latent_inputs, decoder_outputs, name="decoder")
+
+class VAE(keras.Model):
+    def __init__(self, encoder, decoder, **kwargs):
+        super().__init__(**kwargs)
+        self.encoder, self.decoder = encoder, decoder
+        self.total_loss_tracker = keras.metrics.Mean(name="total_loss")
+        self.kl_loss_tracker = keras.metrics.Mean(name="kl_loss")
+
+    @property
+    def metrics(self):
+        return [self.total_loss_tracker, self.kl_loss_tracker]
+
+    def train_step(self, data):
+        with tf.GradientTape() as tape:
+            z_mean, z_log_var, z = self.encoder(data)
+            reconstruction = self.decoder(z)
+            reconstruction_loss = tf.reduce_mean(tf.reduce_sum(
+                keras.losses.binary_crossentropy(data, reconstruction), axis=(1, 2)))
+            kl_loss = -0.5 * (1 + z_log_var - tf.square(z_mean) - tf.exp(z_log_var))
+            kl_loss = tf.reduce_mean(tf.reduce_sum(kl_loss, axis=1))
+            total_loss = reconstruction_loss + kl_loss
+        grads = tape.gradient(total_loss, self.trainable_weights)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_weights))
+        self.total_loss_tracker.update_state(total_loss)
+        self.kl_loss_tracker.update_state(kl_loss)
+        return {"loss": self.total_loss_tracker.result(),
+                "kl_loss": self.kl_loss_tracker.result()}
+
+vae = VAE(encoder, decoder)
+vae.compile(optimizer=keras.optimizers.Adam())
+before = [w.copy() for w in vae.get_weights()]
+result = trainer.fit(vae, mnist_digits, epochs=1, batch_size=128, devices=int(sys.argv[1]),
+                     accelerator="cpu", verbose=0, overrides=["logger=[]"])
+print("RESULT", json.dumps({
+    "replicas": result.summary["replicas"], "loss": result.history["loss"],
+    "batch": result.summary["batch"]["global"],
+    "moved": max(float(np.abs(a - b).max()) for a, b in zip(before, vae.get_weights()))}))
+'''

@@ -18,7 +18,7 @@ import pytest
 
 import trainer
 from tests.conftest import error_lines
-from tests.keras_fit_scripts import COMPILED, DATASETS, HELD, IMPORTED_FIRST
+from tests.keras_fit_scripts import COMPILED, DATASETS, HELD, IMPORTED_FIRST, VAE
 from tests.test_multiworker import launches
 from trainer.api import FitCall, keras_data, keras_overrides
 
@@ -55,6 +55,20 @@ def test_a_compiled_model_and_keras_arguments_train_as_model_fit(tmp_path, devic
     assert (found["epochs"], found["batches"]) == (2, 10)  # 160 examples at 32, 2 epochs
     assert found["batch"]["global"] == 32 and found["batch"]["per_replica"] == 32 // devices
     assert found["lr"]["base"] == found["lr"]["scaled"] == pytest.approx(0.05)
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("devices", [1, 2])
+def test_keras_ios_vae_as_written_trains_and_its_weights_come_back(tmp_path, devices):
+    """keras.io's VAE, a subclassed model without `get_config` whose constructor takes its
+    encoder and decoder, given to `trainer.fit` as `vae.fit` takes it: rebuilt from its
+    parts in the strategy's scope (in a fresh process on 2 replicas: the script built its
+    model with TensorFlow's one device), trained, its weights back in `vae`."""
+    found, stderr = _script(tmp_path, VAE, str(devices))
+    assert found["replicas"] == devices and found["batch"] == 128
+    assert len(found["loss"]) == 1 and found["loss"][0] == found["loss"][0]  # not NaN
+    assert found["moved"] > 0
+    assert "UserWarning" not in stderr, stderr[-3000:]
 
 
 @pytest.mark.long

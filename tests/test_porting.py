@@ -162,7 +162,7 @@ def test_the_docs_table_of_changed_lines_is_what_the_ports_change():
     rows = re.findall(r"^\| ([^|]+?) \| (\d+) \| (\d+) \|$", text, re.M)
     names = {"structured data": "structured", "text": "text",
              "time series (a callback)": "timeseries", "images": "images",
-             "VAE (a model function)": "vae", "functional API, two outputs": "functional"}
+             "VAE": "vae", "functional API, two outputs": "functional"}
     assert [row[0] for row in rows] == list(names)
     for shown, changed, raw in rows:
         before, after = found[f"{names[shown]}/keras"], found[f"{names[shown]}/trainer"]

@@ -12,8 +12,11 @@ the strategy's scope like any model builder, the same way in this process and in
 one (the function and its objects travel by value). `write_back` puts the trained weights
 into the caller's instance afterwards, as `model.fit` leaves them in it.
 
-What cannot be taken is one line before any training: a subclassed model without
-`get_config` (Keras cannot rebuild it), naming what to pass instead.
+A subclassed model Keras cannot save because its constructor takes Keras objects and the
+class has no `get_config` (keras.io's `VAE(encoder, decoder)`) is rebuilt from its
+constructor's parts instead (`_constructor_parts`): each argument read back from the model's
+attribute of the same name, each Keras part taken by value. What cannot be taken either way
+is one line before any training, naming what to pass instead.
 """
 
 from __future__ import annotations
@@ -46,14 +49,18 @@ def builder_of(model: keras.Model) -> Callable[[], keras.Model]:
     Raises:
         ConfigError: the model cannot be saved and rebuilt by Keras (one line).
     """
+    _built_by_parts(model)
     with tempfile.TemporaryDirectory(prefix="trainer-model-") as folder:
         path = Path(folder) / NAME
         try:
             model.save(path)
         except Exception as error:  # noqa: BLE001 - Keras's reasons vary; one line
-            raise ConfigError(_unsavable(model, error)) from None
+            parts = _constructor_parts(model)
+            if parts is None:
+                raise ConfigError(_unsavable(model, error)) from None
+            return _builder_of_parts(model, parts)
         snapshot = path.read_bytes()
-        custom = custom_objects(path)
+        custom = {**classes_of_main(model), **custom_objects(path)}
     name = model.name
 
     def rebuild() -> keras.Model:
@@ -70,6 +77,83 @@ def builder_of(model: keras.Model) -> Callable[[], keras.Model]:
     return rebuild
 
 
+def _constructor_parts(model: keras.Model) -> dict[str, Any] | None:
+    """A subclassed model Keras cannot configure because its constructor takes Keras objects
+    (keras.io's `VAE(encoder, decoder)`): each of the constructor's arguments read back from
+    the model's attribute of the same name, where every required one is there as a Keras
+    layer or model, or a number, string, bool or None; else None."""
+    import inspect
+
+    parts = {}
+    for name, param in inspect.signature(type(model).__init__).parameters.items():
+        if name == "self" or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        value = getattr(model, name, param.default)
+        if value is param.empty:
+            return None
+        if not isinstance(value, keras.layers.Layer | str | int | float | bool | type(None)):
+            return None
+        parts[name] = value
+    return parts if any(isinstance(v, keras.layers.Layer) for v in parts.values()) else None
+
+
+def _builder_of_parts(model: keras.Model, parts: dict[str, Any]) -> Callable[[], keras.Model]:
+    """A builder for a model of `_constructor_parts`: each Keras part taken by value as its
+    own `.keras` snapshot (its weights with it), the class called with them, compiled as the
+    model was (its compile arguments; the optimizer's state starts afresh)."""
+    snapshots, custom = {}, {}
+    with tempfile.TemporaryDirectory(prefix="trainer-model-") as folder:
+        for name, value in parts.items():
+            if isinstance(value, keras.layers.Layer):
+                path = Path(folder) / f"{name}.keras"
+                try:
+                    keras.Sequential([value]).save(path) if not isinstance(
+                        value, keras.Model) else value.save(path)
+                except Exception as error:  # noqa: BLE001 - Keras's reasons vary; one line
+                    raise ConfigError(_unsavable(model, error)) from None
+                snapshots[name] = path.read_bytes()
+                custom.update({**classes_of_main(value), **custom_objects(path)})
+    plain = {k: v for k, v in parts.items() if k not in snapshots}
+    cls, compiled = type(model), model.get_compile_config() if model.compiled else None
+    name = model.name
+
+    def rebuild() -> keras.Model:
+        """The model given to trainer.fit, rebuilt from its constructor's parts."""
+        with tempfile.TemporaryDirectory(prefix="trainer-model-") as there:
+            loaded = {}
+            for part, snapshot in snapshots.items():
+                saved = Path(there) / f"{part}.keras"
+                saved.write_bytes(snapshot)
+                loaded[part] = keras.saving.load_model(saved, custom_objects=custom,
+                                                       compile=False, safe_mode=False)
+        rebuilt = cls(**plain, **loaded, name=name)
+        _built_by_parts(rebuilt)
+        if compiled is not None:
+            rebuilt.compile_from_config(compiled)
+        return rebuilt
+
+    rebuild.__qualname__ = rebuild.__name__ = f"rebuild_{name}"
+    rebuild.described = f"{name}, a {cls.__name__} given as a model (rebuilt from its parts)"
+    _check_loads(rebuild, model)
+    return rebuild
+
+
+def classes_of_main(layer: keras.layers.Layer) -> dict[str, Any]:
+    """The classes of a script's `__main__` (`__module__` "__main__") among a model's and
+    its layers', nested models' included, by their registered names: found on the objects
+    themselves, so also where the script's namespace is not `sys.modules["__main__"]` (code
+    run by `exec`, a notebook's kernel)."""
+    found: dict[str, Any] = {}
+    stack = [layer]
+    while stack:
+        item = stack.pop()
+        cls = type(item)
+        if cls.__module__ == "__main__":
+            found[keras.saving.get_registered_name(cls)] = cls
+        stack.extend(getattr(item, "layers", None) or [])
+    return found
+
+
 def custom_objects(path: Path) -> dict[str, Any]:
     """The objects a saved model's config names in `__main__` (the script's own classes and
     functions), which a fresh process cannot import by name: `{registered name: object}`,
@@ -79,7 +163,9 @@ def custom_objects(path: Path) -> dict[str, Any]:
     main = sys.modules.get("__main__")
     found = {}
     for node in _nodes(config):
-        if node.get("module") != "__main__" or main is None:
+        # Keras records a class of `__main__` with module None (serialization_lib's
+        # `record_object_after_serialization`), a function with `__main__`
+        if node.get("module", "") not in ("__main__", None) or main is None:
             continue
         name = node.get("registered_name") or node.get("class_name")
         attr = node.get("config") if node.get("class_name") == "function" else node.get(
@@ -120,5 +206,18 @@ def _unsavable(model: keras.Model, error: BaseException) -> str:
 
 def write_back(model: keras.Model, checkpoint: str | Path) -> None:
     """The trained weights (a run's `last.keras`) into the caller's instance, as
-    `model.fit` leaves them in it."""
+    `model.fit` leaves them in it. A model without `call` whose parts are built (keras.io's
+    VAE) is never built itself, and Keras loads no weights into an unbuilt model: its
+    variables are its parts', so it is marked built first."""
+    _built_by_parts(model)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and not optimizer.built and model.trainable_variables:
+        # its state after training comes back too, as `model.fit` leaves it
+        optimizer.build(model.trainable_variables)
     model.load_weights(str(checkpoint))
+
+
+def _built_by_parts(model: keras.Model) -> None:
+    """Marks built a model whose variables are all its built parts' (see `write_back`)."""
+    if not model.built and model.layers and all(layer.built for layer in model.layers):
+        model.built = True
