@@ -179,14 +179,16 @@ def test_the_printed_summary_shows_from_logits_and_the_users_callbacks(tmp_path,
 
 
 @pytest.mark.multiworker
-@pytest.mark.parametrize("script", ["compiled", "datasets"])
+@pytest.mark.parametrize("script", ["compiled", "datasets", "vae"])
 def test_the_ported_scripts_train_on_two_workers(tmp_path, launches, script):
     """`python -m trainer.launch --workers 2 script.py`: each worker's `trainer.fit` runs in
     a fresh process (its multi-worker strategy must come first), with the script's model,
     module-level datasets and callbacks by value. The compiled model's weights on the chief
     are `model.fit`'s on one device (1e-5); every worker's callback saw every epoch and
-    batch."""
-    (tmp_path / "script.py").write_text({"compiled": COMPILED, "datasets": DATASETS}[script])
+    batch. keras.io's VAE, rebuilt from its parts, trains; its weights come back on the
+    chief."""
+    (tmp_path / "script.py").write_text({"compiled": COMPILED, "datasets": DATASETS,
+                                         "vae": VAE}[script])
     launch = launches(2, "script.py", "1")
     assert launch.wait(timeout=300) == 0, launch.output[-3000:]
     found = {int(index): json.loads(text) for index, text in
@@ -196,6 +198,8 @@ def test_the_ported_scripts_train_on_two_workers(tmp_path, launches, script):
     if script == "compiled":
         assert found[0]["diff"] <= 1e-5
         assert all((f["epochs"], f["batches"]) == (2, 10) for f in found.values())
+    elif script == "vae":
+        assert found[0]["moved"] > 0 and found[0]["batch"] == 128
     else:
         assert all(f["steps"] == 3 for f in found.values())
 
