@@ -71,6 +71,50 @@ def test_keras_ios_vae_as_written_trains_and_its_weights_come_back(tmp_path, dev
     assert "UserWarning" not in stderr, stderr[-3000:]
 
 
+# keras.io's structured-data example's data as it loads them: module-level `tf.data`
+# datasets of (dict of columns, 0/1 target) in batches of 32, made before the port's block.
+STRUCTURED_DATA = """
+import json
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+rng = np.random.default_rng(0)
+
+
+def split(n):
+    features = {"age": rng.normal(50, 9, n).astype("float32"),
+                "chol": rng.normal(240, 40, n).astype("float32"),
+                "sex": rng.integers(0, 2, n).astype("int64"),
+                "cp": rng.integers(0, 4, n).astype("int64")}
+    labels = rng.integers(0, 2, size=(n,)).astype("int64")
+    return tf.data.Dataset.from_tensor_slices((features, labels)).batch(32)
+
+
+train_ds, val_ds = split(64), split(32)
+numeric_features, categorical_features = ["age", "chol"], ["sex", "cp"]
+"""
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("devices", [1, 2])
+def test_the_structured_data_port_as_docs_show_it_runs_as_a_script(tmp_path, devices):
+    """docs/porting.md's structured-data block as written (lookups adapted on module-level
+    datasets), after its data, as `python script.py`: one quiet epoch on `devices`."""
+    from tests.test_porting import ports
+
+    block = ports()["structured/trainer"]
+    assert "epochs=50" in block and "devices=2)" in block
+    block = block.replace("epochs=50", "epochs=1").replace(
+        "devices=2)", "devices=int(sys.argv[1]), accelerator='cpu', verbose=0, "
+        "overrides=['logger=[]'])")
+    script = (STRUCTURED_DATA + block + '\nprint("RESULT", json.dumps({"replicas": '
+              'result.summary["replicas"], "loss": result.history["loss"]}))\n')
+    found, _ = _script(tmp_path, script, str(devices))
+    assert found["replicas"] == devices and len(found["loss"]) == 1
+
+
 @pytest.mark.long
 def test_a_script_that_imported_keras_first_shows_no_tensorflow_notices_during_the_run(
         tmp_path):
