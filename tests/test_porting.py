@@ -11,6 +11,7 @@ labels where the example has them), as keras.io loads it.
 from __future__ import annotations
 
 import difflib
+import json
 import re
 
 import numpy as np
@@ -19,6 +20,9 @@ import tensorflow as tf
 
 import trainer
 from tests.conftest import REPO
+from tests.test_multiworker import launches
+
+__all__ = ["launches"]  # the fixture, imported for the test below
 
 # The most lines a port may change (indentation aside).
 MOST_CHANGED = 5
@@ -104,6 +108,35 @@ def functional() -> dict:
             "dept_targets": rng.integers(2, size=(n, 4))}
 
 
+def tf_distributed() -> dict:
+    """MNIST as `tfds.load("mnist", as_supervised=True)` gives it: unbatched (28x28x1 uint8
+    image, int64 label) pairs."""
+    rng = np.random.default_rng(6)
+
+    def split(n):
+        pixels = rng.integers(0, 256, size=(n, 28, 28, 1)).astype("uint8")
+        return tf.data.Dataset.from_tensor_slices((pixels, rng.integers(0, 10, n)))
+
+    return {"mnist_train": split(256), "mnist_test": split(64)}
+
+
+# The multi-worker tutorial reads TF_CONFIG: it runs on 2 workers (its own test below), not
+# in this process; its data are MNIST's as `tf.keras.datasets.mnist.load_data` loads them.
+MNIST_LOADED = """
+import numpy as np
+import tensorflow as tf
+
+
+def _load_data():
+    rng = np.random.default_rng(7)
+    x = rng.integers(0, 256, size=(512, 28, 28)).astype("uint8")
+    y = rng.integers(0, 10, size=512).astype("uint8")
+    return (x, y), (x[:64], y[:64])
+
+
+tf.keras.datasets.mnist.load_data = _load_data  # no download here
+"""
+
 EXAMPLES = {
     "structured": structured,
     "text": text,
@@ -111,6 +144,8 @@ EXAMPLES = {
     "images": images,
     "vae": vae,
     "functional": functional,
+    "tf_distributed": tf_distributed,
+    "multiworker": None,
 }
 
 
@@ -124,6 +159,8 @@ def test_every_example_of_the_doc_is_tested_and_ports_in_few_lines():
 
 def _cases():
     for name in EXAMPLES:
+        if EXAMPLES[name] is None:
+            continue  # on several workers: its own test
         for devices in (1, 2):
             yield pytest.param(name, devices, id=f"{name}-{devices}")
 
@@ -162,10 +199,32 @@ def test_the_docs_table_of_changed_lines_is_what_the_ports_change():
     rows = re.findall(r"^\| ([^|]+?) \| (\d+) \| (\d+) \|$", text, re.M)
     names = {"structured data": "structured", "text": "text",
              "time series (a callback)": "timeseries", "images": "images",
-             "VAE": "vae", "functional API, two outputs": "functional"}
+             "VAE": "vae", "functional API, two outputs": "functional",
+             "TensorFlow's distributed Keras tutorial": "tf_distributed",
+             "TensorFlow's multi-worker tutorial": "multiworker"}
     assert [row[0] for row in rows] == list(names)
     for shown, changed, raw in rows:
         before, after = found[f"{names[shown]}/keras"], found[f"{names[shown]}/trainer"]
         diff = difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0)
         counted = sum(1 for d in diff if d[:1] in "+-" and not d.startswith(("+++", "---")))
         assert (int(changed), int(raw)) == (changed_lines(before, after), counted), shown
+
+
+@pytest.mark.multiworker
+def test_the_multi_worker_tutorials_port_trains_on_two_workers_as_written(tmp_path, launches):
+    """The tutorial's port as written (its own `TF_CONFIG` reading included), one quiet short
+    epoch, as `python -m trainer.launch --workers 2 script.py`: each worker joins the
+    cluster, the global batch is the script's 64 per worker on 2."""
+    block = ports()["multiworker/trainer"]
+    assert "epochs=3,\n                     steps_per_epoch=70)" in block
+    block = block.replace("epochs=3,\n                     steps_per_epoch=70)",
+                          "epochs=1, steps_per_epoch=2, verbose=0, overrides=['logger=[]'])")
+    (tmp_path / "script.py").write_text(
+        MNIST_LOADED + block + '\nprint("RESULT", json.dumps({"replicas": '
+        'result.summary["replicas"], "batch": result.summary["batch"]["global"], '
+        '"steps": result.summary["steps_per_epoch"]}))\n')
+    launch = launches(2, "script.py")
+    assert launch.wait(timeout=300) == 0, launch.output[-3000:]
+    found = [json.loads(text) for text in re.findall(r"^\[worker \d\] RESULT (.*)$",
+                                                     launch.output, re.M)]
+    assert found == [{"replicas": 2, "batch": 128, "steps": 2}] * 2, launch.output[-3000:]
