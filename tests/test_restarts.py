@@ -20,6 +20,7 @@ from trainer.distribute.restarts import (
     restart_pause,
     restart_refusal,
     steps_again,
+    workers_left,
 )
 
 __all__ = ["launches", "s3"]  # the fixtures, imported for the tests below
@@ -133,6 +134,64 @@ def test_a_negative_max_restarts_is_one_line(capsys):
 
     assert main(["--workers", "2", "--max-restarts", "-1"]) == 2
     assert capsys.readouterr().err == "error: --max-restarts must be 0 or more; received: -1\n"
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--min-workers", "3"], "--min-workers must be 1 to --workers (2); received: 3"),
+    (["--min-workers", "0"], "--min-workers must be 1 to --workers (2); received: 0"),
+    (["--min-workers", "1"], "--min-workers 1 goes on with fewer workers at a restart; give "
+                             "--max-restarts N too"),
+])
+def test_a_bad_min_workers_is_one_line_and_nothing_starts(capsys, tmp_path, args, said):
+    from trainer.distribute.launch import main
+
+    assert main(["--workers", "2", *args, f"hydra.run.dir={tmp_path / 'run'}"]) == 2
+    assert capsys.readouterr().err == f"error: {said}\n"
+    assert not (tmp_path / "run").exists()
+
+
+def test_only_workers_killed_are_left_out_and_never_below_the_floor():
+    # each worker's exit code: SIGKILL (-9, or 137 from a shell) is a machine gone for good
+    assert workers_left([-9, 0], 2, 1) == 1
+    assert workers_left([0, 137, 0, 0], 4, 2) == 3
+    assert workers_left([1, 4], 2, 1) == 2  # a crash, a lost peer: every worker restarts
+    assert workers_left([-9, -9], 2, 1) == 2  # below the floor: all start again
+    assert workers_left([-9, 0], 2, 2) == 2  # --min-workers = --workers: as before
+
+
+@pytest.mark.multiworker
+def test_a_worker_lost_for_good_leaves_the_run_to_the_others_at_the_same_global_batch(
+        tmp_path, launches, tiny_config):
+    """`--max-restarts 1 --min-workers 1`: worker 1 SIGKILLed mid-epoch (its machine gone)
+    is not started again; the chief resumes alone from the last backup, at the same global
+    batch of 64, and ends with the weights and history of the same training on 1 device
+    never stopped (1e-5), saying in its summary that it went on with fewer workers."""
+    batch = ["batch.per_replica=null", "batch.global_size=64", "epochs=2", "optimizer.lr=0.01",
+             "deterministic=true", "checkpoint.backup_every=5"]
+    run_dir = tmp_path / "run"
+    launch = launches(2, *COMMON, *batch, f"hydra.run.dir={run_dir}", "--max-restarts", "1",
+                      "--min-workers", "1", grace=10)
+    deadline = time.monotonic() + 240
+    while not any(p.name.startswith("ckpt-000001-") and not p.name.endswith("-000000000")
+                  for p in (run_dir / "backup").glob("*")):
+        assert launch.proc.poll() is None and time.monotonic() < deadline, launch.output[-3000:]
+        time.sleep(0.05)
+    os.kill(launch.worker_pid(1), signal.SIGKILL)
+    assert launch.wait(timeout=300) == 0, launch.output[-3000:]
+    output = launch.output
+    assert ("[launch] going on without the 1 worker(s) killed (gone for good): 1 of 2 from "
+            "now on, at the same global batch") in output, output[-3000:]
+    assert output.count("[launch] 1 workers on") == 1
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["workers"] == 1 and summary["batch"]["global"] == 64
+    assert summary["restarts"]["count"] == 1 and summary["restarts"]["workers_at_start"] == 2
+    assert summary["resumed_from"]["epoch"] == 2
+    assert "went on without the one(s) lost for good" in output
+    expected = reference(tmp_path, tiny_config, "one", *batch)
+    assert_same_weights(run_dir, expected, atol=1e-5)
+    uninterrupted = json.loads((expected / "summary.json").read_text())
+    for key, values in uninterrupted["history"].items():
+        assert summary["history"][key] == pytest.approx(values, abs=1e-5), key
 
 
 

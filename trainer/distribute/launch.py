@@ -51,12 +51,14 @@ from trainer.distribute.restarts import (
     PROGRESS,
     RESTARTS,
     STEPS_AGAIN,
+    WORKERS_AT_START,
     Failure,
     newest_backup,
     noted_backup,
     restart_pause,
     restart_refusal,
     steps_again,
+    workers_left,
 )
 from trainer.internals.tf_start import SWITCH, PeerLossLines
 from trainer.processes import describe_exit, environment, python, spawn
@@ -159,6 +161,8 @@ class Launcher:
         self._threads: list[threading.Thread] = []
         self.port_taken = False  # a worker said one of its ports is in use
         self.noticed = False  # this launcher received a preemption notice (SIGUSR1)
+        # `(index, exit code)` of the worker that stopped the cluster, once `wait` returns
+        self.first: tuple[int, int] | None = None
 
     def say(self, line: str) -> None:
         with self._lock:
@@ -219,6 +223,7 @@ class Launcher:
                 break
             time.sleep(0.1)
         self.join()
+        self.first = first
         if first is None:
             return 0
         return first[1] if first[1] > 0 else 128 - first[1]
@@ -306,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m trainer.launch",
         usage="%(prog)s --workers N [--evaluator] [--grace S] [--max-restarts N] "
-              "[overrides ... | script.py [args ...]]",
+              "[--min-workers M] [overrides ... | script.py [args ...]]",
         description="Runs N local workers of one multi-worker training (strategy=multi_worker): "
                     "python -m trainer with the overrides, or a script of yours whose "
                     "trainer.fit joins the cluster.",
@@ -319,6 +324,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-restarts", type=int, default=0,
                         help="start every worker again from the last backup after a "
                              "failure, up to N times (default 0)")
+    parser.add_argument("--min-workers", type=int, default=None,
+                        help="at a restart, go on without a worker that was killed "
+                             "(SIGKILL: gone for good), down to M workers, at the same "
+                             "global batch (default: --workers, every worker restarts)")
     own, script = split_script(list(sys.argv[1:] if argv is None else argv))
     args, overrides = parser.parse_known_args(own)
     refusal = _refusal(args, overrides, script)
@@ -331,12 +340,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {one_line(error)}", file=sys.stderr)
         return EXIT_CONFIG
     with tempfile.TemporaryDirectory(prefix="trainer-launch-") as scratch:
-        commands = (script_commands(args.workers, script) if script else
-                    worker_commands(args.workers, overrides, run_dir, Path(scratch),
+        def commands(workers: int) -> list[list[str]]:
+            return (script_commands(workers, script) if script else
+                    worker_commands(workers, overrides, run_dir, Path(scratch),
                                     args.evaluator))
+
         launcher, code = launch_restarting(commands, Path(scratch), args.grace,
                                            args.max_restarts, run_dir,
-                                           evaluator=args.evaluator)
+                                           evaluator=args.evaluator,
+                                           workers=(args.workers,
+                                                    args.min_workers or args.workers))
     if code:
         launcher.say(ending(code, run_dir))
     return code
@@ -364,6 +377,13 @@ def _refusal(args: argparse.Namespace, overrides: list[str],
         return f"--workers must be a positive number; received: {args.workers}"
     if args.max_restarts < 0:
         return f"--max-restarts must be 0 or more; received: {args.max_restarts}"
+    if args.min_workers is not None and not 1 <= args.min_workers <= args.workers:
+        return (f"--min-workers must be 1 to --workers ({args.workers}); received: "
+                f"{args.min_workers}")
+    if args.min_workers is not None and args.min_workers < args.workers and not (
+            args.max_restarts):
+        return (f"--min-workers {args.min_workers} goes on with fewer workers at a restart; "
+                "give --max-restarts N too")
     clashing = under(overrides, "cluster")
     if clashing:
         return f"the launcher sets the cluster itself; remove {' '.join(clashing)}"
@@ -405,15 +425,17 @@ def launch(commands: list[list[str]], scratch: Path, grace: float,
     return launcher, code
 
 
-def launch_restarting(commands: list[list[str]], scratch: Path, grace: float,
+def launch_restarting(commands: Any, scratch: Path, grace: float,
                       max_restarts: int, run_dir: str | None, out: IO[str] = sys.stdout,
-                      evaluator: bool = False) -> tuple[Launcher, int]:
+                      evaluator: bool = False,
+                      workers: tuple[int, int] | None = None) -> tuple[Launcher, int]:
     """Runs the cluster, and where it fails in a way a restart may fix
     (`trainer.distribute.restarts.restart_refusal`), starts it again from the last complete
     backup after a growing pause, up to `max_restarts` times; each restart is one line.
 
     Args:
-        commands: the workers' commands (the same for every attempt: `hydra.run.dir` fixed).
+        commands: the workers' commands (the same for every attempt: `hydra.run.dir` fixed),
+            or a function giving them for a number of workers.
         scratch: the launcher's temporary directory.
         grace: the workers' time to stop by themselves.
         max_restarts: how many restarts at most (0: none).
@@ -421,33 +443,53 @@ def launch_restarting(commands: list[list[str]], scratch: Path, grace: float,
             where the launcher cannot see them: a script's, or one at a URL).
         out: where the lines go.
         evaluator: the last command is the evaluator's.
+        workers: `(--workers, --min-workers)`: a restart goes on without the workers
+            SIGKILLed (`trainer.distribute.restarts.workers_left`), with `commands(n)`.
 
     Returns:
         The last launcher and its exit code.
     """
+    if not callable(commands):
+        fixed = commands
+        commands, workers = (lambda n: fixed), None
     # SIGTERM as Ctrl-C for the whole launch: between two attempts (no worker running) it
     # ended the launcher without a line (exit 143)
     before = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        return _restarting(commands, scratch, grace, max_restarts, run_dir, out, evaluator)
+        return _restarting(commands, scratch, grace, (max_restarts, workers), run_dir, out,
+                           evaluator)
     finally:
         signal.signal(signal.SIGTERM, before)
 
 
-def _restarting(commands: list[list[str]], scratch: Path, grace: float, max_restarts: int,
+def _restarting(commands: Any, scratch: Path, grace: float, limits: tuple,
                 run_dir: str | None, out: IO[str], evaluator: bool) -> tuple[Launcher, int]:
-    """`launch_restarting`'s loop, SIGTERM raising `KeyboardInterrupt`."""
+    """`launch_restarting`'s loop, SIGTERM raising `KeyboardInterrupt`; `limits` is
+    `(max_restarts, (workers, min_workers) or None)`."""
+    max_restarts, workers = limits
     progress = scratch / "progress.json"
     local = Path(run_dir) if run_dir is not None and "://" not in run_dir else None
     env = {PROGRESS: str(progress)} if max_restarts else {}
     done, again, previous = 0, 0, None
+    count = workers[0] if workers else None
     while True:
         if max_restarts:
             env.update({RESTARTS: str(done), STEPS_AGAIN: str(again)})
         progress.unlink(missing_ok=True)
-        launcher, code = launch(commands, scratch, grace, out, evaluator, env)
+        launcher, code = launch(commands(count), scratch, grace, out, evaluator, env)
         if code == 0 or not max_restarts:
             return launcher, code
+        if workers is not None:
+            # the worker that stopped the cluster (the others were stopped by the launcher)
+            first = launcher.first
+            left = workers_left([first[1] if first and i == first[0] else 0
+                                 for i in range(count)], count, workers[1])
+            if left < count:
+                launcher.say(f"[launch] going on without the {count - left} worker(s) killed "
+                             f"(gone for good): {left} of {workers[0]} from now on, at the "
+                             "same global batch")
+                count = left
+                env[WORKERS_AT_START] = str(workers[0])
         try:
             plan = _next_attempt(launcher, code, local, previous, done, max_restarts,
                                  progress)

@@ -32,6 +32,12 @@ __all__ = ["PROGRESS", "noted_backup"]  # with the decisions below, for the laun
 
 RESTARTS = "TRAINER_RESTARTS"
 STEPS_AGAIN = "TRAINER_STEPS_AGAIN"
+# The cluster's worker count at the first start, where a restart went on with fewer
+# (`--min-workers`): the chief's summary says so.
+WORKERS_AT_START = "TRAINER_WORKERS_AT_START"
+# A worker ended by SIGKILL (its machine lost, the kernel's out-of-memory killer): gone for
+# good where `--min-workers` lets the cluster go on without it.
+GONE = (-9, 128 + 9)
 
 EXIT_SIGINT = 130
 NEVER_RETRIED = {EXIT_CONFIG: "a configuration or data error, which a restart repeats",
@@ -119,3 +125,11 @@ def requeue_left(max_restarts: int, environ: dict[str, str]) -> bool:
     except ValueError:
         made = 0
     return max_restarts > made
+
+
+def workers_left(codes: list[int | None], workers: int, min_workers: int) -> int:
+    """How many workers the next start has: without the ones `GONE` (`codes`, each worker's
+    exit code, the evaluator's left out), where at least `min_workers` remain; else all
+    `workers` (none is left out below the floor)."""
+    left = workers - sum(1 for code in codes[:workers] if code in GONE)
+    return left if min_workers <= left < workers else workers

@@ -355,12 +355,16 @@ def _how_it_ran(spec: Any, run: Any, outcome: Any, callbacks: Any, started: floa
 
 def _restarts() -> dict[str, int] | None:
     """How often `python -m trainer.launch --max-restarts` started this run's cluster again,
-    and the steps trained twice, as it tells the workers (`trainer.distribute.restarts`'
-    RESTARTS and STEPS_AGAIN); None for a run no such launcher started."""
+    the steps trained twice, and the workers it started with where it went on with fewer
+    (`--min-workers`), as it tells the workers (`trainer.distribute.restarts`' RESTARTS,
+    STEPS_AGAIN, WORKERS_AT_START); None for a run no such launcher started."""
     if "TRAINER_RESTARTS" not in os.environ:
         return None
-    return {"count": int(os.environ["TRAINER_RESTARTS"]),
-            "steps_trained_again": int(os.environ.get("TRAINER_STEPS_AGAIN", "0"))}
+    found = {"count": int(os.environ["TRAINER_RESTARTS"]),
+             "steps_trained_again": int(os.environ.get("TRAINER_STEPS_AGAIN", "0"))}
+    if "TRAINER_WORKERS_AT_START" in os.environ:  # `--min-workers`: it went on with fewer
+        found["workers_at_start"] = int(os.environ["TRAINER_WORKERS_AT_START"])
+    return found
 
 
 def _results(spec: Any, run: Any, plan: Any, outcome: Any) -> dict[str, Any]:
@@ -473,6 +477,8 @@ def format_summary(summary: dict[str, Any]) -> str:
             f" ({note})" for note in summary.get("device_notes") or [])),
         ("replicas", summary["replicas"] if summary.get("workers", 1) == 1 else
          f"{summary['replicas']} on {summary['workers']} workers"),
+        *([("restarts", _restarts_row(summary["restarts"]))] if summary.get("restarts")
+          else []),
         ("strategy", f"{summary['strategy']} (cross-device ops: {summary['cross_device_ops']})"),
         ("batch per replica", _micro_row(summary["batch"])),
         ("batch global", _global_row(summary["batch"])),
@@ -511,6 +517,15 @@ def format_summary(summary: dict[str, Any]) -> str:
     width = max(len(name) for name, _ in rows)
     lines = [f"  {name:<{width}}  {_fmt(value)}" for name, value in rows]
     return "\n".join(["Summary", *lines])
+
+
+def _restarts_row(restarts: dict[str, Any]) -> str:
+    text = (f"{restarts['count']} (steps trained again: "
+            f"{restarts.get('steps_trained_again', 0)})")
+    if restarts.get("workers_at_start"):
+        text += (f"; started on {restarts['workers_at_start']} workers, went on without "
+                 "the one(s) lost for good (--min-workers), at the same global batch")
+    return text
 
 
 def _averaged_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
