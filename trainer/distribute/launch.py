@@ -327,7 +327,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--min-workers", type=int, default=None,
                         help="at a restart, go on without a worker that was killed "
                              "(SIGKILL: gone for good), down to M workers, at the same "
-                             "global batch (default: --workers, every worker restarts)")
+                             "global batch (batch.global_size; default: --workers, every "
+                             "worker restarts)")
     own, script = split_script(list(sys.argv[1:] if argv is None else argv))
     args, overrides = parser.parse_known_args(own)
     refusal = _refusal(args, overrides, script)
