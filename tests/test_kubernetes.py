@@ -11,9 +11,6 @@ import json
 import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
 
 import pytest
 import yaml
@@ -24,6 +21,7 @@ from tests.test_multiworker import (  # noqa: F401
     assert_same_weights,
     consecutive_free_ports,
     launches,
+    run_tasks,
 )
 from trainer.config.errors import ConfigError
 from trainer.distribute.cluster import cluster_of_config, kubernetes_cluster
@@ -155,30 +153,19 @@ def test_two_pods_commands_started_here_with_a_pods_variables_train_like_two_lau
     env = {k: v for k, v in os.environ.items()
            if k not in ("HYDRA_FULL_ERROR", "TF_CONFIG") and not k.startswith("SLURM")}
     env.update(PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
-    procs = []
-    try:
-        for index in range(2):
-            hosts = tmp_path / f"hosts{index}"
-            names = [f"127.0.0.1 cifar-{i}.cifar{DOMAIN} cifar-{i}" for i in (index, 1 - index)]
-            hosts.write_text("\n".join([*names, "127.0.0.1 localhost", ""]))
-            log = open(tmp_path / f"pod{index}.log", "w")  # noqa: SIM115 - closed below
-            command = [sys.executable, "-m", "trainer", *COMMON, *batch, "cluster.size=2",
-                       f"cluster.port_base={base}", f"hydra.run.dir={tmp_path / f'pod{index}'}"]
-            procs.append((subprocess.Popen(
-                ["unshare", "--mount", "--map-root-user", "sh", "-c",
-                 'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts), *command],
-                cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**env, "JOB_COMPLETION_INDEX": str(index), "HOSTNAME": f"cifar-{index}"}),
-                log))
-        codes = [proc.wait(timeout=300) for proc, _ in procs]
-    finally:
-        for proc, log in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            log.close()
-    logs = [(tmp_path / f"pod{i}.log").read_text() for i in range(2)]
-    assert codes == [0, 0], [log[-3000:] for log in logs]
+
+    def in_a_pod(index: int) -> list[str]:
+        hosts = tmp_path / f"hosts{index}"
+        names = [f"127.0.0.1 cifar-{i}.cifar{DOMAIN} cifar-{i}" for i in (index, 1 - index)]
+        hosts.write_text("\n".join([*names, "127.0.0.1 localhost", ""]))
+        return ["unshare", "--mount", "--map-root-user", "sh", "-c",
+                'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts)]
+
+    run_tasks(tmp_path, [([*COMMON, *batch, "cluster.size=2", f"cluster.port_base={base}",
+                           f"hydra.run.dir={tmp_path / f'pod{index}'}"],
+                          {**env, "JOB_COMPLETION_INDEX": str(index),
+                           "HOSTNAME": f"cifar-{index}"}) for index in range(2)],
+              "pod", wrap=in_a_pod)
     summary = json.loads((tmp_path / "pod0" / "summary.json").read_text())
     assert summary["workers"] == 2 and summary["cluster"]["source"] == "Kubernetes"
     assert summary["cluster"]["tasks"] == [f"cifar-0.cifar{DOMAIN}:{base}",

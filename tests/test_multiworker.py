@@ -404,9 +404,11 @@ def run_slurm_step(tmp_path: Path, *args: str, tasks: int = 2) -> list[str]:
                                 for i in range(tasks)], "task")
 
 
-def run_tasks(tmp_path: Path, tasks: list[tuple[list[str], dict]], name: str) -> list[str]:
+def run_tasks(tmp_path: Path, tasks: list[tuple[list[str], dict]], name: str,
+              wrap=lambda index: []) -> list[str]:
     """Runs `python -m trainer ARGS` once per (ARGS, environment), all at once, each in its
-    own process group with a hard timeout; kills what is left. Fails unless all exit 0.
+    own process group with a hard timeout, behind `wrap(index)` (a command that runs it,
+    e.g. in a namespace of its own); kills what is left. Fails unless all exit 0.
 
     Returns:
         Each process's output (also in `tmp_path/<name><i>.log`).
@@ -416,8 +418,8 @@ def run_tasks(tmp_path: Path, tasks: list[tuple[list[str], dict]], name: str) ->
         for index, (args, env) in enumerate(tasks):
             log = open(tmp_path / f"{name}{index}.log", "w")  # noqa: SIM115 - closed below
             procs.append((subprocess.Popen(
-                [sys.executable, "-m", "trainer", *args], cwd=tmp_path, env=env, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True), log))
+                [*wrap(index), sys.executable, "-m", "trainer", *args], cwd=tmp_path, env=env,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log))
         codes = [proc.wait(timeout=300) for proc, _ in procs]
     finally:
         for proc, log in procs:

@@ -12,7 +12,14 @@ from dataclasses import replace
 
 import pytest
 
-from tests.test_multiworker import COMMON, SIGNALLED, assert_same_weights, launches, reference
+from tests.test_multiworker import (
+    COMMON,
+    SIGNALLED,
+    assert_same_weights,
+    launches,
+    reference,
+    wait_for,
+)
 from tests.test_remote_rundir import BUCKET, s3
 from trainer.distribute.restarts import (
     Failure,
@@ -24,6 +31,12 @@ from trainer.distribute.restarts import (
 )
 
 __all__ = ["launches", "s3"]  # the fixtures, imported for the tests below
+
+
+def mid_epoch_backup(backups) -> bool:
+    """Whether these backup folders hold one made within the second epoch."""
+    return any(p.name.startswith("ckpt-000001-") and not p.name.endswith("-000000000")
+               for p in backups)
 
 
 @pytest.mark.parametrize("code", [4, 75, 137, 1, 3])
@@ -88,11 +101,8 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_an_uninterrupted_one(
     # restart (read again, the restart would train from scratch in another folder)
     launch = launches(2, *SIGNALLED, *batch, "hydra.run.dir=runs/r-${now:%H-%M-%S-%f}",
                       "--max-restarts", "2", grace=10)
-    deadline = time.monotonic() + 240
-    while not any(p.name.startswith("ckpt-000001-") and not p.name.endswith("-000000000")
-                  for p in (tmp_path / "runs").glob("*/backup/*")):
-        assert launch.proc.poll() is None and time.monotonic() < deadline, launch.output[-3000:]
-        time.sleep(0.1)
+    wait_for(lambda: mid_epoch_backup((tmp_path / "runs").glob("*/backup/*")), 240, launch,
+             "a mid-epoch backup in epoch 2")
     [run_dir] = (tmp_path / "runs").iterdir()
     os.kill(launch.worker_pid(1), signal.SIGKILL)
     assert launch.wait(timeout=300) == 0, launch.output[-3000:]
@@ -171,11 +181,8 @@ def test_a_worker_lost_for_good_leaves_the_run_to_the_others_at_the_same_global_
     run_dir = tmp_path / "run"
     launch = launches(2, *COMMON, *batch, f"hydra.run.dir={run_dir}", "--max-restarts", "1",
                       "--min-workers", "1", grace=10)
-    deadline = time.monotonic() + 240
-    while not any(p.name.startswith("ckpt-000001-") and not p.name.endswith("-000000000")
-                  for p in (run_dir / "backup").glob("*")):
-        assert launch.proc.poll() is None and time.monotonic() < deadline, launch.output[-3000:]
-        time.sleep(0.05)
+    wait_for(lambda: mid_epoch_backup((run_dir / "backup").glob("*")), 240, launch,
+             "a mid-epoch backup in epoch 2")
     os.kill(launch.worker_pid(1), signal.SIGKILL)
     assert launch.wait(timeout=300) == 0, launch.output[-3000:]
     output = launch.output
