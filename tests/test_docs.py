@@ -284,6 +284,20 @@ NOT_RUN_HERE = {
     "\"task\": {\"type\": \"worker\", \"index\": 0}}'":
         "the environment of a cluster's machine, not a run; TF_CONFIG clusters are "
         "tests/test_multiworker.py::test_two_processes_started_by_hand",
+    "python -m trainer.ray --workers 4 --address HEAD:6379 --max-failures 3 "
+    "hydra.run.dir=s3://b/run":
+        "a Ray cluster's head and a bucket; 2 workers on Ray's local 2-node cluster, one node "
+        "lost, are tests/test_ray.py::"
+        "test_two_workers_on_two_nodes_one_lost_mid_run_end_on_one_as_the_uninterrupted_run",
+    "pip install 'trainer[ray]'":
+        "installs on a cluster's machines; the extra is in the dev install CI makes",
+    "python -m trainer.ray --workers 4 --address 10.0.0.1:6379 --max-failures 3 "
+    "model=mobilenet dataset=cifar10 hydra.run.dir=s3://my-bucket/runs/cifar":
+        "a Ray cluster of several machines, a bucket and CIFAR-10's download; the same on Ray's "
+        "local 2-node cluster is tests/test_ray.py's",
+    "python -m trainer.ray --workers 2 train.py --epochs 5":
+        "a user's train.py on a Ray cluster; a script on several workers is "
+        "tests/test_fit_as_model_fit.py::test_the_ported_scripts_train_on_two_workers",
 }
 
 # The lines of the SLURM batch scripts that pass a preemption notice on to their step and
