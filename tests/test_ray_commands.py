@@ -22,7 +22,7 @@ pytest.importorskip("ray", reason="Ray is an extra: pip install 'trainer[ray]'")
 def test_a_bad_ray_command_is_one_line_exit_2_before_ray_starts_anything(
         tmp_path, monkeypatch, capsys, args, expected):
     from trainer.distribute.launch import free_ports
-    from trainer.distribute.on_ray import main
+    from trainer.ray import main
 
     port = str(free_ports(1)[0])
     monkeypatch.chdir(tmp_path)

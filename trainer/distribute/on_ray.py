@@ -42,7 +42,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,7 @@ from trainer.distribute.restarts import (
 )
 from trainer.internals.tf_start import SWITCH, PeerLossLines
 from trainer.processes import describe_exit, environment, spawn
+from trainer.rundir.atomic import write_json
 
 LEDGER = "trainer-attempts.json"  # in Ray's storage for the run: what a restart must know
 PROGRESS_COPY = "trainer-progress.json"  # where the chief got to when an attempt failed
@@ -198,7 +199,7 @@ def _chief_ledger(storage: _Storage, size: int, scratch: Path) -> dict[str, Any]
         reached = storage.read(PROGRESS_COPY)
         if reached is not None:
             progress = scratch / "previous-progress.json"
-            progress.write_text(json.dumps(reached))
+            write_json(progress, reached)
     backup = (storage.read(BACKUP_COPY) or {}).get("backup")
     ledger = ledger_after(previous, size, backup, progress)
     storage.write(LEDGER, ledger)
@@ -326,21 +327,20 @@ def room(workers: int, cpus: float, resources: dict[str, float]) -> str | None:
     return None
 
 
-def checked_run_dir(overrides: list[str]) -> str:
+def checked_run_dir(overrides: list[str], check: Callable[[Any], Any] | None) -> str:
     """The chief's run directory (`trainer.distribute.launch.run_dir_of`), once every value
-    of the config is checked here as a worker would check it: a bad value is one line before
-    Ray starts anything, never a failure Ray's failure handling retries on every worker."""
-    from trainer.run.prepare.preflight import check_config
-
+    of the config is checked here as a worker would check it (`check`, the pre-flight's
+    `check_config`): a bad value is one line before Ray starts anything, never a failure
+    Ray's failure handling retries on every worker."""
     run_dir = run_dir_of(overrides)
     run = composed(list(overrides))
-    if run is not None:
-        check_config(run.cfg)
+    if run is not None and check is not None:
+        check(run.cfg)
     return run_dir
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+def parser() -> argparse.ArgumentParser:
+    found = argparse.ArgumentParser(
         prog="python -m trainer.ray",
         usage="%(prog)s --workers N [--address HOST:PORT] [--max-failures K] "
               "[--min-workers M] [--cpus-per-worker C] [--spread] [--storage PATH] "
@@ -349,41 +349,45 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "cluster through Ray Train: python -m trainer with the overrides, or a "
                     "script of yours whose trainer.fit joins the cluster.",
         epilog="Any other argument is a trainer override, e.g. model=mobilenet epochs=5.")
-    parser.add_argument("--workers", type=int, required=True, help="how many workers (>= 1)")
-    parser.add_argument("--address", default=None,
-                        help="the Ray cluster's head, HOST:PORT (default: $RAY_ADDRESS, "
-                             "else a Ray of this machine alone)")
-    parser.add_argument("--max-failures", type=int, default=0,
-                        help="restart the worker group after a failure up to K times "
-                             "(Ray Train's FailureConfig; -1: without limit; default 0)")
-    parser.add_argument("--min-workers", type=int, default=None,
-                        help="at a restart, go on with as few as M workers where the "
-                             "cluster has no room for --workers (Ray's elastic training), "
-                             "at the same global batch")
-    parser.add_argument("--cpus-per-worker", type=float, default=1.0,
-                        help="CPUs Ray reserves for each worker (default 1)")
-    parser.add_argument("--spread", action="store_true",
-                        help="place the workers on as many machines as possible (default: "
-                             "packed onto few)")
-    parser.add_argument("--storage", default=None,
-                        help="Ray Train's storage for the run (RunConfig's storage_path; "
-                             "default ~/ray_results; shared on several machines)")
+    found.add_argument("--workers", type=int, required=True, help="how many workers (>= 1)")
+    found.add_argument("--address", default=None,
+                       help="the Ray cluster's head, HOST:PORT (default: $RAY_ADDRESS, "
+                            "else a Ray of this machine alone)")
+    found.add_argument("--max-failures", type=int, default=0,
+                       help="restart the worker group after a failure up to K times "
+                            "(Ray Train's FailureConfig; -1: without limit; default 0)")
+    found.add_argument("--min-workers", type=int, default=None,
+                       help="at a restart, go on with as few as M workers where the "
+                            "cluster has no room for --workers (Ray's elastic training), "
+                            "at the same global batch")
+    found.add_argument("--cpus-per-worker", type=float, default=1.0,
+                       help="CPUs Ray reserves for each worker (default 1)")
+    found.add_argument("--spread", action="store_true",
+                       help="place the workers on as many machines as possible (default: "
+                            "packed onto few)")
+    found.add_argument("--storage", default=None,
+                       help="Ray Train's storage for the run (RunConfig's storage_path; "
+                            "default ~/ray_results; shared on several machines)")
+    return found
+
+
+def main(argv: Sequence[str] | None = None,
+         check: Callable[[Any], Any] | None = None) -> int:
+    """The command (`trainer.ray` passes the pre-flight's `check_config` as `check`)."""
     own, script = split_script(list(sys.argv[1:] if argv is None else argv))
-    args, overrides = parser.parse_known_args(own)
+    args, overrides = parser().parse_known_args(own)
     refusal = _refusal(args, overrides, script)
     if refusal is not None:
         print(f"error: {refusal}", file=sys.stderr)
         return EXIT_CONFIG
     try:
-        run_dir = None if script else checked_run_dir(overrides)
+        run_dir = None if script else checked_run_dir(overrides, check)
     except KNOWN_ERRORS as error:
         print(f"error: {one_line(error)}", file=sys.stderr)
         return EXIT_CONFIG
     quiet_ray()
     try:
         import ray
-        from ray.train import FailureConfig, RunConfig, ScalingConfig
-        from ray.train.tensorflow import TensorflowTrainer
     except ImportError:
         print("error: Ray is not installed here: pip install 'trainer[ray]'", file=sys.stderr)
         return EXIT_CONFIG
@@ -395,9 +399,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {refusal}", file=sys.stderr)
         ray.shutdown()
         return EXIT_CONFIG
-    where = run_dir or "the run directory its trainer.fit names"
     print(f"[ray] {args.workers} workers on the Ray cluster; the chief (worker 0) writes "
-          f"{where}", flush=True)
+          f"{run_dir or 'the run directory its trainer.fit names'}", flush=True)
+    code, ending = _train(args, overrides, run_dir, script)
+    if ending is not None:
+        print(ending, flush=True)
+    return code
+
+
+def _train(args: argparse.Namespace, overrides: list[str], run_dir: str | None,
+           script: list[str] | None) -> tuple[int, str | None]:
+    """Ray Train's run of the workers, connected; its exit code and last line."""
+    import ray
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.tensorflow import TensorflowTrainer
+
     lines = _Lines()
     count: int | tuple[int, int] = args.workers
     if args.min_workers is not None and args.min_workers < args.workers:
@@ -417,8 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     again = f" with hydra.run.dir={run_dir}" if run_dir else ""
     code, ending = 0, None
     try:
-        result = trainer.fit()
-        if _refused(result):
+        if _refused(trainer.fit()):
             code, ending = EXIT_CONFIG, ("[ray] failed: a worker refused its input (its line "
                                          "above); fix it and run the command again")
     except KeyboardInterrupt:
@@ -432,9 +447,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         lines.close()  # every worker's line before the last one
         ray.shutdown()
-    if ending is not None:
-        print(ending, flush=True)
-    return code
+    return code, ending
 
 
 def _refused(result: Any) -> bool:
