@@ -131,7 +131,10 @@ def cli() -> None:
     """The command (`python -m trainer`, the `trainer` script): `main` in a process of its
     own."""
     process.own_the_process()
-    main()
+    try:
+        main()
+    finally:
+        process.settled()  # the exit's collections skip what the run made, too
 
 
 if __name__ == "__main__":

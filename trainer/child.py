@@ -392,4 +392,9 @@ def _write_outcome(outcome: Path, found: tuple[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    finally:
+        from trainer.run.process import settled
+
+        settled()  # the exit's collections skip TensorFlow's objects and the run's
