@@ -134,7 +134,7 @@ def cli() -> None:
     try:
         main()
     finally:
-        process.settled()  # the exit's collections skip what the run made, too
+        process.settled(ending=True)  # the exit's collections skip the run's objects too
 
 
 if __name__ == "__main__":

@@ -336,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path[:] = path
     from trainer.run import process
 
+    process.own_the_objects()  # a fresh process of trainer's: the user's call alone in it
     process.quiet_logs()
     process.start_tensorflow()
     from trainer.distribute.devices import configure_devices
@@ -397,4 +398,4 @@ if __name__ == "__main__":
     finally:
         from trainer.run.process import settled
 
-        settled()  # the exit's collections skip TensorFlow's objects and the run's
+        settled(ending=True)  # the exit's collections skip TensorFlow's objects and the run's

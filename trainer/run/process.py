@@ -58,13 +58,29 @@ def tensorflow_started() -> None:
     settled()
 
 
-def settled() -> None:
-    """Moves every object alive now (TensorFlow's and Keras's modules: about a million) out
-    of the garbage collector's reach (`gc.freeze`): they live as long as the process, yet
-    each full collection walked them all again, during the run and three times more as the
+def settled(ending: bool = False) -> None:
+    """In a process of trainer's own (`python -m trainer`, `trainer.fit`'s child), moves
+    every object alive now (TensorFlow's and Keras's modules: about a million) out of the
+    garbage collector's reach (`gc.freeze`): they live as long as the process, yet each
+    full collection walked them all again, during the run and three times more as the
     interpreter shut down (1.2 s of CPU at every exit on 2 cores, for nothing). Called once
-    TensorFlow is imported, and again as a process of trainer's ends."""
-    gc.freeze()
+    TensorFlow is imported, and again as the process ends (`ending`). Never in a user's
+    process (`trainer.fit` in a notebook, a test): there it would also freeze the garbage
+    of an earlier run, never to be freed."""
+    global _frozen
+    if _own_objects and (ending or not _frozen):
+        _frozen = True
+        gc.freeze()
+
+
+_frozen = False
+_own_objects = False  # this process is trainer's own (`own_the_objects`)
+
+
+def own_the_objects() -> None:
+    """Says no user's objects live in this process beside trainer's (`settled` may freeze)."""
+    global _own_objects
+    _own_objects = True
 
 
 def quiet_logs() -> None:
@@ -212,6 +228,7 @@ def own_the_process() -> None:
     the command's exit, and a log it cannot write is one line (`one_logging_error`)."""
     global _whole_process
     _whole_process = True
+    own_the_objects()
     one_logging_error()
 
 
