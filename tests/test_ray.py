@@ -40,6 +40,7 @@ class RayCluster:
     def __init__(self, nodes: int, cpus: int) -> None:
         # short: Ray's Unix sockets live under it (a socket's path is at most 107 bytes)
         self.temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+        self.storage = f"{self.temp_dir}/results"  # Ray Train's (not ~/ray_results), removed after
         self.env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
                     "TMPDIR": self.temp_dir, "PYTHONPATH": str(REPO),
                     # Ray Train's elastic restart reads the room left from a view refreshed
@@ -87,14 +88,16 @@ def ray_run(cluster: RayCluster, tmp_path: Path, *args: str, timeout: float = 30
             ) -> subprocess.CompletedProcess:
     """`python -m trainer.ray --address <the cluster> ARGS` to its end, from `tmp_path`."""
     return subprocess.run(
-        [sys.executable, "-m", "trainer.ray", "--address", cluster.address, *args],
+        [sys.executable, "-m", "trainer.ray", "--address", cluster.address,
+         "--storage", cluster.storage, *args],
         cwd=tmp_path, env=cluster.env, capture_output=True, text=True, timeout=timeout)
 
 
 def start_ray(cluster: RayCluster, tmp_path: Path, *args: str) -> subprocess.Popen:
     log = open(tmp_path / "ray.log", "w")  # noqa: SIM115 - the child holds it
     return subprocess.Popen(
-        [sys.executable, "-m", "trainer.ray", "--address", cluster.address, *args],
+        [sys.executable, "-m", "trainer.ray", "--address", cluster.address,
+         "--storage", cluster.storage, *args],
         cwd=tmp_path, env=cluster.env, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True)
 
