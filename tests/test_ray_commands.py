@@ -64,3 +64,27 @@ def test_room_and_reachability_are_judged_before_ray_is_asked():
     assert room(1, 1.0, {}) is not None  # a cluster of heads without CPUs
     assert _unreachable("ray://10.0.0.1:10001") is None  # Ray Client's: Ray judges it
     assert _unreachable("auto") is None
+
+
+def test_a_refusal_a_worker_noted_ends_the_command_with_exit_2_and_its_cause_is_found(tmp_path):
+    # a worker's exit 2 noted in Ray's storage for the run: the next attempt ends at once,
+    # and the command reads the note from Ray's result (its storage path and file system)
+    from types import SimpleNamespace
+
+    from pyarrow import fs
+
+    from trainer.distribute.on_ray import REFUSED, WorkerStopped, _cause, _refused
+
+    result = SimpleNamespace(filesystem=fs.LocalFileSystem(), path=str(tmp_path))
+    assert not _refused(result)
+    (tmp_path / REFUSED).write_text('{"worker": 1}')
+    assert _refused(result)
+    assert not _refused(SimpleNamespace())  # a result of another kind: no refusal read
+    # Ray Train's error wraps the worker's own: its line is what the command says
+    try:
+        try:
+            raise WorkerStopped("worker 1 stopped with exit code 2")
+        except WorkerStopped as inner:
+            raise RuntimeError("Training failed due to worker errors") from inner
+    except RuntimeError as outer:
+        assert str(_cause(outer)) == "worker 1 stopped with exit code 2"
