@@ -181,7 +181,6 @@ def test_what_trainer_cannot_honour_is_one_line(tmp_path, extra, said):
 
 
 @pytest.mark.long
-@pytest.mark.timed  # `took < 10`: CI runs it at normal priority (.ci/run)
 def test_sigterm_in_a_first_step_held_in_cpp_stops_within_seconds_in_one_line(tmp_path):
     """SIGTERM while the first step is held in TensorFlow's C++ code (a compile: here, a
     step that does not return for two minutes), where no Python handler runs: the process
