@@ -27,7 +27,10 @@ import pytest  # noqa: E402
 
 from trainer.internals.tf_start import optional_parts_deferred  # noqa: E402
 
-# As a run imports them (Keras's scikit-learn wrappers and image gallery on first use).
+# As a run imports them (Keras's scikit-learn wrappers and image gallery on first use), with
+# the garbage collector paused until they are frozen below (trainer.run.process's
+# `collector_paused`: a second of CPU less in each test process's start).
+gc.disable()
 with optional_parts_deferred():
     import tensorflow as tf  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
@@ -67,6 +70,7 @@ ConfigStore.instance().store(group="model", name="small",
 # the same process). What exists after these imports never needs collecting, and full
 # collections may come less often.
 gc.freeze()
+gc.enable()
 gc.set_threshold(50_000, 20, 50)
 
 REPO = Path(__file__).resolve().parent.parent

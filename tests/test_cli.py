@@ -264,11 +264,22 @@ def test_an_unknown_key_in_an_experiment_file_is_one_line(tmp_path):
 
 
 # A default run as a user starts it (`python -m trainer`: run as `-m` runs it), then the
-# modules it imported, printed after it ended; then Keras's parts whose import was deferred
-# (`trainer.internals.tf_start.optional_parts_deferred`), used: they load as Keras's own.
-DEFAULT_RUN = ("import runpy, sys\n"
+# garbage collector's part in TensorFlow's start (`GC collections-during enabled-after
+# frozen-after`), then the modules it imported, printed after it ended; then Keras's parts
+# whose import was deferred (`trainer.internals.tf_start.optional_parts_deferred`), used: they
+# load as Keras's own.
+DEFAULT_RUN = ("import gc, runpy, sys\n"
+               "import trainer.run.process as process\n"
+               "started, seen = process.tensorflow_started, []\n"
+               "def counted():\n"
+               "    before = sum(s['collections'] for s in gc.get_stats())\n"
+               "    started()\n"
+               "    seen[:] = [sum(s['collections'] for s in gc.get_stats()) - before,\n"
+               "               gc.isenabled(), gc.get_freeze_count()]\n"
+               "process.tensorflow_started = counted\n"
                "try:\n    runpy.run_module('trainer', run_name='__main__', alter_sys=True)\n"
                "except SystemExit as exit:\n    assert not exit.code, exit.code\n"
+               "print('GC', *seen)\n"
                "print(sorted(m for m in sys.modules if m.split('.')[0] in {'optuna', 'mlflow', "
                "'wandb', 'submitit', 'tensorflow_datasets'} or m in "
                "{'trainer.models.keras_app', 'trainer.models.mobilenet', 'trainer.data.tfds', "
@@ -590,3 +601,13 @@ def test_a_default_run_imports_no_tracker_sweeper_or_zoo(finished):
     out, _, _ = finished
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-2:] == ["[]", "True True True"]
+
+
+def test_tensorflow_starts_with_no_garbage_collection_and_its_objects_frozen(finished):
+    """Importing TensorFlow and Keras makes about a million objects that live as long as the
+    process: a run imports them with the collector paused (no collection walks the objects
+    of the half-done import), freezes them (no later one walks them), then turns it back on."""
+    out, _, _ = finished
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = out.stdout.strip().splitlines()[-3].split()
+    assert line[:3] == ["GC", "0", "True"] and int(line[3]) > 500_000, line
