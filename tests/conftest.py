@@ -25,14 +25,21 @@ if "TRAINER_CACHE_DIR" not in os.environ:
 
 import pytest  # noqa: E402
 
-from trainer.internals.tf_start import optional_parts_deferred  # noqa: E402
+from trainer.internals.tf_start import optional_parts_deferred, stderr_filtered  # noqa: E402
 
 # As a run imports them (Keras's scikit-learn wrappers and image gallery on first use), with
 # the garbage collector paused until they are frozen below (trainer.run.process's
 # `collector_paused`: a second of CPU less in each test process's start).
+# TensorFlow's start-up notices ("failed call to cuInit" on every machine without a GPU)
+# filtered as a run filters them (`stderr_filtered`): else pytest prints them after its
+# summary.
 gc.disable()
-with optional_parts_deferred():
+with stderr_filtered(), optional_parts_deferred():
     import tensorflow as tf  # noqa: E402
+
+    # Listing physical devices does not start TensorFlow's runtime, so the split below still
+    # works.
+    GPUS = tf.config.list_physical_devices("GPU")
 from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.core.config_store import ConfigStore  # noqa: E402
 
@@ -47,8 +54,6 @@ from trainer.internals.tf_runtime import onednn_enabled  # noqa: E402
 # Tests of that switch itself remove the variable from their children's environment.
 os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if onednn_enabled() else "0"
 
-# Listing physical devices does not start TensorFlow's runtime, so the split below still works.
-GPUS = tf.config.list_physical_devices("GPU")
 # The runtime started below would otherwise reserve nearly all of every GPU's memory in this
 # process, leaving none to the subprocesses the gpu-marked tests start.
 for _gpu in GPUS:
