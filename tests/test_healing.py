@@ -64,7 +64,7 @@ def stop_and_finish(tmp_path: Path, launches, moment: str, workers: int,  # noqa
     run_dir, marker = tmp_path / f"run-{cell}", tmp_path / f"{cell}.held"
     args = [*COMMON, *BATCH, f"hydra.run.dir={run_dir}",
             "+callbacks.pause._target_=tests.pause_at.PauseAt", f"+callbacks.pause.moment={moment}",
-            f"+callbacks.pause.marker={marker}"]
+            f"+callbacks.pause.marker={marker}", f"+callbacks.pause.backups={run_dir / 'backup'}"]
     restarts = ["--max-restarts", "1"] if how == "restart" else []
     launch = launches(workers, *args, *restarts, grace=10)
     deadline = time.monotonic() + 240
