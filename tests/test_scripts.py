@@ -57,6 +57,13 @@ SMOKE = {
                            r"median ratio trainer\[custom\] / trainer\[fit\]: \d",
                            r"^load average \(1, 5, 15 min\) before: [\d.]+, [\d.]+, [\d.]+; "
                            r"after: \d"]),
+    "profile_step.py": (["--model", "cnn", "--image-size", "8", "--per-replica", "8",
+                         "--blocks", "1", "--steps", "1"],
+                        [r"^step \(full batches of a known size; 1 steps a block\): "
+                         r"trainer / plain \d",
+                         r"^step \(unknown static batch size; 1 steps a block\): "
+                         r"trainer / plain \d",
+                         r"^  the same blocks' CPU seconds .*: trainer / plain \d"]),
     "bench_precision.py": (["--rounds", "1", "--epochs", "2", "--examples", "64", "--batch",
                             "16", "--model", "cnn", "--image-size", "8"],
                            [r"median throughput ratio mixed_bfloat16 / float32: \d",
@@ -84,7 +91,7 @@ SMOKE = {
 # script has changed Keras's state; bench_precision last: its mixed_bfloat16 runs set a
 # precision policy.
 TOGETHER = ("ulp_probe.py", "keras_contract.py", "bench_fingerprint.py", "bench_input.py",
-            "bench_accumulate.py", "bench_augment.py", "bench_backup.py",
+            "bench_accumulate.py", "bench_augment.py", "bench_backup.py", "profile_step.py",
             "bench_precision.py")
 # Each script as `python scripts/NAME ARGS` runs it, a line before and after each.
 RUN_TOGETHER = """
