@@ -24,7 +24,7 @@ import os
 import signal
 import sys
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, NoReturn
 
 from trainer.config.compose import KNOWN_ERRORS
@@ -46,16 +46,14 @@ def tensorflow_started() -> None:
     """Imports TensorFlow and Keras (their optional parts on first use: `optional_parts_deferred`)
     and lists the GPUs (where CUDA's notices come from), quietly, with the garbage collector
     paused (`collector_paused`)."""
-    if os.environ.get(SWITCH) == "1":
-        with collector_paused(), optional_parts_deferred():
-            import keras  # noqa: F401
-            settled()
-        return
-    with collector_paused(), stderr_filtered(), optional_parts_deferred():
+    loud = os.environ.get(SWITCH) == "1"
+    with collector_paused(), nullcontext() if loud else stderr_filtered(), \
+            optional_parts_deferred():
         import keras  # noqa: F401
         import tensorflow as tf
 
-        tf.config.list_physical_devices("GPU")
+        if not loud:
+            tf.config.list_physical_devices("GPU")
         settled()
 
 
