@@ -45,9 +45,12 @@ SMOKE = {
     "bench_fingerprint.py": (["--images", "20", "--rounds", "1"],
                              [r"fingerprint, cold \(20 files hashed\) +[\d.]+ +[\d.]+%",
                               r"fingerprint, warm \(cache hits\) +[\d.]+ +[\d.]+%"]),
-    "bench_input.py": (["--images", "16", "--batch", "8", "--pairs", "1"],
+    "bench_input.py": (["--images", "16", "--batch", "8", "--pairs", "1", "--cached", "64",
+                        "--cached-batch", "16"],
                        [r"median ratio trainer / naive \(as written\) over 1 pairs: \d",
-                        r"median ratio trainer / naive \(literal\) over 1 pairs: \d"]),
+                        r"median ratio trainer / naive \(literal\) over 1 pairs: \d",
+                        r"median CPU ratio trainer / tutorial \(cached epochs\) over 2 "
+                        r"pairs: \d"]),
     # a fresh process per side: it runs alone
     "bench_overhead.py": (TINY_RUN,
                           [r"^pair 1 \(plain then fit then custom\): plain +[\d.]+ ex/s "

@@ -18,7 +18,15 @@ from trainer.data.augment import mixers as mixer_names
 from trainer.data.augmenters import batch_layers, batch_mixer, element_augmenter
 from trainer.data.caching import cached
 from trainer.data.fingerprint import of_arrays
-from trainer.data.shares import Place, dealt, lane, positions_of, replica_batches, replica_index
+from trainer.data.shares import (
+    Place,
+    dealt,
+    lane,
+    mine,
+    positions_of,
+    replica_batches,
+    replica_index,
+)
 from trainer.internals.keras_data import class_weight_map_fn
 from trainer.plan.scaling import balanced_batch_sizes, global_batch_sizes
 
@@ -367,8 +375,7 @@ def build_pipeline(dataset: tf.data.Dataset, batches: Batches, *, training: bool
         if training or examples is None:
             raise ValueError("build_pipeline shares evaluation batches among workers, given "
                              "the examples; training goes through build_training_epochs")
-        positioned = positions_of(place, dataset.enumerate(), None)
-        share = prepare(positioned.map(lambda _, element: element), prep, prep.file())
+        share = prepare(mine(place, dataset, None), prep, prep.file())
         batched = replica_batches(share, place, global_batch_sizes(
             examples, batches.global_batch, batches.replicas))
         if prep.scale is not None:
@@ -519,10 +526,17 @@ class _Reading:
         """One epoch's elements of `place` (`(position, element)` with `keep_position`)."""
         seed, lanes = self.order.seed, self.order.lanes
         epoch_seed = None if seed is None else seed * 7919 + epoch
+        preprocess = self.prep.preprocess if self.prep.cache == "none" else None
+        if end is None and not keep_position and self.extra.per_element is None:
+            # no position is read: none is made (see `dealt`; dropping one again took
+            # a second per-element map)
+            elements = mine(place, dealt(streams, lanes, epoch_seed, self.order.shuffle_buffer,
+                                         positioned=False), lanes)
+            return elements if preprocess is None else elements.map(
+                _converted(preprocess), num_parallel_calls=tf.data.AUTOTUNE)
         positioned = positions_of(place, dealt(streams, lanes, epoch_seed,
                                                self.order.shuffle_buffer), lanes, end)
-        return _augmented(positioned, self.prep.preprocess if self.prep.cache == "none"
-                          else None, self.extra, epoch, keep_position)
+        return _augmented(positioned, preprocess, self.extra, epoch, keep_position)
 
 
 def _served_epochs(dataset: tf.data.Dataset, service: Any, reading: _Reading, place: Place,
