@@ -98,8 +98,11 @@ LONG_LIST = _listed("long_tests.txt")
 # The exactness tests, run with oneDNN's kernels on and off (the file says how).
 EXACT_LIST = _listed("exact_tests.txt")
 
-# Module-scoped fixtures that each make a training run (or build a wheel).
-SHARED_FIXTURES = ("image_run", "finished_run", "finished", "wheel", "uninterrupted")
+# Module-scoped fixtures that each make a training run (or build a wheel, or start Ray's
+# local cluster: its tests then run one after another, never two clusters at once). A test
+# with several takes the first one's group.
+SHARED_FIXTURES = ("cluster", "image_run", "finished_run", "finished", "wheel",
+                   "uninterrupted")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
