@@ -133,8 +133,8 @@ def positions_of(place: Place, positioned: tf.data.Dataset, lanes: int | None,
         return positioned.shard(workers, worker)
 
     def kept(position, element):
-        mine = tf.constant(True) if keep_all else tf.equal(position % workers, worker)
-        return mine if end is None else tf.logical_and(mine, position < end)
+        own = tf.constant(True) if keep_all else tf.equal(position % workers, worker)
+        return tf.logical_and(own, position < end)
 
     return positioned.filter(kept)
 
