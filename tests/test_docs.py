@@ -115,7 +115,7 @@ TESTED_BY = {
     "python -m trainer model=mobilenet devices=[0,1]":
         "tests/test_cli.py::test_the_design_cards_command_trains",
     "python -m trainer model=keras_app accelerator=cpu devices=2":
-        "tests/test_cli.py::test_keras_app_on_the_default_digits_trains",
+        "tests/test_cli.py::test_the_headline_commands_as_written",
     "python -m trainer -m accelerator=cpu devices=1,2,4":
         "tests/test_cli.py::test_sweep_over_devices_gives_each_job_its_devices",
     "python -m trainer tune=lr":
