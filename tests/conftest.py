@@ -82,6 +82,12 @@ REPO = Path(__file__).resolve().parent.parent
 # Small and fast: 8x8 digits (no resize), one epoch, no progress bar.
 TINY = ["epochs=1", "verbose=0", "dataset.image_size=8", "logger=[]"]
 NO_GPU = "needs a GPU: none visible to TensorFlow"
+# CI (.ci/run) runs the scripts' long tests (tests/test_scripts.py, tests/test_gpu_check.py) at
+# the lowest CPU priority (nice 19) beside the several-process tests, on the cycles those leave
+# idle: a subprocess there may get almost no CPU until that pass ends (9-11 minutes on 2 cores).
+# Their wall timeouts add this wait, so that a timeout catches a hang, never a wait (a smoke
+# run's 300 s once ran out while it waited).
+LANE_WAIT = 900
 
 
 

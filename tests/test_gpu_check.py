@@ -16,10 +16,12 @@ import time
 
 import pytest
 
-from tests.conftest import GPUS, REPO
+from tests.conftest import GPUS, LANE_WAIT, REPO
 
 SCRIPT = REPO / "scripts" / "gpu_check.py"
 HEADER = ["check", "setting", "measured", "target", "result"]
+# The dry runs' rows and processes may wait `LANE_WAIT` for a core in CI: their timeouts add it.
+WAITED = ["--timeout", str(600 + LANE_WAIT)]
 
 
 def run_check(*args: str, cwd, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -67,8 +69,8 @@ def test_without_a_gpu_it_prints_one_line_and_exits_0(tmp_path):
 
 @pytest.mark.long  # the default run stays under 8 minutes on 2 cores
 def test_dry_run_a_passing_row_and_a_crashing_row(tmp_path):
-    out = run_check("--cpu-dry-run", "--rows", "replicas_equal,devices_0",
-                    "--out", str(tmp_path / "table.md"), cwd=tmp_path)
+    out = run_check("--cpu-dry-run", "--rows", "replicas_equal,devices_0", *WAITED,
+                    "--out", str(tmp_path / "table.md"), cwd=tmp_path, timeout=900 + LANE_WAIT)
     assert out.returncode == 1, out.stderr[-2000:]
     assert (tmp_path / "table.md").read_text() == out.stdout  # the printed table, written
     equal, devices = table(out.stdout)
@@ -88,9 +90,9 @@ def test_dry_run_a_passing_row_and_a_crashing_row(tmp_path):
 @pytest.mark.long  # the negative control of the equality row: a second dry run
 def test_dry_run_detects_replica_runs_that_differ(tmp_path):
     """Negative control: 16 per replica makes the global batch 16 on 1 replica, 32 on 2."""
-    out = run_check("--cpu-dry-run", "--rows", "replicas_equal", "--out",
+    out = run_check("--cpu-dry-run", "--rows", "replicas_equal", *WAITED, "--out",
                     str(tmp_path / "table.md"), "--override=batch.global_size=null",
-                    "--override=batch.per_replica=16", cwd=tmp_path)
+                    "--override=batch.per_replica=16", cwd=tmp_path, timeout=900 + LANE_WAIT)
     assert out.returncode == 1, out.stderr[-2000:]
     (row,) = table(out.stdout)
     assert row["result"] == "FAIL", row
@@ -134,8 +136,9 @@ def test_reasons_and_results_are_read_as_one_line():
 def test_dry_run_throughput_rows_measure(tmp_path):
     """The throughput workers run to their figures (CPU speeds: their verdict is not asked)."""
     out = run_check("--cpu-dry-run", "--rounds", "1", "--rows",
-                    "vs_keras_32_2logical,speed_steps,cifar10_shaped",
-                    "--out", str(tmp_path / "table.md"), cwd=tmp_path, timeout=900)
+                    "vs_keras_32_2logical,speed_steps,cifar10_shaped", "--timeout",
+                    str(900 + LANE_WAIT), "--out", str(tmp_path / "table.md"), cwd=tmp_path,
+                    timeout=1800 + LANE_WAIT)
     vs_keras, steps, cifar = table(out.stdout)
     assert re.search(r"median ratio \d\.\d{3} over 1 pair", vs_keras["measured"]), vs_keras
     assert "cross-device ops: collective" in vs_keras["measured"]

@@ -26,7 +26,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import LANE_WAIT, REPO
 
 # One training run per side at 64 examples, 2 epochs (the first, tracing, is never timed).
 TINY_RUN = ["--pairs", "1", "--epochs", "2", "--examples", "64", "--per-replica", "8",
@@ -132,9 +132,10 @@ WORKERS = ("bench_workers.py", ["--images", "30", "--side", "32", "--only", "con
            [r"^control +CPU 2 workers / 1 worker: \d+\.\d+"])
 
 
-def run_script(name: str | list[str], args: list[str], tmp_path, timeout: float = 300):
+def run_script(name: str | list[str], args: list[str], tmp_path,
+               timeout: float = 300 + LANE_WAIT):
     """`python scripts/NAME ARGS` (or `python NAME... ARGS` for a list) from a scratch
-    folder, with this checkout importable."""
+    folder, with this checkout importable (the timeout: `LANE_WAIT`'s)."""
     env = {**{k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"},
            "TF_CPP_MIN_LOG_LEVEL": "2",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
@@ -163,7 +164,7 @@ def together(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
     folder = tmp_path_factory.mktemp("scripts")
     code = RUN_TOGETHER.replace("SCRIPTS", repr(str(REPO / "scripts")))
     out = run_script(["-c", code, json.dumps([[n, SMOKE[n][0]] for n in TOGETHER])],
-                     [], folder, timeout=900)
+                     [], folder, timeout=900 + LANE_WAIT)
     found = {}
     for name in TOGETHER:
         parts = [re.search(rf"^=== {re.escape(name)} begins\n(.*?)^=== {re.escape(name)} "
